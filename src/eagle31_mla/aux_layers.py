@@ -1,0 +1,232 @@
+"""Which target layers feed the drafter: the one home for aux-layer ids.
+
+The same three Kimi-K3 tensors go by two names (SPEC §4):
+
+* one-based "completed layers": id ``k`` is the residual stream after ``k`` target layers, i.e. the
+  output of zero-based layer ``k - 1`` and Transformers' ``outputs.hidden_states[k]`` (id 0 would be
+  the embeddings). vLLM, TokenSpeed and upstream SGLang's Kimi-K3 capture use it: ``[2, 46, 90]``.
+* zero-based "output of layer x": id ``x`` is the output of zero-based layer ``x``. The training
+  framework's config and SGLang's native DeepSeek loader use it: ``[1, 45, 89]``.
+
+This library's canonical form is :class:`AuxLayerIds`, which stores the one-based ids (the
+``hidden_states`` index). Everything else converts through it.
+
+Reading a third-party ``config.json`` needs a rule, because the same key holds either convention
+depending on who wrote the file (:func:`aux_layer_ids_from_config`):
+
+1. ``aux_layer_ids_convention`` ("one_based" | "zero_based") is honoured when present. Files written
+   by this library always carry it, so the rules below never apply to them.
+2. A top-level ``eagle_aux_hidden_state_layer_ids`` is one-based: it is vLLM's key, and every engine
+   that reads the top level reads it one-based.
+3. Nested ``eagle_config.eagle_aux_hidden_state_layer_ids``, unlabelled: zero-based when its smallest
+   id is 0 or 1, one-based otherwise. The training framework's configs start at layer 0/1 (Kimi-K3:
+   ``[1, 45, 89]``); its export adds 1 to every id (Kimi-K3: ``[2, 46, 90]``, the published form),
+   and vLLM's default ``(2, n // 2, n - 3)`` also starts at 2. A one-based list that really starts at
+   1 must be labelled.
+4. Both present: they must name the same layers once each is read by its rule; otherwise the file is
+   contradictory and refused.
+
+A config with no ids at all is an error: guessing the engine default is exactly the silent failure
+this module exists to prevent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "AuxLayerIds",
+    "AuxLayerIdError",
+    "ONE_BASED",
+    "ZERO_BASED",
+    "KIMI_K3_NUM_LAYERS",
+    "KIMI_K3_AUX_LAYER_IDS",
+    "aux_layer_ids_from_config",
+    "aux_layer_ids_config_entries",
+]
+
+ONE_BASED = "one_based"
+ZERO_BASED = "zero_based"
+CONVENTIONS = (ONE_BASED, ZERO_BASED)
+
+#: The key under which files written by this library record the convention of their ids.
+CONVENTION_KEY = "aux_layer_ids_convention"
+#: vLLM's top-level key and the training framework's nested key share this name.
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+KIMI_K3_NUM_LAYERS = 93
+
+
+class AuxLayerIdError(ValueError):
+    """Aux-layer ids that would make an engine feed the drafter the wrong tensors."""
+
+
+@dataclass(frozen=True)
+class AuxLayerIds:
+    """Aux-layer ids in canonical form: one-based completed-layer counts, ascending and distinct.
+
+    ``num_target_layers`` (the target's depth) is optional; when known, ids beyond it are refused.
+    """
+
+    one_based: tuple[int, ...]
+    num_target_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.one_based
+        where = "aux-layer ids (one-based completed layers)"
+        if not isinstance(ids, tuple) or not ids:
+            raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {ids!r}")
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise AuxLayerIdError(f"{where}: every id must be an int, got {i!r} in {list(ids)}")
+        if min(ids) < 1:
+            raise AuxLayerIdError(
+                f"{where}: {list(ids)} contains {min(ids)}; one-based ids must be >= 1 "
+                "(0 is the embedding output, which no EAGLE-3 drafter is trained on and which crashes "
+                "vLLM's DeepSeek target)"
+            )
+        if len(set(ids)) != len(ids):
+            raise AuxLayerIdError(
+                f"{where}: {list(ids)} has duplicates; engines de-duplicate them, which silently "
+                "changes the width of the tensor fed to `fc`"
+            )
+        if list(ids) != sorted(ids):
+            raise AuxLayerIdError(
+                f"{where}: {list(ids)} is not ascending; engines concatenate aux states in ascending "
+                f"layer order, so `fc` was trained on {sorted(ids)}: write them in that order"
+            )
+        n = self.num_target_layers
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise AuxLayerIdError(f"num_target_layers must be a positive int, got {n!r}")
+            if max(ids) > n:
+                raise AuxLayerIdError(
+                    f"{where}: {list(ids)} goes beyond the target's depth of {n} layers "
+                    f"(one-based ids must be <= {n}; zero-based <= {n - 1})"
+                )
+
+    @classmethod
+    def from_one_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> "AuxLayerIds":
+        return cls(tuple(ids), num_target_layers)
+
+    @classmethod
+    def from_zero_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> "AuxLayerIds":
+        ids = tuple(ids)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise AuxLayerIdError(f"zero-based aux-layer ids: every id must be an int, got {i!r}")
+            if i < 0:
+                raise AuxLayerIdError(f"zero-based aux-layer ids: {list(ids)} contains {i}; ids must be >= 0")
+        return cls(tuple(i + 1 for i in ids), num_target_layers)
+
+    @classmethod
+    def from_convention(
+        cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None
+    ) -> "AuxLayerIds":
+        if convention == ONE_BASED:
+            return cls.from_one_based(ids, num_target_layers)
+        if convention == ZERO_BASED:
+            return cls.from_zero_based(ids, num_target_layers)
+        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+
+    @property
+    def zero_based(self) -> tuple[int, ...]:
+        """Zero-based "output of layer x" ids (training config, SGLang-native loader)."""
+        return tuple(i - 1 for i in self.one_based)
+
+    @property
+    def hidden_states_indices(self) -> tuple[int, ...]:
+        """Indices into Transformers' ``outputs.hidden_states`` (index 0 = embeddings)."""
+        return self.one_based
+
+    def __len__(self) -> int:
+        return len(self.one_based)
+
+    def with_target_depth(self, num_target_layers: int) -> "AuxLayerIds":
+        return AuxLayerIds(self.one_based, num_target_layers)
+
+    def describe(self) -> str:
+        return f"one-based {list(self.one_based)} = zero-based {list(self.zero_based)}"
+
+
+#: The ids the published Kimi-K3 drafter was trained on (after zero-based layers 1, 45, 89).
+KIMI_K3_AUX_LAYER_IDS = AuxLayerIds((2, 46, 90), KIMI_K3_NUM_LAYERS)
+
+
+def _read_ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {value!r}")
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise AuxLayerIdError(f"{where}: every id must be an int, got {i!r} in {list(value)}")
+    return list(value)
+
+
+def aux_layer_ids_from_config(
+    config: Mapping[str, Any], num_target_layers: int | None = None
+) -> tuple[AuxLayerIds, str]:
+    """Read the aux-layer ids of a drafter ``config.json`` dict by the module's documented rule.
+
+    Returns the canonical ids and a one-line account of how they were read (for logs and the CLI).
+    """
+    convention = config.get(CONVENTION_KEY)
+    if convention is not None and convention not in CONVENTIONS:
+        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+    eagle_config = config.get("eagle_config") or {}
+    if not isinstance(eagle_config, Mapping):
+        raise AuxLayerIdError(f"eagle_config: expected a dict, got {type(eagle_config).__name__}")
+    top = config.get(IDS_KEY)
+    nested = eagle_config.get(IDS_KEY)
+    if top is None and nested is None:
+        if "target_layer_ids" in config:
+            raise AuxLayerIdError(
+                "config.json has a top-level `target_layer_ids` but no `eagle_aux_hidden_state_layer_ids`: "
+                "vLLM's V2 runner adds 1 to `target_layer_ids`, so its meaning depends on the engine; write "
+                "`eagle_aux_hidden_state_layer_ids` with `aux_layer_ids_convention` instead"
+            )
+        raise AuxLayerIdError(
+            "config.json names no aux layers: expected `eagle_aux_hidden_state_layer_ids` at the top level "
+            "or inside `eagle_config` (Kimi-K3: one-based [2, 46, 90] = zero-based [1, 45, 89]); engines "
+            "would silently fall back to their own default"
+        )
+
+    readings: list[tuple[AuxLayerIds, str]] = []
+    if top is not None:
+        ids = _read_ids(top, f"top-level {IDS_KEY}")
+        conv = convention or ONE_BASED
+        why = "labelled" if convention else "top-level ids are one-based (vLLM's key)"
+        readings.append((AuxLayerIds.from_convention(ids, conv, num_target_layers), f"top-level {ids} read {conv} ({why})"))
+    if nested is not None:
+        ids = _read_ids(nested, f"eagle_config.{IDS_KEY}")
+        if convention:
+            conv, why = convention, "labelled"
+        elif min(ids) <= 1:
+            conv, why = ZERO_BASED, "unlabelled nested ids starting at 0/1 are the training framework's zero-based form"
+        else:
+            conv, why = ONE_BASED, "unlabelled nested ids starting above 1 are the exported one-based form"
+        readings.append(
+            (AuxLayerIds.from_convention(ids, conv, num_target_layers), f"eagle_config {ids} read {conv} ({why})")
+        )
+
+    first, how = readings[0]
+    for other, other_how in readings[1:]:
+        if other.one_based != first.one_based:
+            raise AuxLayerIdError(
+                f"config.json is contradictory about aux layers: {how} gives {first.describe()}, but "
+                f"{other_how} gives {other.describe()}; keep one, or label them with `{CONVENTION_KEY}`"
+            )
+    return first, "; ".join(h for _, h in readings)
+
+
+def aux_layer_ids_config_entries(ids: AuxLayerIds) -> dict[str, Any]:
+    """The ``config.json`` entries this library writes: one-based everywhere, labelled.
+
+    The top level is what vLLM (both model runners, every version) and TokenSpeed read; the nested copy
+    mirrors the published checkpoint's layout. Engine plugins translate from here to their own forms.
+    """
+    return {
+        IDS_KEY: list(ids.one_based),
+        CONVENTION_KEY: ONE_BASED,
+        "eagle_config": {IDS_KEY: list(ids.one_based), "use_aux_hidden_state": True},
+    }

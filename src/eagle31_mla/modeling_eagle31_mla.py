@@ -1,0 +1,709 @@
+"""The EAGLE-3.1 MLA drafter for Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`) in PyTorch/Transformers.
+
+One DeepSeek-style Multi-head Latent Attention decoder layer drafts tokens for Kimi-K3 from three of
+its residual-stream states. EAGLE-3.1 adds two switches to EAGLE-3: ``fc_norm`` (an RMSNorm per
+captured state before ``fc``) and ``norm_output`` (the next draft step is fed ``norm(h)``, not ``h``).
+MLA keeps the draft KV cache small: per token only the normalised latent ``c_kv`` (512) and the
+rotated shared rope key ``k_pe`` (64) are stored, 1,152 bytes in bf16.
+
+Module names are the published tensor names, so the checkpoint loads with no renaming; other
+layouts (``midlayer.*``, a ``model.`` prefix, pruned vocabularies) go through :data:`CHECKPOINT_RENAMES`.
+
+Symbols in shape comments: B batch, T new tokens, S cached + new tokens, H hidden, Ht target hidden,
+n aux states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_head_dim, V v_head_dim.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.utils import ModelOutput
+
+from .configuration_eagle31_mla import Eagle31MLAConfig
+
+__all__ = [
+    "Eagle31MLAForCausalLM",
+    "Eagle31MLAOutput",
+    "DraftOutput",
+    "LatentKVCache",
+    "CheckpointError",
+    "CHECKPOINT_RENAMES",
+    "canonical_tensor_name",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------
+
+
+class Eagle31MLARMSNorm(nn.Module):
+    """RMSNorm with the variance in fp32, cast back to the input dtype before the weight."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Eagle31MLARotaryEmbedding(nn.Module):
+    """RoPE frequencies for the rope slice: plain, or YaRN through Transformers' helper."""
+
+    def __init__(self, config: Eagle31MLAConfig):
+        super().__init__()
+        self.config = config
+        inv_freq, self.attention_scaling = self._inv_freq(config, device=None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @staticmethod
+    def _inv_freq(config: Eagle31MLAConfig, device) -> tuple[torch.Tensor, float]:
+        rope = config.rope_parameters
+        if rope["rope_type"] == "yarn":
+            return ROPE_INIT_FUNCTIONS["yarn"](config, device)
+        dim = config.qk_rope_head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+        return 1.0 / (rope["rope_theta"] ** exponents), 1.0
+
+    def reset_inv_freq(self, device: torch.device | str) -> None:
+        """Recompute the frequencies after the module was built on the meta device."""
+        self.inv_freq = self._inv_freq(self.config, torch.device(device))[0]
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = position_ids[..., None].float() * self.inv_freq.float()  # [B, T, R/2]
+        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+
+
+def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's rotary on adjacent pairs (x0, x1), (x2, x3), ...; x: [B, heads, T, R], cos/sin: [B, T, R/2]."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, heads, T, R/2, 2]
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
+class LatentKVCache:
+    """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R].
+
+    Storage is preallocated and grows by doubling, so a draft step writes in place instead of
+    concatenating. ``crop`` rolls back rejected draft tokens.
+    """
+
+    def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
+        self.c_kv = torch.empty(batch_size, capacity, kv_lora_rank, dtype=dtype, device=device)  # [B, cap, C]
+        self.k_pe = torch.empty(batch_size, capacity, rope_dim, dtype=dtype, device=device)  # [B, cap, R]
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, config: Eagle31MLAConfig, batch_size: int, *, dtype, device, capacity: int = 256):
+        return cls(batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def _grow(self, needed: int) -> None:
+        capacity = self.c_kv.shape[1]
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity *= 2
+        for name in ("c_kv", "k_pe"):
+            old = getattr(self, name)
+            new = old.new_empty(old.shape[0], capacity, old.shape[2])
+            new[:, : self.length] = old[:, : self.length]
+            setattr(self, name, new)
+
+    def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append T tokens; returns all cached c_kv [B, S, C] and k_pe [B, S, R]."""
+        start, end = self.length, self.length + c_kv.shape[1]
+        self._grow(end)
+        self.c_kv[:, start:end] = c_kv
+        self.k_pe[:, start:end] = k_pe
+        self.length = end
+        return self.c_kv[:, :end], self.k_pe[:, :end]
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        self.length = length
+
+    def nbytes_per_token(self) -> int:
+        return (self.c_kv.shape[-1] + self.k_pe.shape[-1]) * self.c_kv.element_size()
+
+    def nbytes_allocated(self) -> int:
+        return self.c_kv.numel() * self.c_kv.element_size() + self.k_pe.numel() * self.k_pe.element_size()
+
+
+class Eagle31MLAAttention(nn.Module):
+    """DeepSeek MLA over the drafter's 2H-wide input, with a latent cache and an absorbed decode path."""
+
+    def __init__(self, config: Eagle31MLAConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.nope_dim = config.qk_nope_head_dim
+        self.rope_dim = config.qk_rope_head_dim
+        self.v_dim = config.v_head_dim
+        self.kv_lora_rank = config.kv_lora_rank
+        self.scale = config.softmax_scale
+        in_width = 2 * config.hidden_size  # EAGLE: [embeddings | hidden]
+        self.q_a_proj = nn.Linear(in_width, config.q_lora_rank, bias=False)
+        self.q_a_layernorm = Eagle31MLARMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * config.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(in_width, config.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_a_layernorm = Eagle31MLARMSNorm(config.kv_lora_rank, config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, 2H]
+        cos: torch.Tensor,  # [B, T, R/2]
+        sin: torch.Tensor,
+        mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+        cache: LatentKVCache | None,
+        absorb: bool,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # [B, T, h·(N+R)]
+        q = q.view(B, T, self.num_heads, self.nope_dim + self.rope_dim).transpose(1, 2)  # [B, h, T, N+R]
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)  # [B, h, T, N], [B, h, T, R]
+        q_pe = apply_interleaved_rope(q_pe, cos, sin)
+
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)  # [B, T, C]
+        k_pe = apply_interleaved_rope(k_pe[:, None], cos, sin)[:, 0]  # [B, T, R], one head shared by all
+        if cache is not None:
+            c_kv, k_pe = cache.update(c_kv, k_pe)  # [B, S, C], [B, S, R]
+
+        if absorb:
+            out = self._absorbed(q_nope, q_pe, c_kv, k_pe, mask)
+        else:
+            out = self._naive(q_nope, q_pe, c_kv, k_pe, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.v_dim))  # [B, T, H]
+
+    def _naive(self, q_nope, q_pe, c_kv, k_pe, mask) -> torch.Tensor:
+        """Decompress every cached token through kv_b_proj: simple, and fastest for a prompt."""
+        B, S, _ = c_kv.shape
+        kv = self.kv_b_proj(c_kv).view(B, S, self.num_heads, self.nope_dim + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)  # [B, h, S, N], [B, h, S, V]
+        k = torch.cat([k_nope, k_pe[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1)  # [B, h, S, N+R]
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
+
+    def _absorbed(self, q_nope, q_pe, c_kv, k_pe, mask) -> torch.Tensor:
+        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w_k, w_v = w.split([self.nope_dim, self.v_dim], dim=1)  # [h, N, C], [h, V, C]
+        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_k)  # [B, h, T, C]
+        q = torch.cat([q_latent, q_pe], dim=-1)  # [B, h, T, C+R]
+        k = torch.cat([c_kv, k_pe], dim=-1)[:, None]  # [B, 1, S, C+R]
+        out_latent = F.scaled_dot_product_attention(
+            q, k.expand(-1, self.num_heads, -1, -1), c_kv[:, None].expand(-1, self.num_heads, -1, -1),
+            attn_mask=mask, scale=self.scale,
+        )  # [B, h, T, C]
+        return torch.einsum("bhtc,hvc->bhtv", out_latent, w_v)  # [B, h, T, V]
+
+
+class Eagle31MLAMLP(nn.Module):
+    def __init__(self, config: Eagle31MLAConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle31MLADecoderLayer(nn.Module):
+    """The one EAGLE layer: attention reads [input_layernorm(embed) | hidden_norm(h)] (2H wide)."""
+
+    def __init__(self, config: Eagle31MLAConfig):
+        super().__init__()
+        self.input_layernorm = Eagle31MLARMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = Eagle31MLARMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Eagle31MLAAttention(config)
+        self.post_attention_layernorm = Eagle31MLARMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = Eagle31MLAMLP(config)
+        self.norm_before_residual = config.norm_before_residual
+
+    def forward(self, embeds, hidden, cos, sin, mask, cache, absorb) -> torch.Tensor:
+        normed_hidden = self.hidden_norm(hidden)  # [B, T, H]
+        x = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)  # [B, T, 2H], embeddings first
+        residual = normed_hidden if self.norm_before_residual else hidden
+        h = residual + self.self_attn(x, cos, sin, mask, cache, absorb)
+        return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
+
+
+# ----------------------------------------------------------------------------------------------
+# The drafter
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Eagle31MLAOutput(ModelOutput):
+    """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H] is the state the next draft step is
+    fed (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache."""
+
+    logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    past_key_values: LatentKVCache | None = None
+
+
+@dataclass
+class DraftOutput(ModelOutput):
+    """``tokens`` [B, k] drafted target-vocabulary ids; ``probs`` [B, k, draft_vocab] the distribution
+    each was drawn from (one-hot when greedy); ``past_key_values`` the cache, holding the context plus
+    the first k-1 drafted tokens (crop it to the accepted length after verification)."""
+
+    tokens: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    past_key_values: LatentKVCache | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the config: the message lists every offending tensor."""
+
+
+#: Other layouts of the same tensors, as (pattern, replacement) applied in order to every name.
+#: ``model.`` is NeMo's prefix on everything but ``lm_head``; ``midlayer.`` is the training name of
+#: ``layers.0.``. The published layout passes through unchanged.
+CHECKPOINT_RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^model\.", ""),
+    (r"^midlayer\.", "layers.0."),
+)
+
+
+def canonical_tensor_name(name: str) -> str:
+    for pattern, replacement in CHECKPOINT_RENAMES:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+class Eagle31MLAPreTrainedModel(PreTrainedModel):
+    config_class = Eagle31MLAConfig
+    config: Eagle31MLAConfig
+    base_model_prefix = ""
+    _no_split_modules = ["Eagle31MLADecoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, Eagle31MLARMSNorm):
+            module.weight.fill_(1.0)
+
+
+class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
+    def __init__(self, config: Eagle31MLAConfig):
+        super().__init__(config)
+        H, Ht, n = config.hidden_size, config.target_hidden_size, config.num_aux_hidden_states
+        self.embed_tokens = nn.Embedding(config.vocab_size, H)
+        self.fc = nn.Linear(n * Ht, H, bias=False)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(Eagle31MLARMSNorm(Ht, config.rms_norm_eps) for _ in range(n))
+        self.layers = nn.ModuleList([Eagle31MLADecoderLayer(config)])
+        self.norm = Eagle31MLARMSNorm(H, config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        self.rotary_emb = Eagle31MLARotaryEmbedding(config)
+        if config.draft_vocab_size != config.vocab_size:
+            # Pruned vocabulary: target_id = draft_id + d2t[draft_id]; t2d marks target ids that exist.
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = None
+        self.post_init()
+
+    # -- EAGLE inputs -------------------------------------------------------------------------------
+
+    def combine_hidden_states(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        """[.., n·Ht] captured target states (ascending layer order) -> [.., H] drafter state."""
+        if self.config.fc_norm:
+            chunks = aux_hidden_states.chunk(self.config.num_aux_hidden_states, dim=-1)  # n × [.., Ht]
+            aux_hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux_hidden_states)  # [.., H]
+
+    def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def _check_inputs(self, input_ids, aux_hidden_states, hidden_states, position_ids) -> None:
+        if (aux_hidden_states is None) == (hidden_states is None):
+            raise ValueError(
+                "pass exactly one of `aux_hidden_states` (first draft step: [B, T, n·Ht] captured target states) "
+                "or `hidden_states` (later steps: [B, T, H] from the previous step)"
+            )
+        B, T = input_ids.shape
+        config = self.config
+        if aux_hidden_states is not None:
+            name, given, width = "aux_hidden_states", aux_hidden_states, config.num_aux_hidden_states * config.target_hidden_size
+            what = f"{config.num_aux_hidden_states} aux states × target_hidden_size {config.target_hidden_size}"
+        else:
+            name, given, width, what = "hidden_states", hidden_states, config.hidden_size, "hidden_size"
+        if given.shape != (B, T, width):
+            raise ValueError(f"`{name}` has shape {tuple(given.shape)}; expected {(B, T, width)} ({what})")
+        if not given.is_floating_point():
+            raise ValueError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor")
+        if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_position_embeddings:
+            raise ValueError(
+                f"`position_ids` reach {int(position_ids.max())}, beyond max_position_embeddings "
+                f"{config.max_position_embeddings}"
+            )
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,  # [B, T] tokens whose embeddings enter the drafter
+        aux_hidden_states: torch.Tensor | None = None,  # [B, T, n·Ht] first step
+        hidden_states: torch.Tensor | None = None,  # [B, T, H] later steps
+        position_ids: torch.LongTensor | None = None,  # [B, T]
+        past_key_values: LatentKVCache | None = None,
+        attention_mask: torch.Tensor | None = None,  # [B, S] 1 = real token, or [B, 1, T, S] bool
+        use_cache: bool | None = None,
+        absorb: bool | None = None,
+        **kwargs,
+    ) -> Eagle31MLAOutput:
+        """One draft step over T tokens. ``absorb`` picks the latent (weight-absorbed) attention; by
+        default it is used when earlier tokens are cached (decode), the naive path for a prompt."""
+        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids)
+        B, T = input_ids.shape
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and past_key_values is None:
+            past_key_values = LatentKVCache.for_model(
+                self.config, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
+            )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
+        if absorb is None:
+            absorb = past > 0
+
+        h = self.combine_hidden_states(aux_hidden_states) if aux_hidden_states is not None else hidden_states
+        embeds = self.embed_tokens(input_ids)  # [B, T, H]
+        cos, sin = self.rotary_emb(position_ids)  # [B, T, R/2]
+        mask = self._attention_mask(attention_mask, B, T, past, input_ids.device)
+        h = self.layers[0](embeds, h, cos, sin, mask, past_key_values if use_cache else None, absorb)
+        normed = self.norm(h)  # [B, T, H]
+        return Eagle31MLAOutput(
+            logits=self.lm_head(normed),  # [B, T, draft_vocab]
+            hidden_states=normed if self.config.norm_output else h,
+            past_key_values=past_key_values if use_cache else None,
+        )
+
+    @staticmethod
+    def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor:
+        S = past + T
+        causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)  # [T, S]
+        if attention_mask is None:
+            return causal[None, None].expand(B, 1, T, S)
+        if attention_mask.dim() == 2:
+            if attention_mask.shape != (B, S):
+                raise ValueError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)}")
+            return causal[None, None] & attention_mask.bool()[:, None, None, :]
+        if attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
+            raise ValueError(f"a 4-D `attention_mask` must be bool of shape {(B, 1, T, S)}")
+        return attention_mask
+
+    # -- drafting -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draft(
+        self,
+        input_ids: torch.LongTensor,  # [B, T] context tokens entering the drafter
+        aux_hidden_states: torch.Tensor,  # [B, T, n·Ht]
+        num_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        past_key_values: LatentKVCache | None = None,
+        position_ids: torch.LongTensor | None = None,
+    ) -> DraftOutput:
+        """Draft ``num_tokens`` chained tokens after the context: the first from the context's last
+        position, each later one from the previous token's embedding and the previous step's state,
+        one position further, attending to everything cached."""
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        out = self(input_ids, aux_hidden_states=aux_hidden_states, position_ids=position_ids,
+                   past_key_values=past_key_values, use_cache=True)  # fmt: skip
+        cache = out.past_key_values
+        position = (position_ids[:, -1:] if position_ids is not None else torch.full_like(input_ids[:, -1:], cache.get_seq_length() - 1))
+        logits, state = out.logits[:, -1:], out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
+        tokens, probs = [], []
+        for step in range(num_tokens):
+            draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator)  # [B], [B, V]
+            tokens.append(self.draft_to_target_ids(draft_id))
+            probs.append(p)
+            if step == num_tokens - 1:
+                break
+            position = position + 1
+            out = self(tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache, use_cache=True)
+            logits, state = out.logits, out.hidden_states
+        return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state)
+
+    # -- loading ------------------------------------------------------------------------------------
+
+    @classmethod
+    def on_meta_device(cls, config: Eagle31MLAConfig, dtype: torch.dtype | None = None) -> "Eagle31MLAForCausalLM":
+        """The model's structure with no storage: for rosters and for loading without a second copy."""
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype or config.dtype or torch.float32)
+        try:
+            with torch.device("meta"):
+                return cls(config)
+        finally:
+            torch.set_default_dtype(previous)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args,
+        config: Eagle31MLAConfig | None = None,
+        revision: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        torch_dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool | None = None,
+        token: str | bool | None = None,
+        **kwargs,
+    ) -> "Eagle31MLAForCausalLM":
+        """Load from a local folder or a Hub repo id (through huggingface_hub: its cache, ``revision``,
+        offline mode). Safetensors only. Every tensor is checked against the config before anything is
+        loaded; a missing, unexpected or misshaped tensor is an error, never a random weight."""
+        if model_args:
+            raise TypeError(f"unexpected positional arguments {model_args!r}")
+        ignored = {"trust_remote_code", "code_revision", "_from_auto", "_commit_hash", "adapter_kwargs",
+                   "_from_pipeline", "subfolder", "use_safetensors", "low_cpu_mem_usage", "attn_implementation"}  # fmt: skip
+        unknown = set(kwargs) - ignored
+        if kwargs.get("device_map") is not None and device is None and isinstance(kwargs["device_map"], (str, torch.device)):
+            device = kwargs["device_map"]
+            unknown.discard("device_map")
+        if unknown:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
+        folder = resolve_model_folder(
+            pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
+            local_files_only=local_files_only, token=token,
+        )  # fmt: skip
+        if config is None:
+            config = Eagle31MLAConfig.from_pretrained(folder)
+        dtype = dtype if dtype is not None else torch_dtype
+        if isinstance(dtype, str):
+            dtype = config.dtype if dtype == "auto" else getattr(torch, dtype)
+        dtype = dtype or config.dtype or torch.float32
+        device = torch.device(device or "cpu")
+
+        model = cls.on_meta_device(config, dtype)
+        state = load_checkpoint_state(folder, model, dtype=dtype, device=device)
+        model.load_state_dict(state, strict=True, assign=True)
+        model.rotary_emb.reset_inv_freq(device)
+        model.config.name_or_path = str(pretrained_model_name_or_path)
+        model.eval()
+        return model
+
+
+def sample_from_logits(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V]
+    (one-hot for greedy, temperature-scaled and top-p-truncated otherwise)."""
+    if temperature <= 0:
+        ids = logits.argmax(-1)
+        return ids, F.one_hot(ids, logits.shape[-1]).to(torch.float32)
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint files
+# ----------------------------------------------------------------------------------------------
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def resolve_model_folder(
+    name_or_path: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool | None = None,
+    token: str | bool | None = None,
+) -> Path:
+    """A local folder as it is; otherwise a Hub snapshot of the config and safetensors files."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{path} is a file; pass the folder that holds config.json and the safetensors")
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        str(name_or_path),
+        revision=revision,
+        cache_dir=cache_dir,
+        local_files_only=bool(local_files_only),
+        token=token,
+        allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"],
+    )
+    return Path(folder)
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [folder / f for f in sorted(set(weight_map.values()))]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(pickles)}); loading pickle can run arbitrary code, "
+            "so this library reads safetensors only. Convert once in a trusted environment: "
+            "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`"
+        )
+    raise CheckpointError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+
+
+def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
+    """canonical name -> (file, name in file, shape, safetensors dtype), without reading tensor data."""
+    from safetensors import safe_open
+
+    entries: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    sl = f.get_slice(name)
+                    canonical = canonical_tensor_name(name)
+                    if canonical in entries:
+                        raise CheckpointError(
+                            f"tensors {entries[canonical][1]!r} and {name!r} both map to {canonical!r}"
+                        )
+                    entries[canonical] = (file, name, tuple(sl.get_shape()), sl.get_dtype())
+        except CheckpointError:
+            raise
+        except Exception as err:  # safetensors raises its own error types for a damaged header
+            raise CheckpointError(f"{file.name} is not a readable safetensors file ({err})") from None
+    return entries
+
+
+_INT_DTYPES = {"I64", "I32", "I16", "I8", "U8"}
+
+
+def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype, device: torch.device) -> dict:
+    """Check every tensor of the checkpoint against ``model``'s (meta) state dict, then read them,
+    one at a time, straight into ``dtype`` on ``device``."""
+    from safetensors import safe_open
+
+    files = checkpoint_files(folder)
+    entries = _read_headers(files)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    config = model.config
+    derive_t2d = "d2t" in entries and "t2d" in expected and "t2d" not in entries
+    if derive_t2d:  # t2d is a function of d2t; vLLM ignores it and many exports omit it
+        logger.info("checkpoint has 'd2t' but no 't2d'; deriving t2d from d2t")
+    problems = []
+    for name in sorted(set(expected) - set(entries) - ({"t2d"} if derive_t2d else set())):
+        hint = ""
+        if name.startswith("fc_norm."):
+            hint = " (config says fc_norm: true, EAGLE-3.1; an EAGLE-3 checkpoint needs fc_norm: false)"
+        elif name in ("d2t", "t2d"):
+            hint = f" (draft_vocab_size {config.draft_vocab_size} < vocab_size {config.vocab_size} needs the vocab map)"
+        problems.append(f"missing tensor {name!r}, expected shape {list(expected[name])}{hint}")
+    for name in sorted(set(entries) - set(expected)):
+        hint = ""
+        if name.startswith("fc_norm."):
+            hint = " (the checkpoint is EAGLE-3.1: set fc_norm: true in config.json)"
+        elif name in ("d2t", "t2d"):
+            hint = " (a vocab map, but config draft_vocab_size equals vocab_size)"
+        problems.append(f"unexpected tensor {entries[name][1]!r}{hint}")
+    for name in sorted(set(entries) & set(expected)):
+        _, original, shape, st_dtype = entries[name]
+        if shape != expected[name]:
+            problems.append(f"tensor {original!r} has shape {list(shape)}, expected {list(expected[name])}")
+        if name in ("d2t",) and st_dtype not in _INT_DTYPES:
+            problems.append(f"tensor {original!r} has dtype {st_dtype}, expected an integer dtype (int64 offsets)")
+        elif name == "t2d" and st_dtype not in _INT_DTYPES | {"BOOL"}:
+            problems.append(f"tensor {original!r} has dtype {st_dtype}, expected bool")
+        elif name not in ("d2t", "t2d") and not st_dtype.startswith(("F", "BF")):
+            problems.append(f"tensor {original!r} has dtype {st_dtype}, expected a floating-point dtype")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint in {folder} does not match its config ({len(problems)} problem(s)):\n  - "
+            + "\n  - ".join(problems)
+        )
+
+    state = {}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, (file, original, _, _) in entries.items():
+        by_file.setdefault(file, []).append((name, original))
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name, original in names:
+                tensor = f.get_tensor(original)
+                if name == "d2t":
+                    tensor = tensor.to(device=device, dtype=torch.long)
+                elif name == "t2d":
+                    tensor = tensor.to(device=device, dtype=torch.bool)
+                else:
+                    tensor = tensor.to(device=device, dtype=dtype)
+                state[name] = tensor
+    if derive_t2d:
+        state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool, device=device)
+        state["t2d"][torch.arange(config.draft_vocab_size, device=device) + state["d2t"]] = True
+    if "d2t" in state:
+        _check_vocab_map(state["d2t"], state["t2d"], config)
+    return state
+
+
+def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, config: Eagle31MLAConfig) -> None:
+    target = torch.arange(d2t.numel(), device=d2t.device) + d2t
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= config.vocab_size):
+        raise CheckpointError(
+            f"tensor 'd2t' maps draft ids to target ids in [{int(target.min())}, {int(target.max())}], outside "
+            f"[0, {config.vocab_size}) (d2t holds offsets: target_id = draft_id + d2t[draft_id])"
+        )
+    if target.unique().numel() != target.numel():
+        raise CheckpointError("tensor 'd2t' maps two draft ids to the same target id")
+    expected_t2d = torch.zeros(config.vocab_size, dtype=torch.bool, device=d2t.device)
+    expected_t2d[target] = True
+    if not torch.equal(expected_t2d, t2d):
+        raise CheckpointError("tensor 't2d' disagrees with 'd2t' (t2d[target_id] must be true exactly for mapped ids)")
+
+
+# Folders written by save_pretrained carry auto_map and these files, so they load with only
+# torch + transformers installed (`AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`).
+Eagle31MLAConfig.register_for_auto_class()
+Eagle31MLAForCausalLM.register_for_auto_class("AutoModelForCausalLM")

@@ -1,0 +1,51 @@
+"""The published checkpoint's tensor roster (SPEC §2): what `lightseekorg/kimi-k3-eagle3.1-mla` holds.
+
+Source: a third-party engine that pins the checkpoint by SHA-256 and rejects any other header; the
+byte count (6,031,253,592 = 2 × 3,015,625,728 + 8 + 2,128-byte header) confirms it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES", "roster_differences"]
+
+PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
+    "embed_tokens.weight": (163840, 7168),
+    "fc.weight": (7168, 21504),
+    "fc_norm.0.weight": (7168,),
+    "fc_norm.1.weight": (7168,),
+    "fc_norm.2.weight": (7168,),
+    "layers.0.hidden_norm.weight": (7168,),
+    "layers.0.input_layernorm.weight": (7168,),
+    "layers.0.post_attention_layernorm.weight": (7168,),
+    "layers.0.self_attn.q_a_proj.weight": (1536, 14336),
+    "layers.0.self_attn.q_a_layernorm.weight": (1536,),
+    "layers.0.self_attn.q_b_proj.weight": (12288, 1536),
+    "layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 14336),
+    "layers.0.self_attn.kv_a_layernorm.weight": (512,),
+    "layers.0.self_attn.kv_b_proj.weight": (16384, 512),
+    "layers.0.self_attn.o_proj.weight": (7168, 8192),
+    "layers.0.mlp.gate_proj.weight": (18432, 7168),
+    "layers.0.mlp.up_proj.weight": (18432, 7168),
+    "layers.0.mlp.down_proj.weight": (7168, 18432),
+    "norm.weight": (7168,),
+    "lm_head.weight": (163840, 7168),
+}
+PUBLISHED_DTYPE = "bfloat16"
+PUBLISHED_NUM_PARAMETERS = 3_015_625_728
+PUBLISHED_FILE_BYTES = 6_031_253_592
+
+
+def roster_differences(
+    shapes: Mapping[str, Sequence[int]], roster: Mapping[str, tuple[int, ...]] = PUBLISHED_ROSTER
+) -> list[str]:
+    """Every way ``shapes`` (tensor name -> shape) departs from ``roster``; empty when identical."""
+    problems = [f"missing {name} {list(shape)}" for name, shape in roster.items() if name not in shapes]
+    problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in roster]
+    problems += [
+        f"{name}: shape {list(shapes[name])}, published {list(shape)}"
+        for name, shape in roster.items()
+        if name in shapes and tuple(shapes[name]) != shape
+    ]
+    return problems

@@ -1,0 +1,166 @@
+"""Bad input gets a clear error that names the tensor or field and what was expected."""
+
+import json
+
+import pytest
+import torch
+
+from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM
+from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+
+
+@pytest.fixture
+def good():
+    model = tiny_drafter(seed=8)
+    return model, published_style_config(model), dict(model.state_dict())
+
+
+def load(tmp_path, config, tensors):
+    return Eagle31MLAForCausalLM.from_pretrained(write_checkpoint(tmp_path, config, tensors))
+
+
+def test_missing_tensor(tmp_path, good):
+    _, config, tensors = good
+    del tensors["layers.0.self_attn.kv_a_layernorm.weight"]
+    with pytest.raises(CheckpointError, match=r"missing tensor 'layers.0.self_attn.kv_a_layernorm.weight', expected shape \[32\]"):
+        load(tmp_path, config, tensors)
+
+
+def test_extra_tensor(tmp_path, good):
+    _, config, tensors = good
+    tensors["layers.0.self_attn.g_proj.weight"] = torch.zeros(80, 128)  # NeMo's K3 gate: another architecture
+    with pytest.raises(CheckpointError, match="unexpected tensor 'layers.0.self_attn.g_proj.weight'"):
+        load(tmp_path, config, tensors)
+
+
+def test_wrong_shape(tmp_path, good):
+    _, config, tensors = good
+    tensors["layers.0.self_attn.kv_b_proj.weight"] = torch.zeros(4 * 36, 16)
+    with pytest.raises(CheckpointError, match=r"'layers.0.self_attn.kv_b_proj.weight' has shape \[144, 16\], expected \[144, 32\]"):
+        load(tmp_path, config, tensors)
+
+
+def test_wrong_dtype(tmp_path, good):
+    _, config, tensors = good
+    tensors["norm.weight"] = torch.ones(64, dtype=torch.int32)
+    with pytest.raises(CheckpointError, match="'norm.weight' has dtype I32, expected a floating-point dtype"):
+        load(tmp_path, config, tensors)
+
+
+def test_every_problem_is_listed_at_once(tmp_path, good):
+    _, config, tensors = good
+    del tensors["fc.weight"]
+    tensors["extra.weight"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match=r"2 problem\(s\)") as err:
+        load(tmp_path, config, tensors)
+    assert "'fc.weight'" in str(err.value) and "'extra.weight'" in str(err.value)
+
+
+def test_eagle31_config_without_fc_norm_weights(tmp_path, good):
+    _, config, tensors = good
+    for i in range(3):
+        del tensors[f"fc_norm.{i}.weight"]
+    with pytest.raises(CheckpointError, match="missing tensor 'fc_norm.0.weight'.*fc_norm: true"):
+        load(tmp_path, config, tensors)
+
+
+def test_eagle3_config_with_fc_norm_weights(tmp_path, good):
+    _, config, tensors = good
+    del config["fc_norm"]
+    with pytest.raises(CheckpointError, match="unexpected tensor 'fc_norm.0.weight'.*set fc_norm: true"):
+        load(tmp_path, config, tensors)
+
+
+def test_fc_width_inconsistent_with_target_hidden_size(tmp_path, good):
+    _, config, tensors = good
+    config["target_hidden_size"] = 64  # fc was trained on 3 × 48
+    with pytest.raises(CheckpointError, match=r"'fc.weight' has shape \[64, 144\], expected \[64, 192\]"):
+        load(tmp_path, config, tensors)
+
+
+def test_number_of_aux_states_inconsistent_with_fc(tmp_path, good):
+    _, config, tensors = good
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 5, 9, 12]
+    with pytest.raises(CheckpointError, match=r"'fc.weight' has shape \[64, 144\], expected \[64, 192\]"):
+        load(tmp_path, config, tensors)
+
+
+def test_truncated_safetensors(tmp_path, good):
+    _, config, tensors = good
+    folder = write_checkpoint(tmp_path, config, tensors)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
+        Eagle31MLAForCausalLM.from_pretrained(folder)
+
+
+def test_corrupt_safetensors_header(tmp_path, good):
+    _, config, tensors = good
+    folder = write_checkpoint(tmp_path, config, tensors)
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[8:16] = b"not json"
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        Eagle31MLAForCausalLM.from_pretrained(folder)
+
+
+def test_pickle_weights_are_refused(tmp_path, good):
+    _, config, tensors = good
+    tmp_path.joinpath("config.json").write_text(json.dumps(config))
+    torch.save(tensors, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="only pickle weights.*pytorch_model.bin.*safetensors"):
+        Eagle31MLAForCausalLM.from_pretrained(tmp_path)
+
+
+def test_no_weights(tmp_path, good):
+    _, config, _ = good
+    tmp_path.joinpath("config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="neither model.safetensors nor model.safetensors.index.json"):
+        Eagle31MLAForCausalLM.from_pretrained(tmp_path)
+
+
+def test_d2t_out_of_range_and_wrong_length(tmp_path):
+    model = tiny_drafter(seed=3, draft_vocab_size=100)
+    config, tensors = published_style_config(model), dict(model.state_dict())
+    tensors["d2t"] = tensors["d2t"].clone()
+    tensors["d2t"][-1] = 10_000
+    with pytest.raises(CheckpointError, match=r"'d2t' maps draft ids to target ids in .*outside \[0, 300\)"):
+        load(tmp_path / "a", config, tensors)
+    tensors["d2t"] = torch.zeros(99, dtype=torch.long)
+    with pytest.raises(CheckpointError, match=r"'d2t' has shape \[99\], expected \[100\]"):
+        load(tmp_path / "b", config, tensors)
+    tensors["d2t"] = model.d2t.float()
+    with pytest.raises(CheckpointError, match="'d2t' has dtype F32, expected an integer dtype"):
+        load(tmp_path / "c", config, tensors)
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda c: c.update(rope_scaling={"type": "dynamic", "factor": 2.0}), ConfigError, "dynamic"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 4, 4]), ConfigError, "duplicates"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[9, 2, 5]), ConfigError, "ascending"),
+        (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 5]), ConfigError, ">= 1"),
+        (lambda c: c.update(target_num_hidden_layers=8), ConfigError, "depth of 8"),
+    ],
+)
+def test_bad_config_through_from_pretrained(tmp_path, good, change, error, message):
+    _, config, tensors = good
+    change(config)
+    with pytest.raises(error, match=message):
+        load(tmp_path, config, tensors)
+
+
+def test_runtime_input_checks():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    with pytest.raises(ValueError, match=r"`aux_hidden_states` has shape \(1, 4, 128\); expected \(1, 4, 144\)"):
+        model(ids, aux_hidden_states=aux[..., :128])
+    with pytest.raises(ValueError, match="dtype torch.int64; expected a floating-point"):
+        model(ids, aux_hidden_states=aux.long())
+    with pytest.raises(ValueError, match="exactly one of"):
+        model(ids)
+    with pytest.raises(ValueError, match="beyond max_position_embeddings 4096"):
+        model(ids, aux_hidden_states=aux, position_ids=torch.arange(4094, 4098)[None])
+    with pytest.raises(ValueError, match=r"`hidden_states` has shape \(1, 4, 48\); expected \(1, 4, 64\)"):
+        model(ids, hidden_states=aux[..., :48])

@@ -1,0 +1,17 @@
+import subprocess
+import sys
+
+from eagle31_mla.cli import main
+
+
+def test_demo_checks_the_published_roster(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "20 tensors, 3,015,625,728 parameters, dtype bfloat16" in out
+    assert "roster: matches lightseekorg/kimi-k3-eagle3.1-mla exactly" in out
+    assert "576 values = 1152 bytes per token" in out
+
+
+def test_console_script_help():
+    result = subprocess.run([sys.executable, "-m", "eagle31_mla.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "demo" in result.stdout

@@ -1,0 +1,152 @@
+"""Eagle31MLAConfig reads every config form of SPEC §2 and refuses what cannot be right."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from eagle31_mla import ConfigError, Eagle31MLAConfig
+from eagle31_mla.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS
+
+K3_YARN = {"factor": 32.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0, "beta_slow": 1.0,
+           "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+
+
+DROP = object()  # a key the file does not have
+
+
+def published_k3_config(**changes) -> dict:
+    """SPEC §2's config.json as exported by the training framework (best evidence)."""
+    config = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+        "intermediate_size": 18432, "num_hidden_layers": 1, "num_attention_heads": 64, "num_key_value_heads": 64,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5, "vocab_size": 163840,
+        "draft_vocab_size": 163840, "rope_theta": 50000.0, "rope_scaling": {"type": "yarn", **K3_YARN},
+        "max_position_embeddings": 1048576, "mla_use_nope": True, "fc_norm": True, "norm_output": True,
+        "target_hidden_size": 7168, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": True},
+        "bos_token_id": 163584, "eos_token_id": 163586,
+    }  # fmt: skip
+    config.update(changes)
+    return {k: v for k, v in config.items() if v is not DROP}
+
+
+def read(tmp_path, config: dict) -> Eagle31MLAConfig:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return Eagle31MLAConfig.from_pretrained(tmp_path)
+
+
+def test_default_config_is_the_kimi_k3_drafter():
+    c = Eagle31MLAConfig()
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads) == (7168, 18432, 64, 64)
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (1536, 512, 128, 64, 128)
+    assert (c.vocab_size, c.draft_vocab_size, c.target_hidden_size) == (163840, 163840, 7168)
+    assert c.aux_layer_ids.one_based == (2, 46, 90) and c.aux_layer_ids.zero_based == (1, 45, 89)
+    assert c.fc_norm and c.norm_output and c.is_eagle31
+    assert c.rope_parameters == {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN}
+    assert (c.max_position_embeddings, c.bos_token_id, c.eos_token_id, c.dtype) == (1048576, 163584, 163586, torch.bfloat16)
+    assert c.kv_cache_values_per_token == 576
+    # softmax scale = 1/sqrt(192) · mscale², mscale = 0.1·1·ln(32) + 1
+    assert c.softmax_scale == pytest.approx(192**-0.5 * (0.1 * torch.log(torch.tensor(32.0)).item() + 1) ** 2)
+
+
+def test_published_config_reads_as_the_default(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        c = read(tmp_path, published_k3_config())
+    default = Eagle31MLAConfig()
+    for key in ("hidden_size", "rope_parameters", "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids",
+                "q_lora_rank", "kv_lora_rank", "max_position_embeddings", "draft_vocab_size"):  # fmt: skip
+        assert getattr(c, key) == getattr(default, key), key
+    assert any("mla_use_nope" in r.message and "ignored" in r.message for r in caplog.records)
+    assert not hasattr(c, "mla_use_nope")
+
+
+@pytest.mark.parametrize("model_type", ["kimi_k2", "deepseek_v2", "deepseek_v3"])
+def test_model_types(tmp_path, model_type):
+    assert read(tmp_path, published_k3_config(model_type=model_type)).hidden_size == 7168
+
+
+def test_unrelated_model_type_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model_type"):
+        read(tmp_path, published_k3_config(model_type="llama"))
+
+
+def test_rope_forms_agree(tmp_path):
+    legacy = read(tmp_path, published_k3_config())
+    v5 = read(tmp_path, published_k3_config(rope_scaling=DROP, rope_theta=DROP,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN}))  # fmt: skip
+    deepseek_name = read(tmp_path, published_k3_config(rope_scaling={"rope_type": "deepseek_yarn", **K3_YARN}))
+    assert legacy.rope_parameters == v5.rope_parameters == deepseek_name.rope_parameters == KIMI_K3_ROPE_PARAMETERS
+
+
+def test_no_rope_scaling_means_plain_rope(tmp_path):
+    """One report says the K3 draft declares no rope scaling: plain RoPE at its theta."""
+    c = read(tmp_path, published_k3_config(rope_scaling=DROP))
+    assert c.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
+    assert c.softmax_scale == pytest.approx(192**-0.5)
+    c = read(tmp_path, published_k3_config(rope_scaling=DROP, rope_theta=DROP))
+    assert c.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}  # Transformers' default theta
+
+
+def test_absent_eagle31_flags_mean_eagle3(tmp_path):
+    c = read(tmp_path, published_k3_config(fc_norm=DROP, norm_output=DROP))
+    assert not c.fc_norm and not c.norm_output and not c.is_eagle31
+
+
+@pytest.mark.parametrize(
+    "changes, one_based",
+    [
+        (dict(), (2, 46, 90)),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}), (2, 46, 90)),
+        (dict(eagle_config=DROP, eagle_aux_hidden_state_layer_ids=[2, 46, 90]), (2, 46, 90)),
+        (dict(eagle_aux_hidden_state_layer_ids=[2, 46, 90]), (2, 46, 90)),
+    ],
+)
+def test_aux_id_forms(tmp_path, changes, one_based):
+    c = read(tmp_path, published_k3_config(**changes))
+    assert c.aux_layer_ids.one_based == one_based
+    written = c.to_dict()  # written back one-based everywhere, labelled
+    assert written["eagle_aux_hidden_state_layer_ids"] == list(one_based)
+    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(one_based)
+    assert written["aux_layer_ids_convention"] == "one_based"
+    assert written["eagle_config"]["use_aux_hidden_state"] is True
+
+
+def test_round_trip_through_save(tmp_path):
+    c = read(tmp_path, published_k3_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}))
+    c.save_pretrained(tmp_path / "out")
+    again = Eagle31MLAConfig.from_pretrained(tmp_path / "out")
+    assert again.to_dict() == c.to_dict()
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and saved["model_type"] == "kimi_k2"
+    assert "head_dim" not in saved and "qk_head_dim" not in saved
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(rope_scaling={"type": "longrope", "factor": 4.0}), "longrope"),
+        (dict(rope_scaling={"type": "yarn", "original_max_position_embeddings": 32768}), "factor"),
+        (dict(rope_parameters={"rope_type": "yarn", **K3_YARN}), "both `rope_parameters` and `rope_scaling`"),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 1, 89]}), "duplicates"),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [45, 1, 89]}), "not ascending"),
+        (dict(eagle_aux_hidden_state_layer_ids=[0, 46, 90], eagle_config=DROP), ">= 1"),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 95]}, target_num_hidden_layers=93), "depth of 93"),
+        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": False}), "use_aux_hidden_state"),
+        (dict(eagle_config=DROP), "names no aux layers"),
+        (dict(num_aux_hidden_states=4), "num_aux_hidden_states"),
+        (dict(num_hidden_layers=2), "num_hidden_layers"),
+        (dict(num_key_value_heads=8), "num_key_value_heads"),
+        (dict(q_lora_rank=None), "q_lora_rank"),
+        (dict(draft_vocab_size=200000), "draft_vocab_size"),
+        (dict(hidden_size=0), "hidden_size"),
+        (dict(hidden_act="wiggle"), "hidden_act"),
+        (dict(tie_word_embeddings=True), "tie_word_embeddings"),
+        (dict(fc_norm="yes"), "fc_norm"),
+    ],
+)
+def test_bad_configs_name_the_key(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        read(tmp_path, published_k3_config(**changes))

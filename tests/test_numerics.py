@@ -1,0 +1,231 @@
+"""The drafter's math equals SPEC §3, written out independently in reference_math.py."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import reference_math as ref
+from conftest import GOLDEN
+from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from tiny import PLAIN_ROPE, YARN, aux_inputs, tiny_drafter
+
+TOL = 1e-5
+
+FORMS = {
+    "eagle31_yarn": dict(fc_norm=True, norm_output=True, rope_parameters=dict(YARN)),
+    "eagle31_plain": dict(fc_norm=True, norm_output=True, rope_parameters=dict(PLAIN_ROPE)),
+    "eagle3_yarn": dict(fc_norm=False, norm_output=False, rope_parameters=dict(YARN)),
+    "eagle3_plain": dict(fc_norm=False, norm_output=False, rope_parameters=dict(PLAIN_ROPE)),
+    "fc_norm_only": dict(fc_norm=True, norm_output=False, rope_parameters=dict(YARN)),
+    "norm_output_only": dict(fc_norm=False, norm_output=True, rope_parameters=dict(PLAIN_ROPE)),
+}
+
+
+def reference(model, input_ids, aux=None, h=None, positions=None, variant="exact"):
+    w = {k: v.detach() for k, v in model.state_dict().items()}
+    cfg = ref.config_dict(model.config)
+    if h is None:
+        h = ref.combine(w, cfg, aux, variant)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    return ref.forward(w, cfg, input_ids, h, positions, variant)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_first_step_equals_reference(form):
+    model = tiny_drafter(seed=3, **FORMS[form])
+    ids, aux = aux_inputs(model.config, batch=2, length=9)
+    out = model(ids, aux_hidden_states=aux)
+    logits, state = reference(model, ids, aux)
+    assert out.logits.shape == (2, 9, model.config.draft_vocab_size)
+    assert (out.logits - logits).abs().max() <= TOL
+    assert (out.hidden_states - state).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
+def test_reference_catches_each_silent_bug(form):
+    """The comparison above can fail: every deliberate bug moves the outputs far beyond TOL."""
+    model = tiny_drafter(seed=3, **FORMS[form])
+    ids, aux = aux_inputs(model.config, batch=1, length=9)
+    out = model(ids, aux_hidden_states=aux)
+    applicable = ["neox_rope", "no_rope", "wrong_state", "hidden_first"]
+    if form == "eagle31_yarn":
+        applicable += ["skip_fc_norm", "no_mscale"]
+    for variant in applicable:
+        logits, state = reference(model, ids, aux, variant=variant)
+        gap = max((out.logits - logits).abs().max().item(), (out.hidden_states - state).abs().max().item())
+        assert gap > 1e-2, f"variant {variant} is indistinguishable from the model (gap {gap})"
+
+
+@pytest.mark.parametrize("name", ["eagle31_yarn", "eagle3_plain"])
+def test_golden_vectors(name):
+    """Third opinion: outputs of an independent fp32 implementation shipped with the project."""
+    model = Eagle31MLAForCausalLM.from_pretrained(GOLDEN / name)
+    e = load_file(GOLDEN / name / "expected.safetensors")
+    out = model(e["input_ids"], aux_hidden_states=e["aux_hidden_states"])
+    assert (out.logits - e["logits"]).abs().max() <= TOL
+    assert (out.hidden_states - e["next_hidden_states"]).abs().max() <= TOL
+    for absorb in (True, False):
+        first = model(e["input_ids"], aux_hidden_states=e["aux_hidden_states"])
+        step = model(e["decode_input_ids"], hidden_states=first.hidden_states[:, -1:],
+                     position_ids=e["decode_position_ids"], past_key_values=first.past_key_values, absorb=absorb)  # fmt: skip
+        assert (step.logits - e["decode_logits"]).abs().max() <= TOL
+        assert (step.hidden_states - e["decode_next_hidden_states"]).abs().max() <= TOL
+    # and our own reference agrees with the golden file too
+    logits, _ = reference(model, e["input_ids"], e["aux_hidden_states"])
+    assert (logits - e["logits"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
+@pytest.mark.parametrize("absorb", [True, False])
+def test_cached_chain_equals_recompute_from_scratch(form, absorb):
+    """Three chained draft steps through the latent cache == one uncached pass over all positions."""
+    model = tiny_drafter(seed=5, **FORMS[form])
+    ids, aux = aux_inputs(model.config, batch=2, length=6)
+    out = model(ids, aux_hidden_states=aux)
+    cache = out.past_key_values
+    chain_ids, chain_states, chain_logits = [], [out.hidden_states], [out.logits]
+    next_id = out.logits[:, -1:].argmax(-1)
+    state = out.hidden_states[:, -1:]
+    for _ in range(3):
+        step = model(next_id, hidden_states=state, past_key_values=cache, absorb=absorb)
+        chain_ids.append(next_id)
+        chain_logits.append(step.logits)
+        chain_states.append(step.hidden_states)
+        state, next_id = step.hidden_states, step.logits.argmax(-1)
+    assert cache.get_seq_length() == 9
+
+    # From scratch: the fed-in state at each chain position is the previous position's output state.
+    all_ids = torch.cat([ids] + chain_ids, dim=1)
+    h_in = torch.cat([model.combine_hidden_states(aux)] + [s[:, -1:] for s in chain_states[:-1]], dim=1)
+    scratch = model(all_ids, hidden_states=h_in, use_cache=False, absorb=False)
+    assert (torch.cat(chain_logits, 1) - scratch.logits).abs().max() <= TOL
+    assert (torch.cat(chain_states, 1) - scratch.hidden_states).abs().max() <= TOL
+    # and the independent reference agrees with the whole chain
+    logits, state = reference(model, all_ids, h=h_in)
+    assert (torch.cat(chain_logits, 1) - logits).abs().max() <= TOL
+
+
+def test_absorbed_equals_naive_for_multi_token_steps():
+    model = tiny_drafter(seed=7)
+    ids, aux = aux_inputs(model.config, batch=2, length=5)
+    h = torch.randn(2, 4, model.config.hidden_size)
+    more = torch.randint(0, model.config.vocab_size, (2, 4))
+    results = []
+    for absorb in (True, False):
+        cache = model(ids, aux_hidden_states=aux).past_key_values
+        results.append(model(more, hidden_states=h, past_key_values=cache, absorb=absorb))
+    assert (results[0].logits - results[1].logits).abs().max() <= TOL
+    assert (results[0].hidden_states - results[1].hidden_states).abs().max() <= TOL
+
+
+def test_latent_cache_stores_only_c_kv_and_k_pe():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, batch=1, length=5)
+    cache = model(ids, aux_hidden_states=aux).past_key_values
+    assert isinstance(cache, LatentKVCache)
+    assert cache.c_kv.shape[-1] == model.config.kv_lora_rank
+    assert cache.k_pe.shape[-1] == model.config.qk_rope_head_dim
+    assert cache.nbytes_per_token() == (32 + 16) * 4
+    # the stored c_kv is normalised (kv_a_layernorm applied) and k_pe is rotated: recompute both
+    attn = model.layers[0].self_attn
+    x = torch.cat([model.layers[0].input_layernorm(model.embed_tokens(ids)),
+                   model.layers[0].hidden_norm(model.combine_hidden_states(aux))], -1)  # fmt: skip
+    c_kv, k_pe = attn.kv_a_proj_with_mqa(x).split([32, 16], -1)
+    assert torch.allclose(cache.c_kv[:, :5], attn.kv_a_layernorm(c_kv), atol=1e-6)
+    assert not torch.allclose(cache.k_pe[:, 1:5], k_pe[:, 1:], atol=1e-3)  # rotated for positions > 0
+    assert torch.allclose(cache.k_pe[:, 0], k_pe[:, 0], atol=1e-6)  # position 0: identity rotation
+
+
+def test_kimi_k3_cache_is_1152_bytes_per_token():
+    from eagle31_mla import Eagle31MLAConfig
+
+    cache = LatentKVCache.for_model(Eagle31MLAConfig(), 1, dtype=torch.bfloat16, device="cpu", capacity=4)
+    assert cache.nbytes_per_token() == 1152
+    assert cache.nbytes_allocated() == 4 * 1152
+
+
+def test_cache_grows_and_crops():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, batch=1, length=300)  # beyond the initial capacity
+    cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu", capacity=8)
+    full = model(ids, aux_hidden_states=aux, past_key_values=cache)
+    assert cache.get_seq_length() == 300
+    cache.crop(200)
+    again = model(ids[:, 200:], aux_hidden_states=aux[:, 200:], past_key_values=cache, absorb=False)
+    assert (again.logits - full.logits[:, 200:]).abs().max() <= TOL
+
+
+def test_padding_mask_matches_unpadded_rows():
+    model = tiny_drafter(seed=2)
+    ids, aux = aux_inputs(model.config, batch=1, length=6)
+    alone = model(ids, aux_hidden_states=aux)
+    pad = 3  # left padding, positions still start at 0 for the real tokens
+    ids_p = torch.cat([torch.zeros(1, pad, dtype=torch.long), ids], 1)
+    aux_p = torch.cat([torch.zeros(1, pad, aux.shape[-1]), aux], 1)
+    mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 6)], 1).long()
+    positions = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.arange(6)[None]], 1)
+    padded = model(ids_p, aux_hidden_states=aux_p, attention_mask=mask, position_ids=positions)
+    assert (padded.logits[:, pad:] - alone.logits).abs().max() <= TOL
+
+
+def test_draft_greedy_equals_manual_chain():
+    model = tiny_drafter(seed=11)
+    ids, aux = aux_inputs(model.config, batch=2, length=7)
+    drafted = model.draft(ids, aux, num_tokens=4)
+    out = model(ids, aux_hidden_states=aux)
+    tokens, state, logits, cache = [], out.hidden_states[:, -1:], out.logits[:, -1], out.past_key_values
+    for _ in range(4):
+        tokens.append(logits.argmax(-1))
+        step = model(tokens[-1][:, None], hidden_states=state, past_key_values=cache)
+        state, logits = step.hidden_states, step.logits[:, -1]
+    assert torch.equal(drafted.tokens, torch.stack(tokens, 1))
+    assert drafted.probs.shape == (2, 4, model.config.draft_vocab_size)
+    assert drafted.past_key_values.get_seq_length() == 7 + 3
+
+
+def test_draft_sampling_temperature_and_top_p():
+    model = tiny_drafter(seed=11)
+    ids, aux = aux_inputs(model.config, batch=1, length=7)
+    g = torch.Generator().manual_seed(0)
+    a = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
+    g = torch.Generator().manual_seed(0)
+    b = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
+    assert torch.equal(a.tokens, b.tokens)  # seeded: reproducible
+    probs = a.probs[0, 0]
+    assert torch.allclose(probs.sum(), torch.tensor(1.0))
+    # top-p keeps the smallest prefix of the sorted distribution whose mass reaches 0.9
+    full = torch.softmax(model(ids, aux_hidden_states=aux).logits[0, -1] / 0.8, -1)
+    order = full.argsort(descending=True)
+    kept = int(((full[order].cumsum(0) - full[order]) < 0.9).sum())
+    assert int((probs > 0).sum()) == kept
+    assert torch.allclose(probs[order[:kept]], full[order[:kept]] / full[order[:kept]].sum(), atol=1e-6)
+    # the chosen tokens always come from the kept set
+    for _ in range(20):
+        t = model.draft(ids, aux, num_tokens=1, temperature=0.8, top_p=0.9).tokens[0, 0]
+        assert probs[t] > 0
+
+
+def test_pruned_vocabulary_drafts_target_ids():
+    model = tiny_drafter(seed=4, draft_vocab_size=120)
+    ids, aux = aux_inputs(model.config, batch=1, length=5)
+    out = model(ids, aux_hidden_states=aux)
+    assert out.logits.shape[-1] == 120
+    drafted = model.draft(ids, aux, num_tokens=2)
+    draft_id = out.logits[0, -1].argmax()
+    assert drafted.tokens[0, 0] == draft_id + model.d2t[draft_id]
+    assert model.t2d[drafted.tokens[0, 0]]
+
+
+def test_bf16_stays_close_to_fp32():
+    model = tiny_drafter(seed=9)
+    ids, aux = aux_inputs(model.config, batch=2, length=12)
+    ref32 = model(ids, aux_hidden_states=aux)
+    model16 = tiny_drafter(seed=9).to(torch.bfloat16)
+    out16 = model16(ids, aux_hidden_states=aux.bfloat16())
+    assert out16.logits.dtype == torch.bfloat16
+    assert out16.past_key_values.nbytes_per_token() == (32 + 16) * 2
+    scale = ref32.logits.abs().max()
+    assert (out16.logits.float() - ref32.logits).abs().max() <= 0.05 * scale
+    agree = (out16.logits.argmax(-1) == ref32.logits.argmax(-1)).float().mean()
+    assert agree >= 0.9

@@ -1,0 +1,104 @@
+"""modeling/ is the remote code shipped in a Hub repo: generated from src/, self-contained, exact."""
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELING = ROOT / "modeling"
+sys.path.insert(0, str(ROOT / "scripts"))
+import sync_modeling  # noqa: E402
+
+ALLOWED_IMPORTS = {"torch", "transformers", "safetensors", "huggingface_hub", "__future__"}  # + stdlib
+
+
+def test_modeling_is_generated_from_src_without_drift():
+    """One source of truth: run `python scripts/sync_modeling.py` after editing src/eagle31_mla/."""
+    assert sorted(p.name for p in MODELING.glob("*.py")) == sorted(sync_modeling.SOURCES)
+    for name in sync_modeling.SOURCES:
+        assert (MODELING / name).read_text() == sync_modeling.generated(name), f"modeling/{name} drifted from src"
+
+
+def test_modeling_imports_only_torch_transformers_and_stdlib():
+    """safetensors and huggingface_hub are installed by transformers itself."""
+    for path in MODELING.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            foreign = {r for r in roots if r not in ALLOWED_IMPORTS and r not in sys.stdlib_module_names}
+            assert not foreign, f"modeling/{path.name} imports {foreign}"
+
+
+def hub_folder(tmp_path: Path, model) -> Path:
+    config = published_style_config(model)
+    config["auto_map"] = {
+        "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+        "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+    }
+    folder = write_checkpoint(tmp_path / "kimi-k3-eagle3.1-mla", config, model.state_dict())
+    for path in MODELING.glob("*.py"):
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_auto_model_with_remote_code_without_the_library(tmp_path):
+    """Loaded in a fresh process where `eagle31_mla` cannot be imported: only torch + transformers."""
+    model = tiny_drafter(seed=12)
+    folder = hub_folder(tmp_path, model)
+    ids, aux = aux_inputs(model.config, 2, 7)
+    torch.save({"ids": ids, "aux": aux}, tmp_path / "inputs.pt")
+    script = f"""
+import sys, torch
+sys.modules["eagle31_mla"] = None  # any import of the library now fails
+from transformers import AutoConfig, AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+assert AutoConfig.from_pretrained({str(folder)!r}, trust_remote_code=True).fc_norm is True
+x = torch.load({str(tmp_path / "inputs.pt")!r}, weights_only=True)
+out = model(x["ids"], aux_hidden_states=x["aux"])
+torch.save({{"logits": out.logits, "state": out.hidden_states}}, {str(tmp_path / "out.pt")!r})
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    remote = torch.load(tmp_path / "out.pt", weights_only=True)
+    out = model(ids, aux_hidden_states=aux)
+    assert torch.equal(remote["logits"], out.logits)
+    assert torch.equal(remote["state"], out.hidden_states)
+
+
+def test_remote_code_refuses_a_missing_tensor_too(tmp_path):
+    """The remote path runs the same loader: no silently random weights through AutoModel either."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_drafter()
+    folder = hub_folder(tmp_path, model)
+    state = dict(model.state_dict())
+    del state["norm.weight"]
+    from safetensors.torch import save_file
+
+    save_file(state, str(folder / "model.safetensors"))
+    try:
+        AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    except ValueError as err:
+        assert "missing tensor 'norm.weight'" in str(err)
+    else:
+        raise AssertionError("a checkpoint without norm.weight loaded")
+
+
+def test_saved_folder_carries_its_remote_code(tmp_path):
+    model = tiny_drafter(seed=2)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for module in config["auto_map"].values():
+        assert (tmp_path / (module.split(".")[0] + ".py")).is_file()
+    assert (tmp_path / "aux_layers.py").is_file()
