@@ -29,7 +29,6 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.utils import ModelOutput
 
 from .configuration_eagle31_mla import Eagle31MLAConfig
 
@@ -262,9 +261,12 @@ class Eagle31MLADecoderLayer(nn.Module):
 
 
 @dataclass
-class Eagle31MLAOutput(ModelOutput):
+class Eagle31MLAOutput:
     """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H] is the state the next draft step is
-    fed (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache."""
+    fed (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache.
+
+    A plain dataclass on purpose: Transformers' ``ModelOutput`` renames ``past_key_values`` to
+    ``cache`` from 5.2x on, and this class must behave the same on every supported version."""
 
     logits: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
@@ -272,7 +274,7 @@ class Eagle31MLAOutput(ModelOutput):
 
 
 @dataclass
-class DraftOutput(ModelOutput):
+class DraftOutput:
     """``tokens`` [B, k] drafted target-vocabulary ids; ``probs`` [B, k, draft_vocab] the distribution
     each was drawn from (one-hot when greedy); ``past_key_values`` the cache, holding the context plus
     the first k-1 drafted tokens (crop it to the accepted length after verification)."""
@@ -566,13 +568,16 @@ def resolve_model_folder(
         return path
     if path.exists():
         raise ValueError(f"{path} is a file; pass the folder that holds config.json and the safetensors")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
+    # Offline mode means cache only, whatever the revision (some huggingface_hub releases still list
+    # the remote tree for a commit-hash revision under HF_HUB_OFFLINE=1).
+    offline = getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)()
     folder = snapshot_download(
         str(name_or_path),
         revision=revision,
         cache_dir=cache_dir,
-        local_files_only=bool(local_files_only),
+        local_files_only=bool(local_files_only) or offline,
         token=token,
         allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"],
     )
