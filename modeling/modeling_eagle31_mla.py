@@ -42,6 +42,7 @@ __all__ = [
     "CheckpointError",
     "CHECKPOINT_RENAMES",
     "canonical_tensor_name",
+    "normalise_aux_chunks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -237,6 +238,13 @@ class Eagle31MLAMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
+def normalise_aux_chunks(aux_hidden_states: torch.Tensor, norms) -> torch.Tensor:
+    """EAGLE-3.1 ``fc_norm``: each captured state gets its own RMSNorm before ``fc``.
+    [.., n·Ht] -> [.., n·Ht]; ``norms`` is any sequence of n norm modules (the engines pass theirs)."""
+    chunks = aux_hidden_states.chunk(len(norms), dim=-1)  # n × [.., Ht]
+    return torch.cat([norm(chunk) for norm, chunk in zip(norms, chunks)], dim=-1)
+
+
 class Eagle31MLADecoderLayer(nn.Module):
     """The one EAGLE layer: attention reads [input_layernorm(embed) | hidden_norm(h)] (2H wide)."""
 
@@ -345,8 +353,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def combine_hidden_states(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
         """[.., n·Ht] captured target states (ascending layer order) -> [.., H] drafter state."""
         if self.config.fc_norm:
-            chunks = aux_hidden_states.chunk(self.config.num_aux_hidden_states, dim=-1)  # n × [.., Ht]
-            aux_hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+            aux_hidden_states = normalise_aux_chunks(aux_hidden_states, self.fc_norm)
         return self.fc(aux_hidden_states)  # [.., H]
 
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

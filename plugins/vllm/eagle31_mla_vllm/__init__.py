@@ -1,0 +1,114 @@
+"""vLLM plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
+
+Installed with the project, loaded by vLLM in every process through the ``vllm.general_plugins``
+entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "method": "eagle3",
+"num_speculative_tokens": 3}'`` then serves the drafter fed exactly the tensors it was trained on:
+
+* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` are rewritten as vLLM parses
+  them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever convention the file
+  uses (read by :mod:`eagle31_mla.aux_layers`), become explicit one-based top-level ids, which both
+  model runners of every version read first; the architecture becomes this plugin's class;
+* that class (:mod:`.model`) validates the ids against the target, enforces the Kimi-K3 prefix-only
+  aux stream, and applies ``fc_norm`` / ``norm_output`` where the installed vLLM does not;
+* on the CPU build, vLLM's compiled rotary op mis-rotates MLA's strided q_pe/k_pe (only token 0 comes
+  out right), which silently corrupts the target's hidden states; the plugin routes such calls to
+  vLLM's own native rotary (:func:`_fix_cpu_rotary_for_strided_inputs`). Set
+  ``EAGLE31_VLLM_CPU_ROTARY_FIX=0`` to keep vLLM's behaviour.
+
+``register()`` is idempotent and imports no model code: the class is registered as a lazy string.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["register", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
+
+logger = logging.getLogger(__name__)
+
+#: The architecture this plugin registers. It starts with "Eagle3", so vLLM's EAGLE-3 rename keeps it.
+VLLM_ARCHITECTURE = "Eagle31MLADeepseekV2ForCausalLM"
+#: Draft architectures the plugin takes over: the published checkpoint's name, and its own.
+DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", VLLM_ARCHITECTURE)
+KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+CPU_ROTARY_FIX_ENV = "EAGLE31_VLLM_CPU_ROTARY_FIX"
+
+_original_hf_config_override = None
+
+
+def register() -> None:
+    # Kimi-K3: the drafter was trained on the prefix-only stream (0). Any other value is refused when
+    # a Kimi-K3 target is served (model.py), since it would silently degrade acceptance.
+    os.environ.setdefault(KIMI_K3_STREAM_ENV, "0")
+
+    from vllm import ModelRegistry
+
+    if VLLM_ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(VLLM_ARCHITECTURE, "eagle31_mla_vllm.model:Eagle31MLAEagle3ForCausalLM")
+    _install_draft_config_hook()
+    _fix_cpu_rotary_for_strided_inputs()
+
+
+def draft_hf_config_override(hf_config, *args, **kwargs):
+    """vLLM's draft-config hook, extended: make the aux ids explicit and pick this plugin's class.
+
+    Module-level so that vLLM can pickle it into its engine processes.
+    """
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    if architectures[:1] not in ([name] for name in DRAFT_ARCHITECTURES):
+        return _original_hf_config_override(hf_config, *args, **kwargs)
+    # kimi_k2 / deepseek_v3 drafts: vLLM detects MLA for EAGLE drafts only under deepseek_v2, and its
+    # own hook would turn a deepseek_v3 one into an MTP draft.
+    hf_config.model_type = "deepseek_v2"
+    hf_config = _original_hf_config_override(hf_config, *args, **kwargs)
+    from eagle31_mla.aux_layers import aux_layer_ids_config_entries, aux_layer_ids_from_config
+
+    raw = {key: getattr(hf_config, key, None) for key in
+           ("eagle_aux_hidden_state_layer_ids", "eagle_config", "aux_layer_ids_convention", "target_layer_ids")}  # fmt: skip
+    ids, how = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None})
+    entries = aux_layer_ids_config_entries(ids)
+    hf_config.eagle_aux_hidden_state_layer_ids = entries["eagle_aux_hidden_state_layer_ids"]
+    hf_config.aux_layer_ids_convention = entries["aux_layer_ids_convention"]
+    hf_config.eagle_config = {**(raw["eagle_config"] or {}), **entries["eagle_config"]}
+    hf_config.architectures = [VLLM_ARCHITECTURE]
+    logger.info("eagle31-mla: draft aux layers %s (%s); serving as %s", ids.describe(), how, VLLM_ARCHITECTURE)
+    return hf_config
+
+
+def _install_draft_config_hook() -> None:
+    global _original_hf_config_override
+    from vllm.config.speculative import SpeculativeConfig
+
+    current = SpeculativeConfig.__dict__["hf_config_override"].__func__
+    if current is draft_hf_config_override:
+        return
+    _original_hf_config_override = current
+    SpeculativeConfig.hf_config_override = staticmethod(draft_hf_config_override)
+
+
+def _fix_cpu_rotary_for_strided_inputs() -> None:
+    if os.environ.get(CPU_ROTARY_FIX_ENV, "1") == "0":
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    compiled = RotaryEmbedding.forward_cpu
+    if getattr(compiled, "_eagle31_fixed", False):
+        return
+
+    def forward_cpu(self, positions, query, key=None):
+        # The compiled op reads heads and token stride as if the tensor were a flat, contiguous
+        # [T, heads·head_dim]; MLA passes strided [T, heads, rope] views. Those go the native way.
+        flat = query.dim() == 2 and query.is_contiguous() and (key is None or (key.dim() == 2 and key.is_contiguous()))
+        if flat:
+            return compiled(self, positions, query, key)
+        return self.forward_native(positions, query, key)
+
+    forward_cpu._eagle31_fixed = True
+    forward_cpu._eagle31_original = compiled
+    RotaryEmbedding.forward_cpu = forward_cpu
+    logger.info("eagle31-mla: CPU rotary op bypassed for strided (MLA) inputs; set %s=0 to keep vLLM's", CPU_ROTARY_FIX_ENV)

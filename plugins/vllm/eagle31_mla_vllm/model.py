@@ -1,0 +1,126 @@
+"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM``
+(one DeepSeek MLA layer over [embeddings | fc(aux)], latent KV cache of 512 + 64 per token) plus
+what makes it safe to serve:
+
+* refuses, before any weight is read, aux ids the target cannot provide (beyond its depth) and a
+  Kimi-K3 target whose aux stream is not the prefix-only one the drafter was trained on;
+* EAGLE-3.1's ``fc_norm`` (a norm per captured state before ``fc``) and ``norm_output`` (the next
+  step is fed the post-norm state) take effect on every vLLM release, including 0.22.x, which builds
+  ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
+* accepts the checkpoint layouts the library accepts (NeMo's ``model.`` prefix, ``midlayer.*``).
+
+Subclassing the built-in class keeps vLLM's runner check (``isinstance(..., Eagle3DeepseekV2ForCausalLM)``)
+and all its loading and logits code. The math lives in ``eagle31_mla``; this file is glue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable
+
+import torch
+from torch import nn
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
+
+from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+from eagle31_mla.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
+
+from . import KIMI_K3_STREAM_ENV
+from .versions import VllmFeatures, features
+
+__all__ = ["Eagle31MLAEagle3ForCausalLM", "check_serving", "is_kimi_k3"]
+
+logger = logging.getLogger(__name__)
+
+
+class ServingConfigError(ValueError):
+    """A draft/target/engine combination that would silently feed the drafter the wrong tensors."""
+
+
+def is_kimi_k3(target_hf_config) -> bool:
+    architectures = getattr(target_hf_config, "architectures", None) or []
+    return any("KimiK3" in name for name in architectures) or getattr(target_hf_config, "model_type", "") == "kimi_k3"
+
+
+def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, environ=os.environ) -> None:
+    """Every check that needs the target and the engine; raises :class:`ServingConfigError`."""
+    depth = target_model_config.get_total_num_hidden_layers()
+    raw = {key: getattr(draft_hf_config, key, None) for key in
+           ("eagle_aux_hidden_state_layer_ids", "eagle_config", "aux_layer_ids_convention")}  # fmt: skip
+    try:
+        ids, _ = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers=depth)
+    except AuxLayerIdError as err:
+        raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
+    if len(ids) != 3 and not engine.fc_width_follows_aux_count:
+        raise ServingConfigError(
+            f"eagle31-mla: {engine.describe()} sizes `fc` for exactly 3 aux states; the draft names {len(ids)} "
+            "(vLLM >= 0.22 follows the draft)"
+        )
+    if not engine.supported:
+        logger.warning("eagle31-mla: %s is outside the supported range 0.20-0.33", engine.describe())
+    target_hf_config = target_model_config.hf_config
+    if is_kimi_k3(target_hf_config):
+        if not engine.kimi_k3_target:
+            raise ServingConfigError(f"eagle31-mla: Kimi-K3 targets need vLLM >= 0.27; this is {engine.describe()}")
+        stream = environ.get(KIMI_K3_STREAM_ENV, "0")
+        if engine.kimi_k3_stream_env and stream != "0":
+            raise ServingConfigError(
+                f"eagle31-mla: {KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
+                "mixture (the stream DSpark drafters use), but this drafter was trained on the prefix-only "
+                f"stream: unset it or set it to 0 (with {stream!r} nothing fails, acceptance just drops)"
+            )
+    logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
+
+
+class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        engine = features()
+        draft = vllm_config.speculative_config.draft_model_config.hf_config
+        check_serving(draft, vllm_config.model_config, engine)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.engine = engine
+        fc_norm = bool(getattr(draft, "fc_norm", False))
+        self.norm_output_in_plugin = bool(getattr(draft, "norm_output", False)) and not engine.applies_norm_output
+        self.fc_norm_in_plugin = fc_norm and not engine.applies_fc_norm
+        self.fc_norm_loaded_by_plugin = fc_norm and not engine.builds_fc_norm
+        if self.fc_norm_loaded_by_plugin:  # vLLM < 0.22 builds no fc_norm and its loader drops the weights
+            width = getattr(draft, "target_hidden_size", None) or draft.hidden_size
+            n = len(draft.eagle_aux_hidden_state_layer_ids)
+            self.model.fc_norm = nn.ModuleList(RMSNorm(width, eps=draft.rms_norm_eps) for _ in range(n))
+        if self.fc_norm_in_plugin or self.norm_output_in_plugin:
+            logger.info("eagle31-mla: %s needs the plugin for fc_norm=%s norm_output=%s",
+                        engine.describe(), self.fc_norm_in_plugin, self.norm_output_in_plugin)  # fmt: skip
+
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.fc_norm_in_plugin:
+            return super().combine_hidden_states(hidden_states)
+        out = self.model.fc(normalise_aux_chunks(hidden_states, self.model.fc_norm))
+        return out[0] if isinstance(out, tuple) else out
+
+    def forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
+        out = super().forward(input_ids, positions, hidden_states, inputs_embeds)
+        if not self.norm_output_in_plugin:
+            return out
+        normed = out[0] if isinstance(out, tuple) else out
+        return normed, normed  # (for logits, for the next draft step): post-norm under norm_output
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        weights = ((canonical_tensor_name(name), tensor) for name, tensor in weights)
+        if self.fc_norm_loaded_by_plugin:
+            weights = self._load_fc_norm(weights)
+        return super().load_weights(weights)
+
+    def _load_fc_norm(self, weights):
+        loaded = set()
+        for name, tensor in weights:
+            if name.startswith("fc_norm."):
+                index = int(name.split(".")[1])
+                self.model.fc_norm[index].weight.data.copy_(tensor)
+                loaded.add(index)
+            else:
+                yield name, tensor
+        missing = set(range(len(self.model.fc_norm))) - loaded
+        if missing:
+            raise ServingConfigError(f"eagle31-mla: config says fc_norm but fc_norm.{min(missing)}.weight is missing")

@@ -1,0 +1,213 @@
+"""Tiny offline models and probes for running the real vLLM engine (CPU build) in tests.
+
+The target is a 6-layer DeepSeek-V3 (MLA + MoE) with kv_lora 512 + rope 64, the only MLA head size
+vLLM's CPU kernels accept; the drafters are this library's model at the same MLA dims, saved in the
+config forms users meet. Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so a test can
+watch the drafter class directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from eagle31_mla import Eagle31MLAForCausalLM
+from tiny import YARN, published_style_config, randomize, tiny_config, write_checkpoint
+
+VOCAB, HIDDEN, TARGET_LAYERS = 512, 128, 6
+AUX_ONE_BASED = [2, 3, 5]  # < TARGET_LAYERS: HF's hidden_states[6] is post-final-norm, vLLM's is not
+PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world, this is a tiny", "over the lazy"]
+CPU_MLA = "CPU_MLA"  # AMX CPUs would pick AMX_MLA, which refuses fp32 weights; the drafter does not inherit it
+
+
+def build_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog."] * 20
+                            + ["Hello world, this is a tiny tokenizer."] * 20, trainer=trainer)  # fmt: skip
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> Path:
+    """Build targets before the first engine runs in the process: after one has, Transformers saves
+    MoE experts fused (``experts.down_proj``), a layout vLLM's DeepSeek loader does not read."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    tok = build_tokenizer(folder)
+    config = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, moe_intermediate_size=64,
+        num_hidden_layers=TARGET_LAYERS, first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    config.topk_method = "noaux_tc"  # vLLM otherwise expects a correction bias HF does not write
+    config.scoring_func = "sigmoid"
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                p.normal_(0, 0.01)
+        if zero_lm_head:
+            model.lm_head.weight.zero_()
+    model.save_pretrained(folder)
+    return folder
+
+
+def draft_model(seed: int = 2, *, rope=None, zero_lm_head: bool = False, **overrides) -> Eagle31MLAForCausalLM:
+    kwargs = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, target_hidden_size=HIDDEN, intermediate_size=256,
+        num_attention_heads=2, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32, qk_rope_head_dim=64,
+        v_head_dim=32, max_position_embeddings=512, eagle_aux_hidden_state_layer_ids=AUX_ONE_BASED,
+        rope_parameters=dict(rope or dict(YARN, original_max_position_embeddings=256)),
+        bos_token_id=0, eos_token_id=1, pad_token_id=2,
+    )  # fmt: skip
+    config = tiny_config(**{**kwargs, **overrides})
+    model = randomize(Eagle31MLAForCausalLM(config), seed)
+    if zero_lm_head:
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+    return model
+
+
+def write_draft(folder: Path, model: Eagle31MLAForCausalLM, form: str) -> Path:
+    """The config forms a draft folder comes in:
+    published   kimi_k2, rope_scaling, nested one-based ids (the released checkpoint's layout)
+    training    the same with the training framework's nested zero-based ids
+    top_level   only a top-level one-based id list (vLLM's own key)
+    exported    written by this library's save_pretrained (labelled, both places)
+    nemo        published config, NeMo's `model.` prefix on the tensors
+    """
+    if form == "exported":
+        model.save_pretrained(folder)
+        return folder
+    config = published_style_config(model)
+    config["bos_token_id"], config["eos_token_id"], config["pad_token_id"] = 0, 1, 2
+    tensors = dict(model.state_dict())
+    ids = list(model.config.aux_layer_ids.one_based)
+    if form == "training":
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
+    elif form == "top_level":
+        del config["eagle_config"]
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+    elif form == "nemo":
+        tensors = {(k if k.startswith("lm_head") else "model." + k): v for k, v in tensors.items()}
+    elif form != "published":
+        raise ValueError(form)
+    return write_checkpoint(folder, config, tensors)
+
+
+def make_llm(target: Path, draft: Path | None = None, k: int = 3, **kwargs):
+    from vllm import LLM
+
+    args = dict(model=str(target), dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=True,
+                seed=0, disable_log_stats=False, attention_backend=CPU_MLA)  # fmt: skip
+    if draft is not None:
+        args["speculative_config"] = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
+                                      "attention_backend": CPU_MLA}  # fmt: skip
+    args.update(kwargs)
+    return LLM(**args)
+
+
+def greedy(llm, prompts=PROMPTS, max_tokens: int = 12) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def spec_metrics(llm) -> dict:
+    out = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            out[metric.name.removeprefix("vllm:spec_decode_")] = list(metric.values) if hasattr(metric, "values") else metric.value
+    return out
+
+
+def acceptance_report(metrics: dict) -> dict:
+    """Accept length as engines report it (tokens per verification step, bonus included) and the
+    per-position acceptance rate."""
+    drafts = metrics["num_drafts"]
+    per_pos = metrics["num_accepted_tokens_per_pos"]
+    return {
+        "drafts": drafts,
+        "accept_length": 1 + metrics["num_accepted_tokens"] / drafts if drafts else float("nan"),
+        "per_position_rate": [n / drafts for n in per_pos] if drafts else [],
+    }
+
+
+class DrafterProbe:
+    """Records, in-process, what vLLM hands the drafter class: every ``combine_hidden_states`` input
+    (the concatenated aux states) and every forward's ids, positions and draft logits at all rows."""
+
+    def __init__(self, cls):
+        self.cls, self.calls = cls, []
+        self._combine, self._forward = cls.combine_hidden_states, cls.forward
+        probe = self
+
+        def combine(model, hidden_states):
+            probe.calls.append(("combine", hidden_states.detach().clone()))
+            return probe._combine(model, hidden_states)
+
+        def forward(model, input_ids, positions, hidden_states, inputs_embeds=None):
+            out = probe._forward(model, input_ids, positions, hidden_states, inputs_embeds)
+            with torch.no_grad():
+                logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
+            probe.calls.append(("forward", input_ids.clone(), positions.clone(), logits.detach().clone()))
+            return out
+
+        cls.combine_hidden_states, cls.forward = combine, forward
+
+    def first_step(self):
+        """(aux [T, n·Ht], input_ids [T], positions [T], logits [T, V]) of the first prefill recorded."""
+        i = next(i for i, c in enumerate(self.calls) if c[0] == "combine")
+        j = next(j for j in range(i + 1, len(self.calls)) if self.calls[j][0] == "forward")
+        aux = self.calls[i][1]
+        T = aux.shape[0]
+        _, ids, pos, logits = self.calls[j]
+        return aux, ids[:T], pos[:T], logits[:T]
+
+    def restore(self):
+        self.cls.combine_hidden_states, self.cls.forward = self._combine, self._forward
+
+
+def hf_hidden_states(target: Path, token_ids: list[int]):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(torch.tensor([token_ids]), output_hidden_states=True)
+    return [h[0] for h in out.hidden_states]
+
+
+def hf_greedy(target: Path, token_ids: list[int], n: int) -> list[int]:
+    """Plain argmax loop (HF `generate` would suppress EOS, which vLLM's ignore_eos does not)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    ids = list(token_ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(token_ids):]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
