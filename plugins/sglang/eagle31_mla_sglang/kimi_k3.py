@@ -1,0 +1,85 @@
+"""EAGLE-3 capture for SGLang's Kimi-K3 target, which 0.5.23 lacks.
+
+Kimi-K3 replaces the residual sum with block AttnRes: a bank of completed blocks plus a running
+within-block prefix. The drafter was trained on the prefix-only stream: after zero-based layer L,
+the sum of the layer outputs since L's block began (SGLang's written residual plus the pending
+output: ``residual.batch.snapshot``), never the AttnRes mixture that DSpark drafters read. Ids are
+one-based completed-layer ids (Kimi-K3: [2, 46, 90]), as upstream SGLang stores them in
+``eagle3_layers_to_capture``. Capture uses forward hooks on the chosen layers, so the model's long
+forward is not copied.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+__all__ = ["install_if_missing", "prefix_stream", "K3_CLASS_NAMES"]
+
+logger = logging.getLogger(__name__)
+
+K3_CLASS_NAMES = ("KimiK3LinearForCausalLM", "KimiK3ForConditionalGeneration")
+
+
+def prefix_stream(layer_output, forward_batch) -> torch.Tensor:
+    """The prefix-only stream after a layer: written residual + pending output (a copy)."""
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
+
+    return residual_batch.snapshot(layer_output, forward_batch)
+
+
+def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
+    from eagle31_mla.aux_layers import AuxLayerIds
+
+    n = self.config.num_hidden_layers
+    ids = AuxLayerIds.from_one_based(layer_ids if layer_ids is not None else (2, n // 2, n - 3), n)
+    model = self.model
+    if self.pp_group.world_size != 1:
+        raise NotImplementedError("eagle31-mla: Kimi-K3 EAGLE-3 capture supports pipeline parallel size 1")
+    if getattr(model, "carries_bank_slices", False):
+        raise RuntimeError("eagle31-mla: SGLANG_K3_SP_ATTN_RES keeps only a shard of each row; nothing whole to capture")
+    if getattr(model, "dspark_layers_to_capture", None) is not None:
+        raise RuntimeError("eagle31-mla: EAGLE-3 and DSpark capture cannot both be on")
+    for handle in getattr(model, "_eagle31_handles", []):
+        handle.remove()
+    model.eagle3_layers_to_capture = list(ids.one_based)
+    model._eagle31_buffer = None
+
+    def capture(layer, args, kwargs, output):
+        if model._eagle31_buffer is not None:
+            model._eagle31_buffer.append(prefix_stream(output, kwargs["forward_batch"]))
+
+    def open_buffer(module, args, kwargs):
+        module._eagle31_buffer = []
+
+    def return_aux(module, args, kwargs, output):
+        buffer, module._eagle31_buffer = module._eagle31_buffer, None
+        return (output, buffer) if isinstance(output, torch.Tensor) else output
+
+    handles = [model.layers[k - 1].register_forward_hook(capture, with_kwargs=True)
+               for k in ids.one_based if model.start_layer <= k - 1 < model.end_layer]  # fmt: skip
+    handles.append(model.register_forward_pre_hook(open_buffer, with_kwargs=True))
+    handles.append(model.register_forward_hook(return_aux, with_kwargs=True))
+    model._eagle31_handles = handles
+    self.capture_aux_hidden_states = True  # the causal-LM forward then unpacks (hidden, aux)
+
+
+def set_eagle3_layers_to_capture_multimodal(self, layer_ids=None):
+    if self.language_model is None:
+        raise AttributeError("eagle31-mla: EAGLE-3 capture is not available in encoder-only mode")
+    self.language_model.set_eagle3_layers_to_capture(layer_ids)
+
+
+def install_if_missing(model_class) -> None:
+    """Add the methods to SGLang's Kimi-K3 classes, unless this SGLang already has its own."""
+    if not any(cls.__name__ in K3_CLASS_NAMES for cls in model_class.__mro__):
+        return
+    from sglang.srt.models import kimi_k3
+
+    for name, method in (("KimiK3LinearForCausalLM", set_eagle3_layers_to_capture_language_model),
+                         ("KimiK3ForConditionalGeneration", set_eagle3_layers_to_capture_multimodal)):  # fmt: skip
+        cls = getattr(kimi_k3, name)
+        if not hasattr(cls, "set_eagle3_layers_to_capture"):
+            cls.set_eagle3_layers_to_capture = method
+            logger.info("eagle31-mla: added EAGLE-3 prefix-stream capture to SGLang's %s", name)
