@@ -1,0 +1,760 @@
+"""Reference speculative decoding with the EAGLE-3.1 MLA drafter and a Transformers target.
+
+What the serving engines do, in plain PyTorch, one request at a time, so that acceptance can be
+measured offline and every engine checked against it. Per round:
+
+1. **Draft.** The drafter first catches up on the tokens the target committed last round: token
+   ``i + 1``'s embedding with the target's aux states at position ``i`` (EAGLE's shift, as vLLM and
+   SGLang do), appended to its latent cache. Then it drafts:
+   * chain (``topk == 1``): ``num_steps`` tokens, each sampled from the drafter's (temperature,
+     top-p) distribution q, each step fed the previous token and the previous step's state;
+   * tree (``topk > 1``): EAGLE's top-k expansion (SGLang's ``--speculative-eagle-topk``): each step
+     feeds the ``topk`` best leaves so far, in one drafter call under a tree mask; children are
+     ranked by cumulative draft log-probability, and the best ``num_draft_tokens - 1`` nodes (the
+     root, i.e. the last committed token, is counted) form the tree.
+2. **Verify.** ONE target forward over the last committed token plus the draft tokens (a tree mask
+   for trees), reusing the target's ``DynamicCache``: the prefix is never recomputed.
+3. **Accept** (the output distribution is exactly the target's, p after temperature / top-p):
+   * chain, draft token x sampled from q: accept x with probability min(1, p(x) / q(x)); at the first
+     rejection sample from norm(max(p - q, 0)); if all are accepted, sample a bonus token from p at
+     the last position. (Leviathan et al. 2023; Chen et al. 2023; gpt-fast ``speculative_decode``.)
+   * tree, children of the current node tried one by one: a child is a deterministic choice (the
+     drafter's top-k), i.e. a point mass, so min(1, p(x) / q(x)) = p(x): accept it with probability
+     p(x); on rejection zero p(x) and renormalise (norm(max(p - onehot(x), 0))), try the next child
+     against that residual; when no child is accepted, sample from the residual. P(emit x) = p(x) for
+     every x, whatever the tree (EAGLE's ``evaluate_posterior``, SGLang's
+     ``tree_speculative_sampling_target_only``). Greedy (temperature 0) is the same rules with
+     one-hot p and q: the argmax path, so a tree with ``topk == 1`` equals the chain when greedy
+     (when sampling it is the top-1 tree: also exact, but it accepts p(x) instead of min(1, p/q)).
+4. **Roll back.** The target cache keeps the committed tokens only (crop for chains; for trees the
+   accepted nodes' keys and values are gathered into place); the drafter cache is cropped to before
+   this round's draft steps, and refilled next round from the target's own aux states of the
+   accepted tokens, so the drafter always conditions on true target states for committed tokens.
+
+The accept length is tokens per verification round, counting the bonus/correction token: accepted
+drafts + 1, the number engines report (ceiling ``num_steps + 1``).
+
+Aux states are read at the drafter's canonical ids (``config.aux_layer_ids``, one-based: id k =
+``hidden_states[k]``, see :mod:`eagle31_mla.aux_layers`). One exception: in Transformers 5 the last
+entry ``hidden_states[num_hidden_layers]`` is AFTER the final norm, while engines capture the
+pre-norm residual stream; an id equal to the target's depth is therefore read with a forward hook
+on the last decoder layer (its pre-norm output).
+
+Scope: batch 1 (requests run one after another: accepted lengths differ per request), target and
+drafter on one device. Target requirements: a Transformers causal LM that returns ``hidden_states``,
+uses the standard ``DynamicCache`` (plain ``DynamicLayer`` layers for tree drafting), and for trees
+runs ``sdpa`` or ``eager`` attention, which take a custom 4-D mask (checked for Llama, Qwen2, Qwen3
+and DeepSeek-V3 on Transformers 5.16, 5.19 and 5.24; flash-attention kernels cannot take one and
+are refused with a hint). The mask is passed additive (0 / dtype min), not boolean: ``eager``
+attention adds the mask to the scores, so a boolean one would silently let every node see every
+other.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .aux_layers import AuxLayerIds
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+
+__all__ = [
+    "AcceptanceStats",
+    "SpeculativeOutput",
+    "TargetAuxCapture",
+    "speculative_generate",
+    "measure_acceptance",
+    "accept_chain",
+    "accept_tree",
+    "target_probs",
+    "read_prompts",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# The accept / resample rules (vectorised over B independent trials; the loop uses B = 1)
+# ----------------------------------------------------------------------------------------------
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities.
+    One-hot argmax for temperature 0 (ties to the lowest id); the same temperature / top-p rule as
+    the drafter's ``sample_from_logits``."""
+    if temperature <= 0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of [B, V] (rows need not be normalised)."""
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def accept_chain(
+    draft_tokens: torch.Tensor,  # [B, k] drafted target ids, d_j ~ q_j
+    draft_probs: torch.Tensor,  # [B, k, V] q_j, target vocabulary
+    target_probs: torch.Tensor,  # [B, k+1, V] p_j after the committed prefix and d_1..d_j
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling over a chain: returns the number of accepted drafts [B] and the
+    token that follows them [B] (the correction, or the bonus token after k accepts)."""
+    B, k = draft_tokens.shape
+    p = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # [B, k] p_j(d_j)
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]  # [B, k] q_j(d_j) > 0
+    u = torch.rand(B, k, generator=generator, device=p.device)
+    # accept d_j with probability min(1, p/q)  <=>  u·q < p  (no division; q = p always accepts)
+    accepted = (u * q < p).long().cumprod(dim=1)  # [B, k], 1 up to the first rejection
+    num_accepted = accepted.sum(1)  # [B]
+    # at the first rejection j: resample from norm(max(p_j - q_j, 0)); after k accepts q_k := 0, so
+    # the same expression gives the bonus token from p_k
+    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # [B, k+1, V]
+    at = num_accepted[:, None, None].expand(B, 1, target_probs.shape[-1])
+    residual = (target_probs.gather(1, at) - q_pad.gather(1, at)).clamp_min(0)[:, 0]  # [B, V]
+    return num_accepted, _sample(residual, generator)
+
+
+def accept_tree(
+    tokens: torch.Tensor,  # [N] target id of each tree node; node 0 is the root (the last committed token)
+    parents: Sequence[int],  # [N] parent node of each node (parents[0] = -1, parents[i] < i)
+    target_probs: torch.Tensor,  # [B, N, V] p after each node
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling down a tree of deterministic drafts: returns the number of
+    accepted drafts [B], the accepted nodes [B, depth] (-1 past the end) and the next token [B]."""
+    B, N, V = target_probs.shape
+    device = target_probs.device
+    children: list[list[int]] = [[] for _ in range(N)]
+    depth = [0] * N
+    for i in range(1, N):
+        children[parents[i]].append(i)
+        depth[i] = depth[parents[i]] + 1
+    max_depth, width = max(depth), max(len(c) for c in children)
+    table = torch.full((N, max(width, 1)), -1, dtype=torch.long, device=device)  # children in order, -1 = none
+    for i, c in enumerate(children):
+        table[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    rows = torch.arange(B, device=device)
+    tokens = tokens.to(device)
+
+    node = torch.zeros(B, dtype=torch.long, device=device)  # current node: the root
+    residual = target_probs[:, 0].clone()  # [B, V] what is left of p at the current node
+    live = torch.ones(B, dtype=torch.bool, device=device)  # still walking down
+    path = torch.full((B, max_depth), -1, dtype=torch.long, device=device)
+    for d in range(max_depth):
+        moved = torch.zeros(B, dtype=torch.bool, device=device)
+        for j in range(width):
+            child = table[node, j]  # [B]
+            trying = live & ~moved & (child >= 0)
+            if not bool(trying.any()):
+                continue
+            x = tokens[child.clamp_min(0)]  # [B]
+            # a point-mass draft x: accept with probability min(1, p(x)/1) = p(x) ...
+            accept = trying & (torch.rand(B, generator=generator, device=device) < residual[rows, x])
+            reject = trying & ~accept
+            # ... else p <- norm(max(p - onehot(x), 0)): x's mass goes, the rest is renormalised
+            zeroed = residual.scatter(1, x[:, None], 0.0)
+            residual = torch.where(reject[:, None], zeroed / zeroed.sum(-1, keepdim=True).clamp_min(1e-30), residual)
+            # accepted: step into the child, whose own p is fresh
+            node = torch.where(accept, child, node)
+            residual = torch.where(accept[:, None], target_probs[rows, node], residual)
+            path[:, d] = torch.where(accept, child, path[:, d])
+            moved |= accept
+        live &= moved
+    num_accepted = (path >= 0).sum(1)
+    return num_accepted, path, _sample(residual, generator)
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AcceptanceStats:
+    """Acceptance of one request or a run: ``accept_histogram[m]`` counts verification rounds that
+    accepted m drafts (m = 0..num_steps, before truncation at EOS / max_new_tokens)."""
+
+    num_steps: int
+    draft_tokens_per_round: int
+    accept_histogram: list[int] = field(default_factory=list)
+    num_generated_tokens: int = 0  # new tokens, the one sampled after the prompt included
+    num_requests: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.accept_histogram:
+            self.accept_histogram = [0] * (self.num_steps + 1)
+
+    def record(self, num_accepted: int) -> None:
+        self.accept_histogram[num_accepted] += 1
+
+    @property
+    def num_rounds(self) -> int:
+        """Verification steps (vLLM: ``num_drafts``)."""
+        return sum(self.accept_histogram)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.num_rounds * self.draft_tokens_per_round
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(m * n for m, n in enumerate(self.accept_histogram))
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per verification round, the bonus/correction token included (ceiling num_steps + 1)."""
+        rounds = self.num_rounds
+        return (self.num_accepted_tokens + rounds) / rounds if rounds else float("nan")
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Share of rounds whose draft at position (depth) j + 1 was accepted."""
+        rounds = self.num_rounds
+        return [sum(self.accept_histogram[j + 1 :]) / rounds if rounds else float("nan") for j in range(self.num_steps)]
+
+    @property
+    def draft_tokens_per_generated_token(self) -> float:
+        return self.num_draft_tokens / self.num_generated_tokens if self.num_generated_tokens else float("nan")
+
+    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        if (self.num_steps, self.draft_tokens_per_round) != (other.num_steps, other.draft_tokens_per_round):
+            raise ValueError("cannot add statistics of runs with different drafting settings")
+        return AcceptanceStats(
+            self.num_steps, self.draft_tokens_per_round,
+            [a + b for a, b in zip(self.accept_histogram, other.accept_histogram)],
+            self.num_generated_tokens + other.num_generated_tokens, self.num_requests + other.num_requests,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_requests": self.num_requests,
+            "num_steps": self.num_steps,
+            "draft_tokens_per_round": self.draft_tokens_per_round,
+            "num_rounds": self.num_rounds,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "mean_accept_length": self.mean_accept_length,
+            "acceptance_rate_per_position": self.acceptance_rate_per_position,
+            "accept_histogram": list(self.accept_histogram),
+            "draft_tokens_per_generated_token": self.draft_tokens_per_generated_token,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AcceptanceStats":
+        return cls(d["num_steps"], d["draft_tokens_per_round"], list(d["accept_histogram"]),
+                   d["num_generated_tokens"], d["num_requests"])  # fmt: skip
+
+    def table(self) -> str:
+        rounds = self.num_rounds
+        lines = [
+            f"requests {self.num_requests}, generated tokens {self.num_generated_tokens}, verification rounds {rounds}, "
+            f"{self.draft_tokens_per_round} draft tokens per round ({self.num_steps} steps)",
+            f"mean accept length          {self.mean_accept_length:.3f}  (tokens per round, bonus included; "
+            f"ceiling {self.num_steps + 1})",
+            f"draft tokens per new token  {self.draft_tokens_per_generated_token:.3f}",
+            "",
+            f"{'position':>8}  {'acceptance rate':>15}",
+        ]
+        lines += [f"{j + 1:>8}  {rate:>15.3f}" for j, rate in enumerate(self.acceptance_rate_per_position)]
+        lines += ["", f"{'accepted':>8}  {'rounds':>8}  {'share':>6}  histogram"]
+        for m, n in enumerate(self.accept_histogram):
+            share = n / rounds if rounds else 0.0
+            lines.append(f"{m:>8}  {n:>8}  {share:>6.3f}  {'#' * round(40 * share)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class SpeculativeOutput:
+    """``tokens``: the new tokens; ``accepted_per_round``: drafts accepted at each verification."""
+
+    tokens: list[int]
+    stats: AcceptanceStats
+    accepted_per_round: list[int]
+
+
+# ----------------------------------------------------------------------------------------------
+# The target side: aux-state capture, cache and forward glue
+# ----------------------------------------------------------------------------------------------
+
+
+def _decoder_layers(target) -> Any:
+    for get in (lambda m: m.get_decoder().layers, lambda m: m.model.layers):
+        try:
+            return get(target)
+        except AttributeError:
+            continue
+    return None
+
+
+class TargetAuxCapture:
+    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``).
+
+    Id k is ``hidden_states[k]`` (:attr:`AuxLayerIds.hidden_states_indices`); an id equal to the target
+    depth is taken pre-norm from a forward hook on the last decoder layer (see the module docstring).
+    Use as a context manager, or call :meth:`close` to remove the hook."""
+
+    def __init__(self, target, aux_layer_ids: AuxLayerIds):
+        text_config = target.config.get_text_config()
+        self.depth = text_config.num_hidden_layers
+        self.ids = aux_layer_ids.with_target_depth(self.depth)  # ids beyond the target's depth are refused
+        self.indices = self.ids.hidden_states_indices
+        self._last: torch.Tensor | None = None
+        self._handle = None
+        if self.depth in self.indices:
+            layers = _decoder_layers(target)
+            if layers is None or len(layers) != self.depth:
+                raise ValueError(
+                    f"aux id {self.depth} is the target's last layer, which Transformers returns after the final norm; "
+                    f"reading its pre-norm output needs the decoder layers (`model.layers`), not found on "
+                    f"{type(target).__name__}"
+                )
+            self._handle = layers[-1].register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output) -> None:
+        self._last = output[0] if isinstance(output, (tuple, list)) else output
+
+    def __call__(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+        if hidden_states is None or len(hidden_states) != self.depth + 1:
+            raise ValueError(
+                f"the target returned {None if hidden_states is None else len(hidden_states)} hidden states; "
+                f"expected num_hidden_layers + 1 = {self.depth + 1} (embeddings, then one per layer)"
+            )
+        states = [self._last if i == self.depth else hidden_states[i] for i in self.indices]
+        return torch.cat(states, dim=-1)  # [B, T, n·Ht], ascending layer order
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def __enter__(self) -> "TargetAuxCapture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cache_keyword(target) -> str:
+    """Transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns)."""
+    params = inspect.signature(target.forward).parameters
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+
+
+def _crop_target_cache(cache, length: int) -> None:
+    removed = cache.get_seq_length() - length
+    if removed > 0:
+        cache.crop(-removed)  # negative: tokens to remove (a positive value is a length on < 5.18 only)
+
+
+def _keep_target_cache(cache, keep: torch.Tensor) -> None:
+    """Keep only the positions ``keep`` (ascending) of every layer: the accepted tree path moves into place."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise TypeError(
+                f"tree verification needs plain DynamicLayer cache layers; the target's cache has "
+                f"{type(layer).__name__} (sliding-window or linear-attention layers cannot drop single positions)"
+            )
+        layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+
+
+class _Target:
+    """The target model as the loop needs it: forwards that fill one DynamicCache and return
+    (logits, aux states); counts its forwards."""
+
+    def __init__(self, model, capture: TargetAuxCapture):
+        from transformers import DynamicCache
+
+        self.model, self.capture = model, capture
+        self.device = next(model.parameters()).device  # the embeddings' device: inputs go there
+        self.cache = DynamicCache(config=model.config)
+        self.cache_keyword = _cache_keyword(model)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.num_forwards = 0
+
+    def forward(self, ids, positions, mask=None, last_only=False):
+        kwargs = {self.cache_keyword: self.cache, "use_cache": True, "output_hidden_states": True, "position_ids": positions}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if last_only and self.keeps_logits:
+            kwargs["logits_to_keep"] = 1  # a long prompt's logits over a large vocabulary are not needed
+        self.num_forwards += 1
+        out = self.model(ids, **kwargs)
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return logits.to(self.device), self.capture(out.hidden_states).to(self.device)  # [1, T, V], [1, T, n·Ht]
+
+
+# ----------------------------------------------------------------------------------------------
+# Drafting
+# ----------------------------------------------------------------------------------------------
+
+
+def _draft_probs_in_target_vocab(drafter: Eagle31MLAForCausalLM, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[.., draft_vocab] -> [.., vocab]: a pruned vocabulary's probabilities moved to target ids via d2t."""
+    if drafter.d2t is None:
+        return probs
+    target_ids = torch.arange(probs.shape[-1], device=probs.device) + drafter.d2t
+    out = probs.new_zeros(*probs.shape[:-1], vocab_size)
+    return out.index_copy(-1, target_ids, probs)
+
+
+def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top k along the last dim, ties to the lowest index (as argmax; torch.topk leaves ties unordered)."""
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    return values[..., :k], order[..., :k]
+
+
+@dataclass
+class _Tree:
+    tokens: torch.Tensor  # [N] target ids; node 0 = the root (last committed token)
+    parents: list[int]  # [N], parents[0] = -1
+    depth: list[int]  # [N]
+
+    def mask(self) -> torch.Tensor:
+        """[N, N] bool: node i sees node j iff j is i or one of its ancestors."""
+        N = len(self.parents)
+        allow = torch.eye(N, dtype=torch.bool)
+        for i in range(1, N):
+            allow[i] |= allow[self.parents[i]]
+        return allow
+
+    def target_mask(self, past: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """[1, 1, N, past+N] additive mask for the target: the whole cached prefix plus the node's branch.
+        Additive (0 / dtype min), not bool: eager attention adds the mask to the scores."""
+        allow = torch.cat([torch.ones(len(self.parents), past, dtype=torch.bool), self.mask()], dim=1)
+        mask = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, torch.finfo(dtype).min)
+        return mask.to(device)[None, None]
+
+
+def _draft_tree(
+    drafter, cache: LatentKVCache, logits, state, last_position: int, num_steps: int, topk: int, num_nodes: int, root: int
+) -> _Tree:
+    """EAGLE top-k tree: ``logits`` [Vd] and ``state`` [H] come from the drafter at the root's position."""
+    c0 = cache.get_seq_length()
+    device = logits.device
+    # the pool of candidate nodes, in generation order (a parent always precedes its children)
+    scores = []  # tensors of cumulative log-probabilities
+    draft_ids = []  # tensors of draft-vocabulary ids
+    parent_of: list[int] = []  # pool index of the parent, -1 = root
+    slot: dict[int, int] = {}  # pool index -> drafter cache position (nodes fed to the drafter)
+    ancestors: dict[int, list[int]] = {}  # pool index -> cache positions of its fed ancestors
+
+    lp, ids = _top(torch.log_softmax(logits.float(), -1), topk)  # depth 1: the root's top-k children
+    scores.append(lp)
+    draft_ids.append(ids)
+    parent_of += [-1] * topk
+    frontier = list(range(topk))  # pool indices expanded next
+    frontier_scores, frontier_states = lp, state[None].expand(topk, -1)  # [k], [k, H] the state each is fed with
+    for p in frontier:
+        ancestors[p] = []
+    for step in range(1, num_steps):
+        T, base = len(frontier), cache.get_seq_length()
+        mask = torch.zeros(1, 1, T, base + T, dtype=torch.bool, device=device)
+        mask[..., :c0] = True  # the committed context
+        for i, p in enumerate(frontier):
+            mask[0, 0, i, ancestors[p]] = True  # its own branch
+            mask[0, 0, i, base + i] = True
+            slot[p] = base + i
+        ids = drafter.draft_to_target_ids(torch.cat(draft_ids)[frontier])[None]  # [1, T]
+        positions = torch.full((1, T), last_position + step, dtype=torch.long, device=device)
+        out = drafter(ids, hidden_states=frontier_states[None], past_key_values=cache, position_ids=positions,
+                      attention_mask=mask, use_cache=True)  # fmt: skip
+        # children of each leaf, ranked by cumulative log-probability
+        lp, child = _top(torch.log_softmax(out.logits[0].float(), -1), topk)  # [T, k]
+        child_scores = frontier_scores[:, None] + lp  # [T, k]
+        first = sum(s.numel() for s in scores)
+        scores.append(child_scores.flatten())
+        draft_ids.append(child.flatten())
+        parent_of += [p for p in frontier for _ in range(topk)]
+        # the next leaves to expand: the best k of the k·k children
+        best = _top(child_scores.flatten(), topk)[1].tolist()
+        new_frontier = [first + b for b in best]
+        for b, p in zip(best, new_frontier):
+            parent = frontier[b // topk]
+            ancestors[p] = ancestors[parent] + [slot[parent]]
+        frontier_states = out.hidden_states[0][[b // topk for b in best]]  # [k, H]
+        frontier_scores = child_scores.flatten()[best]
+        frontier = new_frontier
+
+    # the tree: the best num_nodes - 1 candidates (stable: a parent ties before its children)
+    chosen = sorted(_top(torch.cat(scores), num_nodes - 1)[1].tolist())
+    node_of = {-1: 0, **{p: i + 1 for i, p in enumerate(chosen)}}
+    if any(parent_of[p] not in node_of for p in chosen):
+        raise AssertionError("tree selection is not closed under parents")
+    parents = [-1] + [node_of[parent_of[p]] for p in chosen]
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    tokens = drafter.draft_to_target_ids(torch.cat(draft_ids)[chosen])
+    tokens = torch.cat([torch.tensor([root], device=device), tokens])
+    return _Tree(tokens, parents, depth)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree) -> tuple[bool, int]:
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if not 1 <= topk <= drafter.config.draft_vocab_size:
+        raise ValueError(f"topk must be in [1, draft_vocab_size={drafter.config.draft_vocab_size}], got {topk}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+    tree = topk > 1 if tree is None else tree
+    if not tree:
+        if topk != 1:
+            raise ValueError(f"chain drafting has topk 1, got {topk}")
+        if num_draft_tokens not in (None, num_steps + 1):
+            raise ValueError(
+                f"chain drafting verifies num_steps + 1 = {num_steps + 1} tokens, got num_draft_tokens {num_draft_tokens}"
+            )
+        return False, num_steps + 1
+    pool = topk + (num_steps - 1) * topk * topk
+    if num_draft_tokens is None:
+        if topk > 1:
+            raise ValueError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}")
+        num_draft_tokens = num_steps + 1
+    if not 2 <= num_draft_tokens <= pool + 1:
+        raise ValueError(
+            f"num_draft_tokens (root included) must be in [2, {pool + 1}] for topk {topk} and {num_steps} steps, "
+            f"got {num_draft_tokens}"
+        )
+    return True, num_draft_tokens
+
+
+def _check_pair(target, drafter) -> None:
+    text_config = target.config.get_text_config()
+    config = drafter.config
+    if text_config.hidden_size != config.target_hidden_size:
+        raise ValueError(
+            f"target hidden_size {text_config.hidden_size} != drafter target_hidden_size {config.target_hidden_size}"
+        )
+    if text_config.vocab_size != config.vocab_size:
+        raise ValueError(f"target vocab_size {text_config.vocab_size} != drafter vocab_size {config.vocab_size}")
+    declared = config.target_num_hidden_layers
+    if declared is not None and declared != text_config.num_hidden_layers:
+        raise ValueError(
+            f"the drafter was built for a {declared}-layer target (target_num_hidden_layers); this target has "
+            f"{text_config.num_hidden_layers}"
+        )
+
+
+@torch.no_grad()
+def speculative_generate(
+    target,
+    drafter: Eagle31MLAForCausalLM,
+    input_ids: torch.Tensor | Sequence[int],
+    *,
+    max_new_tokens: int = 64,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    eos_token_id: int | Iterable[int] | None = None,
+    generator: torch.Generator | None = None,
+    tree: bool | None = None,
+) -> SpeculativeOutput:
+    """Generate up to ``max_new_tokens`` after one prompt (``input_ids`` [1, n] or a list) with EAGLE
+    speculative decoding; stops after any of ``eos_token_id``. ``tree`` defaults to ``topk > 1``;
+    ``tree=True`` with ``topk=1`` runs the tree code on a chain (it equals chain drafting when greedy).
+    ``num_draft_tokens`` counts the root, as SGLang's flag does (chain: num_steps + 1)."""
+    tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree)
+    _check_pair(target, drafter)
+    prompt = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
+    if prompt.shape[1] < 1:
+        raise ValueError("the prompt is empty")
+    if tree and getattr(target.config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
+        raise ValueError(
+            f"tree verification passes a custom 4-D attention mask, which {target.config._attn_implementation!r} "
+            "cannot take; load the target with attn_implementation='sdpa' (or 'eager')"
+        )
+    device = next(target.parameters()).device
+    prompt = prompt.to(device)
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    vocab = target.config.get_text_config().vocab_size
+    draft_device, draft_dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
+    stats = AcceptanceStats(num_steps, num_nodes - 1, num_requests=1)
+    accepted_per_round: list[int] = []
+
+    with TargetAuxCapture(target, drafter.config.aux_layer_ids) as capture:
+        tgt = _Target(target, capture)
+        n = prompt.shape[1]
+        logits, aux = tgt.forward(prompt, torch.arange(n, device=device)[None], last_only=True)
+        token = int(_sample(target_probs(logits[:, -1], temperature, top_p), generator))
+        out = [token]
+        # EAGLE's shift: drafter position i gets token i+1's embedding and the target's state at position i
+        pending_ids = torch.cat([prompt[:, 1:], prompt.new_tensor([[token]])], dim=1)  # [1, n]
+        pending_aux = aux  # [1, n, n·Ht]
+        draft_cache = None
+        while len(out) < max_new_tokens and token not in eos:
+            L = tgt.cache.get_seq_length()  # committed tokens in the target cache; `token` (position L) is not yet
+            # 1. draft (the drafter first catches up on the committed tokens' true target states)
+            if not tree:
+                d = drafter.draft(pending_ids.to(draft_device), pending_aux.to(draft_device, draft_dtype), num_steps,
+                                  temperature=temperature, top_p=top_p, generator=generator,
+                                  past_key_values=draft_cache)  # fmt: skip
+                draft_cache = d.past_key_values
+                drafts = d.tokens.to(device)  # [1, k] target ids
+                nodes = torch.cat([prompt.new_tensor([[token]]), drafts], dim=1)  # [1, k+1]
+                positions, mask = torch.arange(L, L + num_steps + 1, device=device)[None], None
+            else:
+                step = drafter(pending_ids.to(draft_device), aux_hidden_states=pending_aux.to(draft_device, draft_dtype),
+                               past_key_values=draft_cache, use_cache=True)  # fmt: skip
+                draft_cache = step.past_key_values
+                t = _draft_tree(drafter, draft_cache, step.logits[0, -1], step.hidden_states[0, -1],
+                                draft_cache.get_seq_length() - 1, num_steps, topk, num_nodes, token)  # fmt: skip
+                nodes = t.tokens.to(device)[None]  # [1, N]
+                positions = (L + torch.tensor(t.depth, device=device))[None]  # a node sits at root + its depth
+                mask = t.target_mask(L, target.dtype, device)  # [1, 1, N, L+N]
+            draft_cache.crop(L)  # forget this round's draft steps; the accepted tokens are refilled next round
+
+            # 2. verify: one target forward over the root and the draft tokens
+            logits, aux = tgt.forward(nodes, positions, mask)  # [1, N, V], [1, N, n·Ht]
+            p = target_probs(logits, temperature, top_p)
+
+            # 3. accept
+            if not tree:
+                q = _draft_probs_in_target_vocab(drafter, d.probs, vocab).to(p.device)
+                m, nxt = accept_chain(drafts, q, p, generator)
+                m, path = int(m), list(range(1, int(m) + 1))
+            else:
+                m, path_t, nxt = accept_tree(t.tokens, t.parents, p, generator)
+                m, path = int(m), path_t[0, : int(m)].tolist()
+            stats.record(m)
+            accepted_per_round.append(m)
+
+            # 4. commit, roll the target cache back to the committed tokens, queue the drafter's refill
+            keep = [0] + path  # the root and the accepted nodes
+            new = nodes[0, path].tolist() + [int(nxt)]
+            if not tree:
+                _crop_target_cache(tgt.cache, L + m + 1)
+            else:
+                _keep_target_cache(tgt.cache, torch.cat([torch.arange(L), L + torch.tensor(keep)]))
+            pending_ids = prompt.new_tensor([new])  # [1, m+1]
+            pending_aux = aux[:, keep]  # [1, m+1, n·Ht]
+            for tok in new:
+                if len(out) == max_new_tokens or token in eos:
+                    break
+                out.append(tok)
+                token = tok
+        stats.num_generated_tokens = len(out)
+    return SpeculativeOutput(out, stats, accepted_per_round)
+
+
+# ----------------------------------------------------------------------------------------------
+# Acceptance measurement: Python API and the command-line logic
+# ----------------------------------------------------------------------------------------------
+
+
+def read_prompts(path: str | Path) -> list[Any]:
+    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
+    or a bare string / list of ids) or plain text (one prompt per non-empty line)."""
+    path = Path(path)
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix not in (".jsonl", ".json"):
+        return lines
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        try:
+            prompts.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{i}: not a JSON line ({err})") from None
+    return prompts
+
+
+def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
+    """Token ids of one prompt: ids as they are, text through the tokenizer, chat messages through its template."""
+    if isinstance(prompt, dict):
+        if "input_ids" in prompt:
+            return _prompt_ids(prompt["input_ids"], tokenizer)
+        if "messages" in prompt:
+            if tokenizer is None:
+                raise ValueError("chat `messages` prompts need a tokenizer")
+            ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        for key in ("prompt", "text"):
+            if key in prompt:
+                return _prompt_ids(prompt[key], tokenizer)
+        raise ValueError(f"a prompt object needs `prompt`, `messages` or `input_ids`; got keys {sorted(prompt)}")
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer")
+        return list(tokenizer(prompt)["input_ids"])
+    if isinstance(prompt, torch.Tensor):
+        return prompt.reshape(-1).tolist()
+    return [int(i) for i in prompt]
+
+
+def _default_eos(target) -> list[int]:
+    for source in (getattr(target, "generation_config", None), target.config.get_text_config()):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else list(eos)
+    return []
+
+
+@torch.no_grad()
+def measure_acceptance(
+    target,
+    drafter: Eagle31MLAForCausalLM,
+    prompts: Iterable[Any],
+    *,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    seed: int = 0,
+    tokenizer=None,
+    eos_token_id: int | Iterable[int] | None = None,
+    ignore_eos: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run every prompt (text, chat ``messages``, ``input_ids`` objects or id lists) through
+    :func:`speculative_generate`; returns ``{"settings", "total", "requests"}``, JSON-ready (``total`` and
+    each request carry :meth:`AcceptanceStats.to_dict`; requests also carry their output ids).
+    EOS defaults to the target's ``generation_config``; ``ignore_eos`` generates ``max_new_tokens`` always."""
+    from tqdm.auto import tqdm
+
+    prompts = list(prompts)
+    eos = [] if ignore_eos else (_default_eos(target) if eos_token_id is None else eos_token_id)
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    settings = dict(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens, temperature=temperature,
+                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos)  # fmt: skip
+    total = None
+    requests = []
+    bar = tqdm(prompts, desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
+    for i, prompt in enumerate(bar):
+        ids = _prompt_ids(prompt, tokenizer)
+        result = speculative_generate(
+            target, drafter, ids, max_new_tokens=max_new_tokens, num_steps=num_steps, topk=topk,
+            num_draft_tokens=num_draft_tokens, temperature=temperature, top_p=top_p, eos_token_id=eos, generator=generator,
+        )  # fmt: skip
+        total = result.stats if total is None else total + result.stats
+        requests.append({"index": i, "num_prompt_tokens": len(ids), **result.stats.to_dict(), "output_ids": result.tokens})
+        bar.set_postfix(accept_length=f"{total.mean_accept_length:.3f}")
+    if total is None:
+        _, nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None)
+        total = AcceptanceStats(num_steps, nodes - 1)
+    settings["num_draft_tokens"] = total.draft_tokens_per_round + 1
+    return {"settings": settings, "total": total.to_dict(), "requests": requests}
