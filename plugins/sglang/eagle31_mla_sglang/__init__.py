@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 
+from .versions import MLA_DRAFT_ARCHITECTURE as DRAFT_ARCHITECTURE
+
 __all__ = ["register", "DRAFT_ARCHITECTURE", "CanonicalAuxLayerIds"]
 
 logger = logging.getLogger(__name__)
 
-DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 _RUNNER = "sglang.srt.model_executor.model_runner_components"
 RESOLVE_TARGET = f"{_RUNNER}.spec_aux_hidden_state._resolve_eagle_aux_hidden_state"
 CONFIGURE_TARGET = f"{_RUNNER}.attention_backend_setup.configure_aux_hidden_state_capture"

@@ -15,11 +15,11 @@ import logging
 
 import torch
 
+from .versions import KIMI_K3_TARGETS as K3_CLASS_NAMES
+
 __all__ = ["install_if_missing", "prefix_stream", "K3_CLASS_NAMES"]
 
 logger = logging.getLogger(__name__)
-
-K3_CLASS_NAMES = ("KimiK3LinearForCausalLM", "KimiK3ForConditionalGeneration")
 
 
 def prefix_stream(layer_output, forward_batch) -> torch.Tensor:

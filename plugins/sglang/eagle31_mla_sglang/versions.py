@@ -1,0 +1,118 @@
+"""What SGLang does with an EAGLE-3 MLA draft, by release and by target class: the one place to look.
+
+Importable without SGLang (the ``eagle31-mla doctor`` command reads it on machines without an engine).
+Facts are read from the sglang 0.5.23 wheel (``srt/configs/model_config.py``,
+``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``, each target's
+``set_eagle3_layers_to_capture``) and from upstream main for the Kimi-K3 capture; only 0.5.23 is
+installed by the test suite.
+
+How ids reach a target: SGLang passes ONLY the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``,
+raw, to the target's ``set_eagle3_layers_to_capture`` (top-level ids size the drafter's ``fc`` but
+are ignored for capture, silently). The target stores ``layers_to_capture`` and captures the input of
+layer i for each stored i, i.e. one-based completed-layer id i. Without ids it uses [2, n//2, n-3].
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = [
+    "MLA_DRAFT_ARCHITECTURE",
+    "FIRST_ID_HEURISTIC_TARGETS",
+    "PLUS_ONE_TARGETS",
+    "KIMI_K3_TARGETS",
+    "SUPPORTED_FROM",
+    "RELEASES",
+    "SglangFeatures",
+    "features",
+    "parse_version",
+    "target_reading",
+    "stored_layers",
+]
+
+#: The one EAGLE-3 drafter name in SGLang's hard-coded MLA list (``ModelConfig``): a draft under any
+#: other name silently gets an MHA-shaped KV cache.
+MLA_DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+#: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
+#: zero-based list starting at 1 and a one-based list starting above 1 both work; any other first id
+#: is taken as is. Kimi-K2 checkpoints are ``DeepseekV3ForCausalLM``; Kimi-K2.5 delegates to it.
+FIRST_ID_HEURISTIC_TARGETS = (
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "KimiK25ForConditionalGeneration",
+    "Glm4MoeLiteForCausalLM",
+)
+#: Targets that always add 1 (they read zero-based "output of layer x" ids).
+PLUS_ONE_TARGETS = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Glm4MoeForCausalLM",
+    "MiniMaxM2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "BailingMoeV2ForCausalLM",
+    "LongcatFlashForCausalLM",
+)
+#: Kimi-K3 target classes. 0.5.23 has no EAGLE-3 capture for them (starting EAGLE-3 raises); upstream
+#: main (and this package's plugin, :mod:`.kimi_k3`) stores one-based ids unchanged and captures the
+#: prefix-only AttnRes stream after each.
+KIMI_K3_TARGETS = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
+
+SUPPORTED_FROM = (0, 5, 23)
+#: Releases whose facts were read: the version checks run over these when none is named.
+RELEASES = ((0, 5, 23),)
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not match:
+        raise ValueError(f"cannot read an SGLang version from {version!r}")
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+@dataclass(frozen=True)
+class SglangFeatures:
+    version: tuple[int, int, int]
+    #: Kimi-K3 targets have `set_eagle3_layers_to_capture`: False up to 0.5.23; None = not known
+    #: (upstream main has it; the release that ships it was not confirmed).
+    kimi_k3_eagle3_capture: bool | None
+
+    @property
+    def supported(self) -> bool:
+        return self.version >= SUPPORTED_FROM
+
+    def describe(self) -> str:
+        return "SGLang " + ".".join(map(str, self.version))
+
+
+def features(version: tuple[int, int, int]) -> SglangFeatures:
+    return SglangFeatures(version=version, kimi_k3_eagle3_capture=False if version <= (0, 5, 23) else None)
+
+
+def target_reading(architectures: Sequence[str]) -> str | None:
+    """How a target class reads the ids it is given: "first_id_heuristic", "plus_one", "one_based"
+    (Kimi-K3), or None when this table does not know the class."""
+    for name in architectures:
+        if name in KIMI_K3_TARGETS:
+            return "one_based"
+        if name in FIRST_ID_HEURISTIC_TARGETS:
+            return "first_id_heuristic"
+        if name in PLUS_ONE_TARGETS:
+            return "plus_one"
+    return None
+
+
+def stored_layers(reading: str, ids: Sequence[int] | None, num_layers: int) -> list[int]:
+    """What a target stores (= the one-based layers it captures) when given ``ids`` (None: default)."""
+    if ids is None:
+        return [2, num_layers // 2, num_layers - 3]
+    if reading == "plus_one" or (reading == "first_id_heuristic" and ids and ids[0] == 1):
+        return [i + 1 for i in ids]
+    return list(ids)

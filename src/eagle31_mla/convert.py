@@ -1,0 +1,600 @@
+"""``eagle31-mla convert``: any drafter checkpoint the library loads -> a Hub-ready folder.
+
+Sources: the published layout, the training framework's (``midlayer.*``, nested zero-based ids),
+NeMo's (``model.`` prefix), EAGLE-3 checkpoints (no ``fc_norm``), pruned vocabularies (``d2t``). The
+source is checked by the library's own loader rules (:func:`validate_checkpoint`, headers only)
+before anything is written. The folder gets:
+
+* safetensors with the published tensor names (:func:`canonical_tensor_name`); one
+  ``model.safetensors``, or shards plus ``model.safetensors.index.json`` above ``max_shard_size``;
+* ``config.json`` in the library's written form (:meth:`Eagle31MLAConfig.to_dict`: one-based aux ids
+  at the top level and in ``eagle_config``, labelled; ``Eagle3DeepseekV2ForCausalLM``) plus ``auto_map``;
+* the remote-code files ``auto_map`` names, copied from this installed package;
+* ``README.md``, a model card with the serving commands (:mod:`eagle31_mla.serving`).
+
+Optionally the vocabulary is pruned to the N most frequent target tokens of a token-count file
+(:func:`read_token_counts`): ``d2t`` (int64 offsets, target = draft + d2t[draft]), ``t2d`` (bool
+over the target vocabulary) and the matching ``lm_head`` rows are written.
+
+Streaming: each shard's header is computed from the source headers first; then every tensor is
+copied in chunks of at most ``CHUNK_BYTES`` (cast or row-selected on the way), read with plain file
+reads (no memory map, whose pages would stay resident) and written straight into the open shard. So
+memory holds one chunk, never a tensor, let alone a second copy of the model (the 6 GB Kimi-K3
+drafter converts in well under 1 GB of RSS). Output is deterministic: fixed tensor order, no
+timestamps, sorted JSON keys; converting twice gives byte-identical folders.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import struct
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from .engines import ENGINES, KIMI_K3_TARGET, InputError
+
+__all__ = [
+    "convert",
+    "ConvertError",
+    "ConvertResult",
+    "parse_size",
+    "read_token_counts",
+    "choose_vocabulary",
+    "REMOTE_CODE_FILES",
+    "DEFAULT_MAX_SHARD_SIZE",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The files ``auto_map`` needs (the same list scripts/sync_modeling.py generates modeling/ from).
+REMOTE_CODE_FILES = ("aux_layers.py", "configuration_eagle31_mla.py", "modeling_eagle31_mla.py")
+#: Shard above 10 GB: the 6.03 GB Kimi-K3 drafter stays one ``model.safetensors``, as published.
+DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class ConvertError(ValueError):
+    """The source is not a drafter checkpoint the library accepts (the message lists every problem)."""
+
+
+@dataclass
+class ConvertResult:
+    folder: Path
+    files: list[str]
+    num_tensors: int
+    total_bytes: int
+    source_layout: str
+    vocab_size: int
+    draft_vocab_size: int
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- inputs ----------------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "5GB" (10⁹), "512MiB" (2²⁰), or a plain number of bytes."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.match(str(text))
+        if not match:
+            raise InputError(f"cannot read a size from {text!r} (e.g. 5GB, 512MiB, 1000000)")
+        value = int(float(match[1]) * _UNITS[(match[2] or "B").lower()])
+    if value <= 0:
+        raise InputError(f"a shard size must be positive, got {text!r}")
+    return value
+
+
+def read_token_counts(path: str | Path) -> dict[int, int]:
+    """Token frequencies over the TARGET vocabulary, from either
+
+    * a JSON file: an object ``{"token_id": count, ...}`` or a list whose index is the token id; or
+    * a text file: one ``token_id count`` pair per line (whitespace-separated; ``#`` starts a comment).
+
+    Counts must be non-negative integers; a token listed twice in a text file has its counts added.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read token counts from {path} ({err})") from None
+    counts: dict[int, int] = {}
+
+    def put(token, count, where: str) -> None:
+        try:
+            token, count = int(token), int(count)
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: {where}: expected an integer token id and count, got {token!r} {count!r}") from None
+        if token < 0 or count < 0:
+            raise InputError(f"{path}: {where}: token ids and counts must be >= 0, got {token} {count}")
+        counts[token] = counts.get(token, 0) + count
+
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: not valid JSON ({err})") from None
+        if isinstance(data, dict):
+            for token, count in data.items():
+                put(token, count, f"key {token!r}")
+        elif isinstance(data, list):
+            for token, count in enumerate(data):
+                put(token, count, f"index {token}")
+        else:
+            raise InputError(f"{path}: expected a JSON object {{token_id: count}} or a list of counts")
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) != 2:
+                raise InputError(f"{path}:{number}: expected 'token_id count', got {line.strip()!r}")
+            put(fields[0], fields[1], f"line {number}")
+    return counts
+
+
+def choose_vocabulary(
+    counts: Mapping[int, int], size: int, candidates: Sequence[int], always: Iterable[int] = ()
+) -> tuple[list[int], list[str]]:
+    """The ``size`` target ids to keep, ascending: ``always`` (special tokens) first, then the most
+    frequent candidates (ties: smaller id). Returns the ids and notes about anything unusual."""
+    available = set(candidates)
+    notes = []
+    keep = set()
+    for token in always:
+        if token in available:
+            keep.add(token)
+        else:
+            notes.append(f"special token {token} is not in the source's vocabulary; not kept")
+    if size < len(keep):
+        raise InputError(f"--prune-vocab {size} is smaller than the {len(keep)} special tokens that are always kept")
+    if size > len(available):
+        raise InputError(f"--prune-vocab {size} exceeds the source's {len(available)} draft tokens")
+    unknown = sorted(t for t in counts if t not in available)
+    if unknown:
+        notes.append(f"{len(unknown)} counted token id(s) are not in the source's vocabulary and were ignored "
+                     f"(first: {unknown[:5]})")  # fmt: skip
+    ranked = sorted((t for t in available if t not in keep), key=lambda t: (-counts.get(t, 0), t))
+    chosen = ranked[: size - len(keep)]
+    unseen = sum(1 for t in chosen if counts.get(t, 0) == 0)
+    if unseen:
+        notes.append(f"{unseen} of the kept tokens never occur in the counts (filled in ascending id order)")
+    return sorted(keep | set(chosen)), notes
+
+
+# ---- safetensors, written as a stream -------------------------------------------------------------------
+
+
+def _torch_dtypes():
+    import torch
+
+    table = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool}  # fmt: skip
+    for name, attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
+        if hasattr(torch, attr):
+            table[name] = getattr(torch, attr)
+    return table
+
+
+#: Bytes read (and written) at a time: memory stays bounded by this, whatever the tensor sizes.
+CHUNK_BYTES = 64 * 2**20
+
+
+@dataclass
+class _Planned:
+    """One output tensor: its header entry, and the byte chunks that make it, produced when its turn comes."""
+
+    name: str
+    dtype: Any  # torch.dtype
+    shape: tuple[int, ...]
+    chunks: Callable[[], Iterator[Any]]  # buffers, in order
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _data_offsets(file: Path) -> dict[str, tuple[int, int]]:
+    """name -> (start, end) of each tensor's bytes in a safetensors file (already validated by safetensors)."""
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    base = 8 + length
+    return {name: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for name, v in header.items() if name != "__metadata__"}
+
+
+def _read_bytes(f, start: int, length: int) -> bytes:
+    """The one place tensor data is read (so a test can watch every read): ``length`` bytes at ``start``."""
+    f.seek(start)
+    data = f.read(length)
+    if len(data) != length:
+        raise ConvertError(f"{f.name} is truncated: {length} bytes expected at offset {start}")
+    return data
+
+
+def _cast(data: bytes, src, out):
+    """A chunk of ``src`` elements as ``out`` (the bytes themselves when the dtype does not change)."""
+    import torch
+
+    if src == out:
+        return data
+    return torch.frombuffer(bytearray(data), dtype=src).to(out).view(torch.uint8).numpy()
+
+
+def _ranges(start: int, length: int, step: int) -> Iterator[tuple[int, int]]:
+    for offset in range(0, length, step):
+        yield start + offset, min(step, length - offset)
+
+
+def _row_ranges(start: int, row_bytes: int, rows: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Byte ranges of the given rows, in order: consecutive rows merged, at most CHUNK_BYTES each."""
+    per_chunk = max(1, CHUNK_BYTES // row_bytes)
+    i = 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and j - i < per_chunk and rows[j] == rows[j - 1] + 1:
+            j += 1
+        yield start + rows[i] * row_bytes, (j - i) * row_bytes
+        i = j
+
+
+def _write_safetensors(path: Path, planned: list[_Planned], st_names: Mapping[Any, str], advance) -> None:
+    """A safetensors file written front to back: the header from the plan, then each tensor's chunks."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for p in planned:
+        header[p.name] = {"dtype": st_names[p.dtype], "shape": list(p.shape), "data_offsets": [offset, offset + p.nbytes]}
+        offset += p.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for p in planned:
+            written = 0
+            for chunk in p.chunks():
+                written += f.write(chunk)
+                advance(len(chunk) if isinstance(chunk, bytes) else chunk.nbytes)
+            if written != p.nbytes:
+                raise AssertionError(f"{p.name}: wrote {written} bytes, planned {p.nbytes}")
+
+
+def _shards(planned: list[_Planned], max_shard_size: int) -> list[list[_Planned]]:
+    shards: list[list[_Planned]] = [[]]
+    size = 0
+    for p in planned:
+        if shards[-1] and size + p.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(p)
+        size += p.nbytes
+    return shards
+
+
+# ---- the conversion --------------------------------------------------------------------------------------
+
+
+def _json_bytes(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _prepare_destination(dst: Path, src: Path, force: bool) -> None:
+    if dst.resolve() == src.resolve():
+        raise InputError(f"the destination {dst} is the source folder; convert into a new folder")
+    if dst.exists() and not dst.is_dir():
+        raise InputError(f"the destination {dst} is a file")
+    if dst.is_dir() and any(dst.iterdir()):
+        if not force:
+            raise InputError(f"the destination {dst} is not empty; pass --force to overwrite what convert writes there")
+        ours = {"config.json", "README.md", INDEX_FILE, *REMOTE_CODE_FILES}
+        for path in dst.iterdir():
+            if path.is_file() and (path.name in ours or (path.name.startswith("model") and path.suffix == ".safetensors")):
+                path.unlink()
+    dst.mkdir(parents=True, exist_ok=True)
+
+
+def _source_layout(originals: Iterable[str], config) -> str:
+    originals = list(originals)
+    if any(name.startswith("midlayer.") for name in originals):
+        layout = "training names (`midlayer.*`)"
+    elif any(name.startswith("model.") for name in originals):
+        layout = "NeMo layout (`model.` prefix)"
+    else:
+        layout = "published names"
+    kind = "EAGLE-3.1" if config.is_eagle31 else "EAGLE-3" if not (config.fc_norm or config.norm_output) else "EAGLE-3 + fc_norm/norm_output"
+    vocab = f", pruned vocabulary {config.draft_vocab_size}/{config.vocab_size}" if config.draft_vocab_size != config.vocab_size else ""
+    return f"{kind}, {layout}{vocab}"
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    prune_vocab: int | None = None,
+    token_counts: str | Path | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dtype: str | None = None,
+    repo_id: str | None = None,
+    target_name: str = KIMI_K3_TARGET.name,
+    force: bool = False,
+    progress: bool = True,
+) -> ConvertResult:
+    """Convert the drafter at ``src`` (folder or Hub id) into a Hub-ready folder ``dst``.
+
+    Raises :class:`ConvertError` when the source is refused (nothing is written) and
+    :class:`~eagle31_mla.engines.InputError` for unusable arguments."""
+    import torch
+
+    from .configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
+    from .modeling_eagle31_mla import (
+        CheckpointError,
+        Eagle31MLAForCausalLM,
+        _check_vocab_map,
+        resolve_model_folder,
+        validate_checkpoint,
+    )
+
+    max_shard_size = parse_size(max_shard_size)
+    if (prune_vocab is None) != (token_counts is None):
+        raise InputError("--prune-vocab N and --token-counts FILE go together")
+    out_dtype = None
+    if dtype not in (None, "keep"):
+        out_dtype = getattr(torch, str(dtype), None)
+        if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+            raise InputError(f"--dtype {dtype!r}: expected keep, bfloat16, float16 or float32")
+    try:
+        folder = resolve_model_folder(src)
+    except Exception as err:
+        raise InputError(f"cannot find the source {src} ({err})") from None
+    dst = Path(dst)
+
+    # 1. The source, checked by the loader's own rules before anything is written.
+    if not (folder / "config.json").is_file():
+        raise InputError(f"{folder} has no config.json")
+    try:
+        config = Eagle31MLAConfig.from_pretrained(folder)
+        model = Eagle31MLAForCausalLM.on_meta_device(config)
+        entries, derive_t2d = validate_checkpoint(folder, model)
+    except (ConfigError, CheckpointError, OSError, ValueError) as err:
+        raise ConvertError(str(err)) from None
+    layout = _source_layout((e[1] for e in entries.values()), config)
+    if dst.exists() and dst.resolve() == folder.resolve():
+        raise InputError(f"the destination {dst} is the source folder; convert into a new folder")
+    dtypes = _torch_dtypes()
+    st_names = {v: k for k, v in dtypes.items()}
+
+    offsets = {file: _data_offsets(file) for file in sorted({e[0] for e in entries.values()})}
+    with ExitStack() as stack:
+        handles = {file: stack.enter_context(open(file, "rb")) for file in offsets}
+
+        def stored(name: str) -> tuple[Any, int, int, Any]:
+            """(open file, start, length, dtype) of a source tensor, by canonical name."""
+            file, original, _, st_dtype = entries[name]
+            if st_dtype not in dtypes:
+                raise ConvertError(f"tensor {original!r} has dtype {st_dtype}, which this torch cannot hold")
+            begin, finish = offsets[file][original]
+            return handles[file], begin, finish - begin, dtypes[st_dtype]
+
+        def whole(name: str):  # small tensors only (the vocabulary map)
+            f, begin, length, src = stored(name)
+            return torch.frombuffer(bytearray(_read_bytes(f, begin, length)), dtype=src)
+
+        # 2. The vocabulary: the source's map (if pruned), then the optional new pruning.
+        source_targets = None  # target id of each source lm_head row; None = identity (full vocabulary)
+        if "d2t" in entries:
+            d2t = whole("d2t").to(torch.long)
+            if derive_t2d:
+                t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+                t2d[torch.arange(d2t.numel()) + d2t] = True
+            else:
+                t2d = whole("t2d").to(torch.bool)
+            try:
+                _check_vocab_map(d2t, t2d, config)
+            except CheckpointError as err:
+                raise ConvertError(str(err)) from None
+            source_targets = (torch.arange(d2t.numel()) + d2t).tolist()
+        notes: list[str] = []
+        kept_targets = rows = None
+        if prune_vocab is not None:
+            counts = read_token_counts(token_counts)
+            specials = [t for t in (config.bos_token_id, config.pad_token_id) if t is not None]
+            eos = config.eos_token_id
+            specials += list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+            candidates = source_targets if source_targets is not None else range(config.vocab_size)
+            kept_targets, notes = choose_vocabulary(counts, prune_vocab, candidates, specials)
+            row_of = {t: r for r, t in enumerate(candidates)}
+            rows = [row_of[t] for t in kept_targets]
+            config = Eagle31MLAConfig.from_dict({**config.to_dict(), "draft_vocab_size": len(kept_targets)})
+        if out_dtype is not None:
+            config = Eagle31MLAConfig.from_dict({**config.to_dict(), "dtype": str(out_dtype).removeprefix("torch.")})
+
+        # 3. The plan: every output tensor with its dtype and shape, in a fixed order.
+        expected = {name: tuple(t.shape) for name, t in Eagle31MLAForCausalLM.on_meta_device(config).state_dict().items()}
+        planned = []
+        for name in expected:
+            if name in ("d2t", "t2d"):
+                continue
+            f, begin, length, src = stored(name)
+            out = out_dtype or src
+            if name == "lm_head.weight" and rows is not None:
+                ranges = lambda begin=begin, length=length: _row_ranges(begin, length // entries["lm_head.weight"][2][0], rows)  # noqa: E731
+            else:
+                ranges = lambda begin=begin, length=length: _ranges(begin, length, CHUNK_BYTES)  # noqa: E731
+            chunks = lambda f=f, ranges=ranges, src=src, out=out: (_cast(_read_bytes(f, a, n), src, out) for a, n in ranges())  # noqa: E731
+            planned.append(_Planned(name, out, expected[name], chunks))
+        if "d2t" in expected:
+            targets = torch.tensor(kept_targets if kept_targets is not None else source_targets, dtype=torch.long)
+            new_d2t = (targets - torch.arange(targets.numel())).numpy()
+            new_t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            new_t2d[targets] = True
+            new_t2d = new_t2d.numpy()
+            planned.append(_Planned("d2t", torch.long, expected["d2t"], lambda: iter([new_d2t])))
+            planned.append(_Planned("t2d", torch.bool, expected["t2d"], lambda: iter([new_t2d])))
+        planned.sort(key=lambda p: (-p.dtype.itemsize, p.name))  # safetensors' own order: aligned, then by name
+
+        # 4. Shards, written chunk by chunk (the destination is touched only now: every check has passed).
+        _prepare_destination(dst, folder, force)
+        shards = _shards(planned, max_shard_size)
+        names = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+        total = sum(p.nbytes for p in planned)
+        bar = _progress(total, progress)
+        try:
+            for file, shard in zip(names, shards):
+                _write_safetensors(dst / file, shard, st_names, bar.update)
+        finally:
+            bar.close()
+    written = list(names)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": {p.name: f for f, s in zip(names, shards) for p in s}}
+        (dst / INDEX_FILE).write_bytes(_json_bytes(index))
+        written.append(INDEX_FILE)
+
+    # 5. config.json, remote code, model card.
+    config_dict = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
+    config_dict.pop("_name_or_path", None)
+    config_dict["auto_map"] = {
+        "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+        "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+    }
+    (dst / "config.json").write_bytes(_json_bytes(config_dict))
+    from importlib import resources
+
+    for name in REMOTE_CODE_FILES:
+        (dst / name).write_bytes(resources.files("eagle31_mla").joinpath(name).read_bytes())
+    written += ["config.json", *REMOTE_CODE_FILES, "README.md"]
+    repo_id = repo_id or dst.resolve().name
+    card = model_card(config_dict, repo_id=repo_id, target_name=target_name, source_layout=layout,
+                      files=written, kept_targets=kept_targets)  # fmt: skip
+    (dst / "README.md").write_bytes(card.encode())
+
+    # 6. Self-check: the folder reads back under the same rules (headers only).
+    validate_checkpoint(dst, Eagle31MLAForCausalLM.on_meta_device(Eagle31MLAConfig.from_pretrained(dst)))
+    return ConvertResult(dst, written, len(planned), total, layout, config.vocab_size, config.draft_vocab_size, notes)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", disable=not enabled,
+                file=sys.stderr, leave=False)  # fmt: skip
+
+
+# ---- the model card --------------------------------------------------------------------------------------
+
+
+def model_card(
+    config: Mapping[str, Any],
+    *,
+    repo_id: str,
+    target_name: str,
+    source_layout: str,
+    files: Sequence[str],
+    kept_targets: Sequence[int] | None = None,
+) -> str:
+    """README.md for the converted folder: what it is, how its aux ids are written, how to serve it."""
+    from .aux_layers import aux_layer_ids_from_config
+    from .serving import serve_command
+
+    ids, _ = aux_layer_ids_from_config(config)
+    target = replace(KIMI_K3_TARGET, name=target_name)
+    eagle31 = bool(config.get("fc_norm")) and bool(config.get("norm_output"))
+    rope = config.get("rope_parameters") or {}
+    rope_text = (f"YaRN RoPE (theta {rope.get('rope_theta'):g}, factor {rope.get('factor'):g} over "
+                 f"{rope.get('original_max_position_embeddings')} positions)" if rope.get("rope_type") == "yarn"
+                 else f"RoPE (theta {rope.get('rope_theta', 10000.0):g})")  # fmt: skip
+    vocab = config["vocab_size"]
+    draft_vocab = config.get("draft_vocab_size") or vocab
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "- speculative-decoding",
+        "- eagle3",
+        "- mla",
+        "---",
+        "",
+        f"# {repo_id}",
+        "",
+        f"A one-layer {'EAGLE-3.1' if eagle31 else 'EAGLE-3'} draft model with Multi-head Latent Attention (MLA) for "
+        f"speculative decoding of `{target_name}`: hidden {config['hidden_size']}, {config['num_attention_heads']} heads, "
+        f"q_lora {config['q_lora_rank']}, kv_lora {config['kv_lora_rank']} + rope {config['qk_rope_head_dim']}, "
+        f"MLP {config['intermediate_size']}, {rope_text}. Its KV cache holds "
+        f"{config['kv_lora_rank'] + config['qk_rope_head_dim']} values per token.",
+        "",
+    ]
+    if eagle31:
+        lines += ["EAGLE-3.1: `fc_norm` (an RMSNorm per captured target state before `fc`) and `norm_output` (the next "
+                  "draft step is fed the post-norm state).", ""]  # fmt: skip
+    if draft_vocab != vocab:
+        lines += [f"Pruned vocabulary: {draft_vocab} of the target's {vocab} tokens"
+                  + (" (the most frequent in a token-count file, plus the special tokens)" if kept_targets is not None else "")
+                  + "; `d2t` maps a draft id to its target id (`target = draft + d2t[draft]`), `t2d` marks the kept "
+                  "target ids.", ""]  # fmt: skip
+    lines += [
+        "## Aux layers",
+        "",
+        f"The drafter reads the target's residual stream after zero-based layers {', '.join(map(str, ids.zero_based))} "
+        f"(Transformers' `hidden_states[{', '.join(map(str, ids.one_based))}]`). `config.json` names them one-based, "
+        f"`{list(ids.one_based)}`, both at the top level and inside `eagle_config`, and says so "
+        "(`aux_layer_ids_convention: one_based`):",
+        "",
+        "- vLLM reads the top-level key (both model runners, every release);",
+        "- TokenSpeed and SGLang read `eagle_config`. SGLang's DeepSeek/Kimi-K2.x targets add 1 only when the first id "
+        "is 1 and its Kimi-K3 reader takes one-based ids unchanged, so a one-based list whose first id is not 1 is "
+        "captured right by both; TokenSpeed's Kimi-K3 target reads one-based ids too.",
+        "",
+    ]
+    if min(ids.one_based) == 1:
+        lines += ["**Warning:** these ids start at 1 (the embedding layer's output is not captured, layer 0's output "
+                  "is). SGLang's DeepSeek rule cannot express that list in any form; serve with vLLM or TokenSpeed. "
+                  "`eagle31-mla doctor` reports it.", ""]  # fmt: skip
+    lines += [
+        "Check a deployment before serving (reads only the two `config.json` files):",
+        "",
+        "```bash",
+        f"eagle31-mla doctor --draft {repo_id} --target {target_name} --engine vllm",
+        "```",
+        "",
+        "## Serving",
+        "",
+        "Install this project's plugin in the engine's environment (`pip install \"eagle31-mla[vllm]\"` or "
+        "`\"eagle31-mla[sglang]\"`): it makes every engine release capture exactly these layers, applies "
+        "EAGLE-3.1 where the engine does not, and adds Kimi-K3 capture to SGLang 0.5.23.",
+        "",
+    ]
+    for engine in ENGINES:
+        command = serve_command(engine, target_name, repo_id, target, config)
+        lines += [f"### {dict(vllm='vLLM', sglang='SGLang', tokenspeed='TokenSpeed')[engine]}", "", "```bash",
+                  command.text(), "```", ""]  # fmt: skip
+    lines += [
+        "## Transformers",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM",
+        "",
+        f'drafter = AutoModelForCausalLM.from_pretrained("{repo_id}", trust_remote_code=True)',
+        "step = drafter(input_ids, aux_hidden_states=aux)  # aux: the captured target states, concatenated",
+        "```",
+        "",
+        "## Files",
+        "",
+        *[f"- `{name}`" for name in files],
+        "",
+        f"Converted by `eagle31-mla convert` from a checkpoint with {source_layout}.",
+        "",
+    ]
+    return "\n".join(lines)

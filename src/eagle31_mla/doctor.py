@@ -1,0 +1,539 @@
+"""``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4).
+
+Each check compares what the engine will actually do, worked out from the two ``config.json`` files
+and the engine's facts (:mod:`eagle31_mla.engines`), with what the drafter needs: its aux layers as
+this library reads them (:mod:`eagle31_mla.aux_layers`), its EAGLE-3.1 switches, its sizes. Nothing
+here needs weights or an installed engine.
+
+A :class:`Finding` has a short id (the catalogue is :data:`CHECKS`), the problem in one line and the
+exact fix. By default the engine is checked as it ships; ``with_plugin=True`` assumes this project's
+plugin for that engine is installed where it runs, and moves what the plugin corrects at serve time
+out of the problems (into ``handled``). Engine versions: one, or every release the tables know.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .aux_layers import IDS_KEY, AuxLayerIdError, AuxLayerIds, aux_layer_ids_config_entries, aux_layer_ids_from_config
+from .configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
+from .engines import (
+    DEFAULT,
+    ENGINE_NAMES,
+    ENGINES,
+    FLAG,
+    NESTED,
+    TARGET_LAYER_IDS,
+    TOKENSPEED_LAYERS_FLAG,
+    TOKENSPEED_MLA_DRAFT_ARCHITECTURE,
+    TOKENSPEED_RELEASES,
+    Target,
+    sglang_capture,
+    sglang_nested_form,
+    tokenspeed_capture,
+    tokenspeed_flag_form,
+    vllm_capture,
+)
+
+__all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K3_STREAM_ENV"]
+
+PROBLEM, NOTE = "problem", "note"
+KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+VLLM_PLUGIN = 'pip install "eagle31-mla[vllm]" where vLLM runs (its plugin'
+SGLANG_PLUGIN = 'pip install "eagle31-mla[sglang]" where SGLang runs (its plugin'
+
+#: Every check: id -> what it catches. Ids are stable: scripts may match on them.
+CHECKS: dict[str, str] = {
+    "aux-ids-missing": "the draft names no aux layers: every engine silently captures its own default",
+    "aux-ids-contradictory": "top-level and nested aux ids name different layers",
+    "aux-ids-invalid": "aux ids that no engine can capture right (0, duplicates, not ascending, not ints)",
+    "target-layer-ids": "a top-level `target_layer_ids`: vLLM's V2 runner adds 1 to it, the others ignore it",
+    "aux-ids-beyond-target": (
+        "aux ids beyond the target's depth (or its last layer, which before-layer capture cannot reach)"
+    ),
+    "draft-config-invalid": "a draft config.json this library refuses (the message names the key)",
+    "mla-architecture-name": (
+        "a draft architecture name the engine does not serve as the MLA drafter (MHA cache or wrong class)"
+    ),
+    "vocab-size-mismatch": "draft and target vocabularies differ",
+    "hidden-size-mismatch": "the draft's target_hidden_size is not the target's hidden size",
+    "bos-eos-mismatch": "draft and target disagree on bos/eos token ids",
+    "vllm-ids-convention": "vLLM reads the draft's ids in the other convention: one layer off",
+    "vllm-nested-ids-ignored": "vLLM 0.20/0.21 ignore nested eagle_config ids: the target's default is captured",
+    "vllm-v2-runner-nested-ids": (
+        "vLLM's V2 model runner ignores nested eagle_config ids: the target's default is captured"
+    ),
+    "vllm-draft-model-type": (
+        "a draft model_type vLLM turns into an MTP draft (deepseek_v3) or does not detect as MLA (kimi_k2)"
+    ),
+    "vllm-fc-norm-ignored": "vLLM before 0.23 does not apply EAGLE-3.1's fc_norm (0.22.x builds it, never applies it)",
+    "vllm-norm-output-ignored": "vLLM before 0.22 does not apply EAGLE-3.1's norm_output",
+    "vllm-fc-width": "vLLM before 0.22 sizes fc for exactly 3 aux states",
+    "vllm-kimi-k3-version": "Kimi-K3 targets need vLLM 0.27+",
+    "vllm-version-unsupported": "a vLLM release outside 0.20-0.33 (the range the facts cover)",
+    "k3-aux-stream": (
+        "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM selects the AttnRes mixture, not the prefix stream the drafter was "
+        "trained on"
+    ),
+    "sglang-nested-ids-missing": (
+        "SGLang reads only nested eagle_config ids: top-level ids are ignored, the target's default is "
+        "captured"
+    ),
+    "sglang-first-id-heuristic": (
+        "SGLang's DeepSeek/Kimi-K2.x targets add 1 only when the first id is 1: these ids go the wrong way"
+    ),
+    "sglang-ids-convention": "the SGLang target class reads the nested ids in the other convention",
+    "sglang-k3-no-capture": "SGLang 0.5.23 has no EAGLE-3 capture for Kimi-K3 targets",
+    "sglang-k3-capture-unconfirmed": "this SGLang release's Kimi-K3 EAGLE-3 capture is not confirmed",
+    "sglang-unknown-target": "a target class whose SGLang id rule is not in the table",
+    "sglang-version-unsupported": "an SGLang release before 0.5.23",
+    "tokenspeed-ids-ignored": "TokenSpeed finds no ids where it looks: the target's default is captured",
+    "tokenspeed-ids-convention": "TokenSpeed passes the ids raw and the target reads them in the other convention",
+    "tokenspeed-unknown-target": "a target class whose TokenSpeed id rule is not in the table",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    problem: str
+    fix: str
+    severity: str = PROBLEM
+    #: this project's plugin for the engine corrects it at serve time
+    plugin_fixes: bool = False
+    #: engine releases it applies to (empty: all that were checked)
+    versions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "severity": self.severity, "problem": self.problem, "fix": self.fix,
+                "plugin_fixes": self.plugin_fixes, "versions": list(self.versions)}  # fmt: skip
+
+
+@dataclass
+class Report:
+    engine: str
+    versions: tuple[str, ...]
+    with_plugin: bool
+    draft: str
+    target: str
+    aux_layer_ids: AuxLayerIds | None
+    aux_layer_ids_how: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == PROBLEM and not (self.with_plugin and f.plugin_fixes)]
+
+    @property
+    def handled(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == PROBLEM and self.with_plugin and f.plugin_fixes]
+
+    @property
+    def notes(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == NOTE and not (self.with_plugin and f.plugin_fixes)]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        ids = self.aux_layer_ids
+        return {
+            "ok": self.ok,
+            "engine": self.engine,
+            "versions": list(self.versions),
+            "with_plugin": self.with_plugin,
+            "draft": self.draft,
+            "target": self.target,
+            "aux_layer_ids": None if ids is None else {"one_based": list(ids.one_based), "zero_based": list(ids.zero_based),
+                                                        "how": self.aux_layer_ids_how},  # fmt: skip
+            "problems": [f.to_dict() for f in self.problems],
+            "handled_by_plugin": [f.to_dict() for f in self.handled],
+            "notes": [f.to_dict() for f in self.notes],
+        }
+
+    def format(self) -> str:
+        name = ENGINE_NAMES[self.engine]
+        lines = [f"doctor: {self.draft} on {self.target}, {name} {_runs(self.versions, self.versions)}"
+                 + (" with the eagle31-mla plugin" if self.with_plugin else "")]  # fmt: skip
+        if self.aux_layer_ids is not None:
+            lines.append(f"  aux layers wanted: {self.aux_layer_ids.describe()} ({self.aux_layer_ids_how})")
+        for title, items in (("problem", self.problems), ("handled by the plugin", self.handled), ("note", self.notes)):
+            for f in items:
+                where = f" ({name} {_runs(f.versions, self.versions)})" if f.versions else ""
+                lines.append(f"  {title} [{f.id}]{where}: {f.problem}")
+                lines.append(f"    fix: {f.fix}")
+        if self.ok:
+            lines.append("  ok: nothing is wrong" + (f" ({len(self.notes)} note(s))" if self.notes else ""))
+        else:
+            lines.append(f"  {len(self.problems)} problem(s)")
+        return "\n".join(lines)
+
+
+def _runs(versions: Sequence[str], checked: Sequence[str]) -> str:
+    """"0.20-0.22, 0.25": the runs of ``versions`` within the ``checked`` releases, in order."""
+    runs, current = [], []
+    for v in checked:
+        if v in versions:
+            current.append(v)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+# ---- engine releases ---------------------------------------------------------------------------------
+
+
+def engine_releases(engine: str, version: str | None = None) -> list[tuple[str, Any]]:
+    """(label, feature table) for the named release, or for every release the engine's table knows."""
+    if engine == "vllm":
+        from eagle31_mla_vllm.versions import RELEASES, features, parse_version
+
+        versions = [parse_version(version)] if version else list(RELEASES)
+        return [(_label(v, version), features(v)) for v in versions]
+    if engine == "sglang":
+        from eagle31_mla_sglang.versions import RELEASES, features, parse_version
+
+        versions = [parse_version(version)] if version else list(RELEASES)
+        return [(_label(v, version, minor_only=False), features(v)) for v in versions]
+    if engine == "tokenspeed":
+        return [(version or ".".join(map(str, TOKENSPEED_RELEASES[-1])), None)]
+    raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+
+
+def _label(v: tuple[int, int, int], given: str | None, minor_only: bool = True) -> str:
+    if given:
+        return given
+    return f"{v[0]}.{v[1]}" if minor_only else ".".join(map(str, v))
+
+
+# ---- the checks ----------------------------------------------------------------------------------------
+
+
+def _canonical_fix(draft: str, ids: AuxLayerIds) -> str:
+    entries = json.dumps(aux_layer_ids_config_entries(ids))[1:-1]
+    return (f"in {draft}'s config.json set {entries} (what `eagle31-mla convert` writes: right for vLLM, "
+            "SGLang's DeepSeek/Kimi targets and TokenSpeed's Kimi-K3 target at once)")  # fmt: skip
+
+
+def _read_ids(draft: Mapping[str, Any], add, draft_name: str) -> tuple[AuxLayerIds | None, str, str | None]:
+    try:
+        ids, how = aux_layer_ids_from_config(draft)
+        return ids, how, None
+    except AuxLayerIdError as err:
+        message = str(err)
+    has_top = draft.get(IDS_KEY) is not None
+    nested = draft.get("eagle_config")
+    has_nested = isinstance(nested, Mapping) and nested.get(IDS_KEY) is not None
+    if not has_top and not has_nested and "target_layer_ids" in draft:
+        add(Finding("target-layer-ids", message, f"in {draft_name}'s config.json replace `target_layer_ids` by "
+                    f'"{IDS_KEY}" with "aux_layer_ids_convention" ("one_based" or "zero_based", whichever it is)'))  # fmt: skip
+    elif not has_top and not has_nested:
+        add(Finding("aux-ids-missing", message, f'in {draft_name}\'s config.json set "{IDS_KEY}" (one-based, e.g. '
+                    'Kimi-K3: [2, 46, 90]) with "aux_layer_ids_convention": "one_based", at the top level and in '
+                    '"eagle_config": the layers the drafter was trained on, from its training config'))  # fmt: skip
+    elif "contradictory" in message:
+        add(Finding("aux-ids-contradictory", message, f"in {draft_name}'s config.json keep the ids the drafter was "
+                    "trained on (its training config says which), in one convention, labelled"))  # fmt: skip
+    else:
+        add(Finding("aux-ids-invalid", message, f"in {draft_name}'s config.json list the trained layers once each, "
+                    "ascending, one-based >= 1 (zero-based >= 0), labelled with aux_layer_ids_convention"))  # fmt: skip
+    return None, "", message
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """The draft facts the checks use: from Eagle31MLAConfig when it reads the file, else the raw dict
+    with the meaning of a missing key in files."""
+
+    architectures: tuple[str, ...]
+    model_type: str | None
+    vocab_size: int | None
+    target_hidden_size: int | None
+    fc_norm: bool
+    norm_output: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def _read_draft(draft: Mapping[str, Any], add, draft_name: str, ids_error: str | None) -> _Draft:
+    raw = dict(draft)
+    try:
+        config = Eagle31MLAConfig.from_dict(raw)
+    except (ConfigError, ValueError, TypeError, KeyError) as err:
+        config = None
+        if ids_error is None or ids_error not in str(err):
+            add(Finding("draft-config-invalid", f"{draft_name}'s config.json is refused: {err}",
+                        f"correct that key in {draft_name}'s config.json"))  # fmt: skip
+    source = config.to_dict() if config is not None else raw
+    eos = source.get("eos_token_id")
+    hidden = source.get("hidden_size")
+    return _Draft(
+        architectures=tuple(a for a in (raw.get("architectures") or []) if isinstance(a, str)),
+        model_type=raw.get("model_type"),
+        vocab_size=source.get("vocab_size"),
+        target_hidden_size=source.get("target_hidden_size") or hidden,
+        fc_norm=bool(source.get("fc_norm", False)),
+        norm_output=bool(source.get("norm_output", False)),
+        bos_token_id=source.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ()),
+    )
+
+
+def diagnose(
+    draft: Mapping[str, Any],
+    target: Target,
+    engine: str,
+    version: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    with_plugin: bool = False,
+    layers_to_capture: Sequence[int] | None = None,
+    draft_name: str = "the draft",
+) -> Report:
+    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known).
+
+    ``environ``: the serving environment (default: this process's); ``layers_to_capture``: the
+    TokenSpeed ``--eagle3-layers-to-capture`` value that will be passed, if any."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    environ = os.environ if environ is None else environ
+    releases = engine_releases(engine, version)
+    findings: list[Finding] = []
+    add = findings.append
+    ids, how, ids_error = _read_ids(draft, add, draft_name)
+    facts = _read_draft(draft, add, draft_name, ids_error)
+    _check_common(facts, ids, target, engine, add, draft_name)
+
+    per_version: dict[str, Finding] = {}
+    labels = [label for label, _ in releases]
+    for label, table in releases:
+        found: list[Finding] = []
+        if engine == "vllm":
+            _check_vllm(draft, facts, ids, target, table, environ, found.append, draft_name)
+        elif engine == "sglang":
+            _check_sglang(draft, ids, target, table, found.append, draft_name)
+        else:
+            _check_tokenspeed(draft, ids, target, layers_to_capture, found.append, draft_name)
+        for f in found:
+            if f.id in per_version:
+                merged = per_version[f.id]
+                per_version[f.id] = Finding(merged.id, merged.problem, merged.fix, merged.severity, merged.plugin_fixes,
+                                            merged.versions + (label,))  # fmt: skip
+            else:
+                per_version[f.id] = Finding(f.id, f.problem, f.fix, f.severity, f.plugin_fixes, (label,))
+    for f in per_version.values():  # releases are named only when not all checked ones are affected
+        findings.append(Finding(f.id, f.problem, f.fix, f.severity, f.plugin_fixes,
+                                () if set(f.versions) == set(labels) else f.versions))  # fmt: skip
+    return Report(engine, tuple(labels), with_plugin, draft_name, target.describe(), ids, how, findings)
+
+
+def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: str, add, draft_name: str) -> None:
+    arch = d.architectures[0] if d.architectures else None
+    if arch != ENGINE_ARCHITECTURE:
+        consequence = {
+            "vllm": "vLLM serves this drafter family only under that name (its MLA EAGLE-3 class, which the "
+                    "eagle31-mla plugin takes over); another name is a different model class or none",
+            "sglang": "SGLang picks the KV-cache layout from a fixed list of names: any other name silently gets an "
+                      "MHA-shaped cache, or the wrong model class",
+            "tokenspeed": f"TokenSpeed's MLA list holds {TOKENSPEED_MLA_DRAFT_ARCHITECTURE}: any other name silently "
+                          "resolves to MHA",
+        }[engine]  # fmt: skip
+        add(Finding("mla-architecture-name", f"the draft's architectures[0] is {arch!r}, not {ENGINE_ARCHITECTURE!r}: "
+                    f"{consequence}", f'in {draft_name}\'s config.json set "architectures": ["{ENGINE_ARCHITECTURE}"]'))  # fmt: skip
+    if ids is not None and target.num_layers is not None and max(ids.one_based) > target.num_layers:
+        add(Finding("aux-ids-beyond-target", f"aux layers {ids.describe()} go beyond {target.name}'s {target.num_layers} "
+                    f"layers (one-based ids must be <= {target.num_layers}): the drafter was trained on a deeper target",
+                    f"serve it with the target it was trained for, or correct the ids in {draft_name}'s config.json"))  # fmt: skip
+    if d.vocab_size is not None and target.vocab_size is not None and d.vocab_size != target.vocab_size:
+        add(Finding("vocab-size-mismatch", f"the draft's vocab_size is {d.vocab_size}, {target.name}'s is "
+                    f"{target.vocab_size}: draft tokens would be other tokens of the target (or out of range)",
+                    "serve the drafter with the target (tokenizer) it was trained for; a drafter cannot be "
+                    "re-vocabularied by editing config.json"))  # fmt: skip
+    if d.target_hidden_size is not None and target.hidden_size is not None and d.target_hidden_size != target.hidden_size:
+        add(Finding("hidden-size-mismatch", f"the draft's target_hidden_size is {d.target_hidden_size}, {target.name}'s "
+                    f"hidden_size is {target.hidden_size}: its fc takes n x {d.target_hidden_size} captured values",
+                    "serve the drafter with the target it was trained for (if the draft config just lacks "
+                    f'"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
+    wrong = []
+    if d.bos_token_id is not None and target.bos_token_id is not None and d.bos_token_id != target.bos_token_id:
+        wrong.append(f"bos {d.bos_token_id} vs {target.bos_token_id}")
+    if d.eos_token_ids and target.eos_token_ids and not set(d.eos_token_ids) <= set(target.eos_token_ids):
+        wrong.append(f"eos {list(d.eos_token_ids)} vs {list(target.eos_token_ids)}")
+    if wrong:
+        fix = {"bos_token_id": target.bos_token_id, "eos_token_id": list(target.eos_token_ids) if len(target.eos_token_ids) > 1
+               else (target.eos_token_ids[0] if target.eos_token_ids else None)}  # fmt: skip
+        fix = {k: v for k, v in fix.items() if v is not None}
+        add(Finding("bos-eos-mismatch", f"draft and target disagree on special tokens ({'; '.join(wrong)}): a drafter "
+                    "for another tokenizer, or a config.json with the wrong ids",
+                    f"check the drafter was trained for {target.name}; then in {draft_name}'s config.json set "
+                    f"{json.dumps(fix)[1:-1]}"))  # fmt: skip
+
+
+def _ids_fix_vllm(draft_name: str, ids: AuxLayerIds) -> str:
+    return _canonical_fix(draft_name, ids) + f"; or {VLLM_PLUGIN} writes them explicitly for vLLM)"
+
+
+def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, draft_name: str) -> None:
+    from eagle31_mla_vllm.versions import MLA_DRAFT_MODEL_TYPES, MTP_DRAFT_MODEL_TYPES
+
+    if not engine.supported:
+        add(Finding("vllm-version-unsupported", f"{engine.describe()} is outside 0.20-0.33, the releases whose facts "
+                    "these checks (and the eagle31-mla plugin) cover", "use vLLM 0.20-0.33 (Kimi-K3 targets: 0.27+)",
+                    severity=NOTE))  # fmt: skip
+    if target.is_kimi_k3 and not engine.kimi_k3_target:
+        add(Finding("vllm-kimi-k3-version", "vLLM has Kimi-K3 models only from 0.27 on", "use vLLM >= 0.27"))
+    if d.model_type in MTP_DRAFT_MODEL_TYPES:
+        add(Finding("vllm-draft-model-type", f"the draft's model_type is {d.model_type!r}: vLLM's draft-config hook turns "
+                    "it into a DeepSeek MTP draft (architectures DeepSeekMTPModel), not this EAGLE-3 drafter",
+                    f'in {draft_name}\'s config.json set "model_type": "kimi_k2"; or {VLLM_PLUGIN} serves it as '
+                    "deepseek_v2)", plugin_fixes=True))  # fmt: skip
+    elif d.model_type not in MLA_DRAFT_MODEL_TYPES:
+        add(Finding("vllm-draft-model-type", f"the draft's model_type is {d.model_type!r}: vLLM reports use_mla=False for "
+                    "it (its EAGLE-3 layer still builds MLA attention; this matters where the draft cache is sized from "
+                    "that flag: CPU, Ascend)", f"{VLLM_PLUGIN} serves it as deepseek_v2)", severity=NOTE,
+                    plugin_fixes=True))  # fmt: skip
+    if d.fc_norm and not engine.applies_fc_norm:
+        add(Finding("vllm-fc-norm-ignored", "the draft is EAGLE-3.1 (fc_norm: true), and vLLM before 0.23 does not apply "
+                    "fc_norm (0.22.x builds it and never applies it; 0.20/0.21 drop its weights): the captured states "
+                    "reach fc un-normalised and acceptance drops, with no error",
+                    f"use vLLM >= 0.23; or {VLLM_PLUGIN} applies fc_norm)", plugin_fixes=True))  # fmt: skip
+    if d.norm_output and not engine.applies_norm_output:
+        add(Finding("vllm-norm-output-ignored", "the draft is EAGLE-3.1 (norm_output: true), and vLLM before 0.22 feeds the "
+                    "next draft step the pre-norm state", f"use vLLM >= 0.22; or {VLLM_PLUGIN} applies norm_output)",
+                    plugin_fixes=True))  # fmt: skip
+    if ids is not None and len(ids) != 3 and not engine.fc_width_follows_aux_count:
+        add(Finding("vllm-fc-width", f"vLLM before 0.22 sizes fc for exactly 3 aux states; the draft names {len(ids)}",
+                    "use vLLM >= 0.22"))  # fmt: skip
+    if target.is_kimi_k3 and engine.kimi_k3_stream_env:
+        stream = environ.get(KIMI_K3_STREAM_ENV)
+        if stream not in (None, "", "0"):
+            add(Finding("k3-aux-stream", f"{KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
+                        "mixture (DSpark drafters' stream); this drafter was trained on the prefix-only stream (=0): "
+                        "nothing fails, acceptance drops", f"unset {KIMI_K3_STREAM_ENV} (or export {KIMI_K3_STREAM_ENV}=0)"))  # fmt: skip
+    if ids is None or target.num_layers is None:
+        return
+    has_nested = isinstance(draft.get("eagle_config"), Mapping) and draft["eagle_config"].get(IDS_KEY) is not None
+    for runner in ("v1", "v2") if engine.v2_model_runner else ("v1",):
+        capture = vllm_capture(draft, target, engine, runner)
+        runner_name = "V1" if runner == "v1" else "V2"
+        got = f"captures one-based {list(capture.layers or ())}"
+        if capture.layers == ids.one_based:
+            if capture.source == DEFAULT and has_nested and runner == "v2":
+                add(Finding("vllm-v2-runner-nested-ids", "vLLM's V2 model runner ignores nested eagle_config ids; it "
+                            f"captures the target's default, which happens to be {list(ids.one_based)}",
+                            _ids_fix_vllm(draft_name, ids), severity=NOTE, plugin_fixes=True))  # fmt: skip
+            continue
+        wanted = f"the drafter needs {ids.describe()}"
+        if capture.source == TARGET_LAYER_IDS:
+            add(Finding("target-layer-ids", f"vLLM's V2 model runner reads the top-level target_layer_ids plus 1 and "
+                        f"{got}; {wanted}", _ids_fix_vllm(draft_name, ids) + "; and delete target_layer_ids",
+                        plugin_fixes=True))  # fmt: skip
+        elif capture.source == DEFAULT:
+            if runner == "v1":
+                add(Finding("vllm-nested-ids-ignored", f"vLLM 0.20/0.21 read only top-level ids, so the target {got} "
+                            f"(its default); {wanted}", _ids_fix_vllm(draft_name, ids), plugin_fixes=True))  # fmt: skip
+            else:
+                add(Finding("vllm-v2-runner-nested-ids", "vLLM's V2 model runner (opt-in with VLLM_USE_V2_MODEL_RUNNER=1, "
+                            "the default for Kimi-K3 targets from 0.27 and for every model with Triton from 0.29) ignores "
+                            f"nested eagle_config ids, so the target {got} (its default); {wanted}",
+                            _ids_fix_vllm(draft_name, ids), plugin_fixes=True))  # fmt: skip
+        else:
+            where = "the top-level ids" if capture.source != NESTED else "the nested eagle_config ids"
+            add(Finding("vllm-ids-convention", f"vLLM's {runner_name} runner reads {where} one-based and {got}; {wanted} "
+                        "(off by one: nothing fails, acceptance drops)", _ids_fix_vllm(draft_name, ids),
+                        plugin_fixes=True))  # fmt: skip
+
+
+def _check_sglang(draft, ids, target: Target, engine, add, draft_name: str) -> None:
+    from eagle31_mla_sglang.versions import target_reading
+
+    if not engine.supported:
+        add(Finding("sglang-version-unsupported", f"{engine.describe()} is older than 0.5.23, the release these facts and "
+                    "the eagle31-mla SGLang plugin are written for", "use SGLang >= 0.5.23", severity=NOTE))  # fmt: skip
+    reading = target_reading(target.architectures)
+    if reading == "one_based" and engine.kimi_k3_eagle3_capture is False:
+        add(Finding("sglang-k3-no-capture", f"{engine.describe()}'s Kimi-K3 target classes have no EAGLE-3 capture "
+                    "(set_eagle3_layers_to_capture): EAGLE-3 cannot start", f"{SGLANG_PLUGIN} adds the prefix-stream "
+                    "capture to SGLang's Kimi-K3 classes); or use an SGLang release with Kimi-K3 EAGLE-3 capture",
+                    plugin_fixes=True))  # fmt: skip
+        return
+    if reading == "one_based" and engine.kimi_k3_eagle3_capture is None:
+        add(Finding("sglang-k3-capture-unconfirmed", f"whether {engine.describe()} ships Kimi-K3 EAGLE-3 capture is not "
+                    "confirmed (upstream main has it, one-based ids, prefix stream)", f"{SGLANG_PLUGIN} adds it when "
+                    "missing and leaves SGLang's own alone)", severity=NOTE))  # fmt: skip
+    if reading is None:
+        add(Finding("sglang-unknown-target", f"how SGLang's {target.architectures[:1] or target.model_type} reads aux ids "
+                    "is not in the table, so the capture cannot be checked", f"{SGLANG_PLUGIN} checks what the target "
+                    "stores and refuses a wrong form)", severity=NOTE))  # fmt: skip
+        return
+    if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
+        return  # ids beyond the target: reported once, by the common checks
+    if reading != "one_based" and max(ids.one_based) == target.num_layers:
+        add(Finding("aux-ids-beyond-target", f"SGLang's {target.architectures[0]} captures the INPUT of layer i, so it "
+                    f"cannot capture the output of the last layer (one-based {target.num_layers}); the draft wants "
+                    f"{ids.describe()}", "serve this drafter with vLLM (its targets capture after a layer), or use "
+                    "a drafter trained on earlier layers"))  # fmt: skip
+        return
+    capture = sglang_capture(draft, target, engine)
+    if capture.layers == ids.one_based:
+        return
+    form = sglang_nested_form(target, ids)
+    got = f"the target captures one-based {list(capture.layers or ())}; the drafter needs {ids.describe()}"
+    if form is None:
+        fix = (f"no id list makes SGLang's {target.architectures[0]} capture these layers (it adds 1 exactly when "
+               "the first id is 1); serve this drafter with vLLM or TokenSpeed")  # fmt: skip
+    elif form == list(ids.one_based):
+        fix = _canonical_fix(draft_name, ids) + f"; or {SGLANG_PLUGIN} hands the target the form it reads)"
+    else:
+        fix = (f'in {draft_name}\'s config.json set "eagle_config": {{"{IDS_KEY}": {form}}} with '
+               f'"aux_layer_ids_convention": "zero_based" and no top-level ids (SGLang\'s {target.architectures[0]} '
+               f"adds 1 to every id); or {SGLANG_PLUGIN} hands the target the form it reads)")  # fmt: skip
+    plugin_fixes = form is not None
+    if capture.source == DEFAULT:
+        add(Finding("sglang-nested-ids-missing", "SGLang reads the aux ids only from the nested eagle_config dict and "
+                    f"finds none there, so {got}", fix, plugin_fixes=plugin_fixes))  # fmt: skip
+    elif reading == "first_id_heuristic":
+        first = draft["eagle_config"][IDS_KEY][0]
+        rule = "adds 1 to every id because the first is 1" if first == 1 else f"keeps them as they are (first id {first}, not 1)"
+        add(Finding("sglang-first-id-heuristic", f"SGLang's {target.architectures[0]} {rule}, so {got}", fix,
+                    plugin_fixes=plugin_fixes))  # fmt: skip
+    else:
+        rule = "adds 1 to every id (zero-based reading)" if reading == "plus_one" else "takes one-based ids unchanged"
+        add(Finding("sglang-ids-convention", f"SGLang's {target.architectures[0]} {rule}, so {got}", fix,
+                    plugin_fixes=plugin_fixes))  # fmt: skip
+
+
+def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: str) -> None:
+    capture = tokenspeed_capture(draft, target, layers_flag)
+    if capture.layers is None:
+        add(Finding("tokenspeed-unknown-target", f"how TokenSpeed's {target.architectures[:1] or target.model_type} reads "
+                    "aux ids is not in the table, so the capture cannot be checked",
+                    f"pass {TOKENSPEED_LAYERS_FLAG} in that target's convention", severity=NOTE))  # fmt: skip
+        return
+    if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
+        return  # ids beyond the target: reported once, by the common checks
+    form = tokenspeed_flag_form(target, ids)
+    if form == list(ids.zero_based) and max(ids.one_based) == target.num_layers:
+        add(Finding("aux-ids-beyond-target", f"TokenSpeed's {target.architectures[0]} captures the INPUT of layer i, so "
+                    f"it cannot capture the output of the last layer (one-based {target.num_layers}); the draft wants "
+                    f"{ids.describe()}", "serve this drafter with vLLM (its targets capture after a layer), or use "
+                    "a drafter trained on earlier layers"))  # fmt: skip
+        return
+    if capture.layers == ids.one_based:
+        return
+    fix = f"pass {TOKENSPEED_LAYERS_FLAG} {','.join(map(str, form))} (TokenSpeed hands it to the target as is)"
+    got = f"the target captures one-based {list(capture.layers)}; the drafter needs {ids.describe()}"
+    if capture.source == DEFAULT:
+        add(Finding("tokenspeed-ids-ignored", "TokenSpeed looks for ids in eagle_config (which hides the top-level key "
+                    f"when present) and then the top level, and finds none, so {got}", fix))  # fmt: skip
+    else:
+        where = {FLAG: TOKENSPEED_LAYERS_FLAG, NESTED: "the nested eagle_config ids"}.get(capture.source, "the top-level ids")
+        rule = "adds 1 to every id" if tokenspeed_flag_form(target, ids) == list(ids.zero_based) else "takes them as one-based"
+        add(Finding("tokenspeed-ids-convention", f"TokenSpeed passes {where} raw and the target {rule}, so {got}", fix))

@@ -1,0 +1,274 @@
+"""What each serving engine does with a draft/target pair, worked out from their ``config.json`` files.
+
+The facts live in one table per engine: vLLM's in :mod:`eagle31_mla_vllm.versions`, SGLang's in
+:mod:`eagle31_mla_sglang.versions` (both importable without the engine), TokenSpeed's here (no
+plugin package exists for it). This module applies them to plain dicts, without importing any
+engine, so that ``eagle31-mla doctor`` / ``inspect`` / ``serve-command`` run anywhere, offline.
+
+The question each ``*_capture`` function answers: which target layers (one-based completed-layer ids,
+see :mod:`eagle31_mla.aux_layers`) will the bare engine (without this project's plugin) capture for
+the drafter, and from which key of the draft's ``config.json`` did it take them?
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .aux_layers import IDS_KEY, AuxLayerIds
+
+__all__ = [
+    "ENGINES",
+    "ENGINE_NAMES",
+    "InputError",
+    "read_config_json",
+    "Target",
+    "KIMI_K3_TARGET",
+    "Capture",
+    "vllm_capture",
+    "sglang_capture",
+    "tokenspeed_capture",
+    "sglang_nested_form",
+    "tokenspeed_flag_form",
+    "TOKENSPEED_ENTRY_POINT",
+    "TOKENSPEED_LAYERS_FLAG",
+]
+
+ENGINES = ("vllm", "sglang", "tokenspeed")
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
+
+# ---- TokenSpeed (lightseekorg/tokenspeed 0.1.1; reference notes §5) ---------------------------------
+
+#: Plugins load through this entry-point group (``register_model(cls, architectures=..., override=...)``).
+TOKENSPEED_ENTRY_POINT = "tokenspeed.plugins"
+TOKENSPEED_RELEASES = ((0, 1, 1),)
+#: Overrides the draft config's ids; passed raw to the target, so it is in the TARGET's convention.
+TOKENSPEED_LAYERS_FLAG = "--eagle3-layers-to-capture"
+#: Kimi-K3 targets store one-based completed-layer ids unchanged (sorted, distinct, within 1..n).
+TOKENSPEED_ONE_BASED_TARGETS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM", "KimiK3LinearForCausalLM")
+#: DeepSeek-V3 / Kimi-K2.x targets always add 1: they read zero-based "output of layer x" ids.
+TOKENSPEED_PLUS_ONE_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")
+#: The MLA drafter name in TokenSpeed's ``_MLA_ARCHITECTURES``; any other name silently gets MHA.
+TOKENSPEED_MLA_DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+#: ``--speculative-eagle-topk`` accepts only 1.
+TOKENSPEED_TOPK = 1
+
+
+class InputError(Exception):
+    """A file or id that cannot be read: the CLI's exit code 2."""
+
+
+def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
+    """The ``config.json`` of a folder, a ``.json`` file, or a Hub repo id (only ``config.json`` is
+    fetched; offline mode reads the huggingface_hub cache). Returns the dict and where it came from."""
+    path = Path(path_or_id)
+    if path.is_dir():
+        file = path / "config.json"
+        if not file.is_file():
+            raise InputError(f"{path} has no config.json")
+    elif path.is_file():
+        file = path
+    elif path.exists() or str(path_or_id).count("/") != 1 or str(path_or_id).startswith((".", "/", "~")):
+        raise InputError(f"{path_or_id}: no such folder or file")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            file = Path(hf_hub_download(str(path_or_id), "config.json"))
+        except Exception as err:  # offline and not cached, unknown repo, no network: all the same to a user
+            raise InputError(f"{path_or_id}: cannot read its config.json ({type(err).__name__}: {err})") from None
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{file}: not a readable JSON file ({err})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config, str(file)
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ints(value) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(v for v in value if _int(v) is not None)
+    return (value,) if _int(value) is not None else ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the checks need from a target's ``config.json`` (a multimodal wrapper's ``text_config`` is
+    read for the language model's sizes)."""
+
+    name: str
+    architectures: tuple[str, ...]
+    model_type: str | None
+    num_layers: int | None
+    hidden_size: int | None
+    vocab_size: int | None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], name: str = "target") -> "Target":
+        text = config.get("text_config")
+        text = text if isinstance(text, Mapping) else {}
+
+        def get(key):
+            return text.get(key, config.get(key))
+
+        architectures = config.get("architectures") or []
+        return cls(
+            name=name,
+            architectures=tuple(a for a in architectures if isinstance(a, str)),
+            model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+            num_layers=_int(get("num_hidden_layers")),
+            hidden_size=_int(get("hidden_size")),
+            vocab_size=_int(get("vocab_size")),
+            bos_token_id=_int(get("bos_token_id")),
+            eos_token_ids=_ints(get("eos_token_id")),
+        )
+
+    @property
+    def is_kimi_k3(self) -> bool:
+        return self.model_type == "kimi_k3" or any("KimiK3" in a for a in self.architectures)
+
+    def describe(self) -> str:
+        arch = self.architectures[0] if self.architectures else self.model_type or "unknown architecture"
+        depth = f"{self.num_layers} layers" if self.num_layers else "depth unknown"
+        return f"{self.name} ({arch}, {depth})"
+
+
+#: Kimi-K3 as its config.json describes it: the target the published drafter was trained for.
+KIMI_K3_TARGET = Target(
+    name="moonshotai/Kimi-K3",
+    architectures=("KimiK3ForConditionalGeneration",),
+    model_type="kimi_k3",
+    num_layers=93,
+    hidden_size=7168,
+    vocab_size=163840,
+    bos_token_id=163584,
+    eos_token_ids=(163586,),
+)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """``layers``: the one-based layers the target captures (None: cannot tell); ``source``: where the
+    engine took them from; ``refused``: the engine stops with this error instead (loud, not silent)."""
+
+    layers: tuple[int, ...] | None
+    source: str
+    refused: str | None = None
+
+
+DEFAULT = "default"  # Capture.source when the engine fell back to the target's own choice
+TOP_LEVEL = "top_level"
+NESTED = "eagle_config"
+TARGET_LAYER_IDS = "target_layer_ids"
+FLAG = "flag"
+
+
+def _id_list(value) -> list[int] | None:
+    """A raw id list as an engine would take it (anything not a non-empty list counts as absent)."""
+    if isinstance(value, (list, tuple)) and value and all(_int(v) is not None for v in value):
+        return list(value)
+    return None
+
+
+def _nested(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    nested = config.get("eagle_config")
+    return nested if isinstance(nested, Mapping) else None
+
+
+def _default_layers(target: Target) -> list[int] | None:
+    n = target.num_layers
+    return [2, n // 2, n - 3] if n else None
+
+
+def vllm_capture(draft: Mapping[str, Any], target: Target, engine, runner: str) -> Capture:
+    """vLLM's ``_get_eagle3_aux_layers_from_config`` (V1 runner) / ``get_eagle3_aux_layers_from_config``
+    (V2): the ids it uses, all read one-based; the target keeps ``sorted(set(ids))``."""
+    ids, source = _id_list(draft.get(IDS_KEY)), TOP_LEVEL
+    nested = _nested(draft)
+    if ids is None and runner == "v1" and engine.v1_reads_nested_aux_ids and nested is not None:
+        ids, source = _id_list(nested.get(IDS_KEY)), NESTED
+    if ids is None and runner == "v2":
+        target_layer_ids = _id_list(draft.get("target_layer_ids"))
+        if target_layer_ids is not None:
+            ids, source = [i + 1 for i in target_layer_ids], TARGET_LAYER_IDS
+    if ids is None:
+        ids, source = _default_layers(target), DEFAULT
+    return Capture(tuple(sorted(set(ids))) if ids is not None else None, source)
+
+
+def sglang_capture(draft: Mapping[str, Any], target: Target, engine) -> Capture:
+    """SGLang passes only the nested ids, raw, to the target class, which reads them its own way."""
+    from eagle31_mla_sglang.versions import stored_layers, target_reading
+
+    reading = target_reading(target.architectures)
+    if reading == "one_based" and engine.kimi_k3_eagle3_capture is False:
+        return Capture(None, DEFAULT, refused=f"{engine.describe()}'s Kimi-K3 target has no set_eagle3_layers_to_capture")
+    nested = _nested(draft)
+    ids = _id_list(nested.get(IDS_KEY)) if nested is not None else None
+    source = NESTED if ids is not None else DEFAULT
+    if reading is None or target.num_layers is None:
+        return Capture(None, source)
+    return Capture(tuple(stored_layers(reading, ids, target.num_layers)), source)
+
+
+def _tokenspeed_reading(target: Target) -> str | None:
+    if any(a in TOKENSPEED_ONE_BASED_TARGETS for a in target.architectures) or target.model_type == "kimi_k3":
+        return "one_based"
+    if any(a in TOKENSPEED_PLUS_ONE_TARGETS for a in target.architectures):
+        return "plus_one"
+    return None
+
+
+def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Sequence[int] | None = None) -> Capture:
+    """TokenSpeed's ``_eagle_aux_layer_ids``: the flag, else the draft config (top level, then
+    ``text_config``; in each, a nested ``eagle_config`` hides the top-level key), passed raw."""
+    ids, source = (list(layers_flag), FLAG) if layers_flag else (None, DEFAULT)
+    if ids is None:
+        text = draft.get("text_config")
+        for config in (draft, text if isinstance(text, Mapping) else None):
+            if config is None:
+                continue
+            nested = _nested(config)
+            ids = _id_list(nested.get(IDS_KEY)) if nested is not None else _id_list(config.get(IDS_KEY))
+            if ids is not None:
+                source = NESTED if nested is not None else TOP_LEVEL
+                break
+    reading = _tokenspeed_reading(target)
+    if reading is None or target.num_layers is None:
+        return Capture(None, source)
+    if ids is None:
+        return Capture(tuple(_default_layers(target)), DEFAULT)
+    return Capture(tuple(i + 1 for i in ids) if reading == "plus_one" else tuple(ids), source)
+
+
+def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
+    """The nested id list that makes SGLang's target class capture exactly ``ids``: one-based if it
+    works, else zero-based; None when no list does (or the class is not in the table)."""
+    from eagle31_mla_sglang.versions import stored_layers, target_reading
+
+    reading = target_reading(target.architectures)
+    if reading is None:
+        return None
+    for form in (list(ids.one_based), list(ids.zero_based)):
+        if stored_layers(reading, form, target.num_layers or 0) == list(ids.one_based):
+            return form
+    return None
+
+
+def tokenspeed_flag_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
+    """``--eagle3-layers-to-capture`` for this target: its own convention (None: unknown class)."""
+    reading = _tokenspeed_reading(target)
+    if reading == "one_based":
+        return list(ids.one_based)
+    if reading == "plus_one":
+        return list(ids.zero_based)
+    return None

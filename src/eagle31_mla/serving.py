@@ -1,0 +1,123 @@
+"""Launch commands for vLLM, SGLang and TokenSpeed (``eagle31-mla serve-command``, the model card).
+
+Each engine takes the aux layers its own way: vLLM and SGLang read them from the draft's
+``config.json`` (vLLM the top-level one-based key, SGLang the nested ``eagle_config`` one) and have
+no flag for them, so the command names them in a comment and the eagle31-mla plugin makes the engine
+use them right; TokenSpeed takes ``--eagle3-layers-to-capture`` in the target's convention, which the
+command passes explicitly. Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the
+published acceptance numbers were measured.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+from .engines import ENGINE_NAMES, ENGINES, TOKENSPEED_LAYERS_FLAG, TOKENSPEED_TOPK, Target, tokenspeed_flag_form
+
+__all__ = ["ServeCommand", "serve_command"]
+
+KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
+
+
+@dataclass
+class ServeCommand:
+    engine: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    comments: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """The command as a shell line, one option per continued line, values quoted."""
+        segments = [[f"{k}={shlex.quote(v)}" for k, v in self.env.items()]]
+        for token in self.argv:
+            if token.startswith("--"):
+                segments.append([])  # each option starts a continued line
+            segments[-1].append(shlex.quote(token))
+        return " \\\n  ".join(" ".join(segment) for segment in segments)
+
+    def text(self) -> str:
+        return "\n".join([f"# {c}" for c in self.comments] + [self.shell()])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "argv": self.argv, "env": self.env, "comments": self.comments, "shell": self.shell()}
+
+
+def serve_command(
+    engine: str,
+    target_name: str,
+    draft_name: str,
+    target: Target,
+    draft_config: Mapping[str, Any],
+    *,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    tensor_parallel_size: int | None = None,
+) -> ServeCommand:
+    """The launch command for ``engine`` serving ``target_name`` with ``draft_name`` as the EAGLE-3 drafter.
+
+    Raises ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    if num_steps < 1 or topk < 1:
+        raise ValueError(f"--num-steps and --topk must be >= 1, got {num_steps} and {topk}")
+    if topk == 1:
+        chain = num_steps + 1  # the verified token plus one draft token per step
+        if num_draft_tokens not in (None, chain):
+            raise ValueError(f"with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = {chain}")
+        num_draft_tokens = chain
+    elif num_draft_tokens is None:
+        raise ValueError("with topk > 1 give --num-draft-tokens (the size of the draft tree to verify)")
+    if engine == "vllm" and topk != 1:
+        raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")
+    if engine == "tokenspeed" and topk != TOKENSPEED_TOPK:
+        raise ValueError(f"TokenSpeed's --speculative-eagle-topk accepts only {TOKENSPEED_TOPK}")
+    try:
+        ids, _ = aux_layer_ids_from_config(draft_config, target.num_layers)
+    except AuxLayerIdError as err:
+        raise ValueError(f"the draft's aux layers cannot be served: {err}") from None
+
+    comments = [f"aux layers: {ids.describe()} (after zero-based target layers {', '.join(map(str, ids.zero_based))})"]
+    env: dict[str, str] = {}
+    if engine == "vllm":
+        spec = {"model": draft_name, "method": "eagle3", "num_speculative_tokens": num_steps}
+        argv = ["vllm", "serve", target_name, "--speculative-config", json.dumps(spec)]
+        if tensor_parallel_size:
+            argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        comments.append("vLLM reads them from the draft's config.json (top-level eagle_aux_hidden_state_layer_ids, "
+                        f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form")  # fmt: skip
+        if target.is_kimi_k3:
+            env[KIMI_K3_STREAM_ENV] = "0"
+            comments.append(f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on (vLLM >= 0.28)")
+    elif engine == "sglang":
+        argv = ["sglang", "serve", "--model-path", target_name, "--speculative-algorithm", "EAGLE3",
+                "--speculative-draft-model-path", draft_name, "--speculative-num-steps", str(num_steps),
+                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(num_draft_tokens)]  # fmt: skip
+        if tensor_parallel_size:
+            argv += ["--tp-size", str(tensor_parallel_size)]
+        comments.append("SGLang reads them only from the draft's nested eagle_config and has no flag for them; "
+                        f"with {PLUGIN_INSTALL['sglang']} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)")  # fmt: skip
+    else:
+        argv = ["tokenspeed", "serve", "--model", target_name]
+        if target.is_kimi_k3:
+            argv.append("--trust-remote-code")
+        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_name,
+                 "--speculative-num-steps", str(num_steps), "--speculative-num-draft-tokens", str(num_draft_tokens),
+                 "--speculative-eagle-topk", str(topk)]  # fmt: skip
+        form = tokenspeed_flag_form(target, ids)
+        if form is not None:
+            argv += [TOKENSPEED_LAYERS_FLAG, ",".join(map(str, form))]
+            convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
+            comments.append(f"{TOKENSPEED_LAYERS_FLAG} is handed to the target as is, in its convention ({convention})")
+        else:
+            comments.append(f"{TOKENSPEED_LAYERS_FLAG} left out: how this target class reads ids is not known; "
+                            "give it in the target's own convention")  # fmt: skip
+        if tensor_parallel_size:
+            argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    comments.append(f"{ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
+    return ServeCommand(engine, argv, env, comments)
