@@ -53,6 +53,16 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------
 
 
+class Eagle31MLALinear(nn.Linear):
+    """nn.Linear whose one-token product on CPU uses the matrix-vector kernel, which streams the
+    weight 1.3-1.7x faster there than the matrix-matrix path (a draft step is such products)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and self.bias is None and x.numel() == x.shape[-1]:
+            return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)
+        return F.linear(x, self.weight, self.bias)
+
+
 class Eagle31MLARMSNorm(nn.Module):
     """RMSNorm with the variance in fp32, cast back to the input dtype before the weight."""
 
@@ -107,42 +117,49 @@ def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 class LatentKVCache:
     """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R].
 
-    Storage is preallocated and grows by doubling, so a draft step writes in place instead of
-    concatenating. ``crop`` rolls back rejected draft tokens.
+    Both live side by side in one buffer [B, capacity, C+R], so the absorbed attention reads its keys
+    ([c_kv | k_pe]) and values (c_kv) as views, with no per-step copy. Storage is preallocated and
+    grows by doubling; ``crop`` rolls back rejected draft tokens.
     """
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        self.c_kv = torch.empty(batch_size, capacity, kv_lora_rank, dtype=dtype, device=device)  # [B, cap, C]
-        self.k_pe = torch.empty(batch_size, capacity, rope_dim, dtype=dtype, device=device)  # [B, cap, R]
+        self.kv_lora_rank = kv_lora_rank
+        self.latent = torch.empty(batch_size, capacity, kv_lora_rank + rope_dim, dtype=dtype, device=device)  # [B, cap, C+R]
         self.length = 0
 
     @classmethod
     def for_model(cls, config: Eagle31MLAConfig, batch_size: int, *, dtype, device, capacity: int = 256):
         return cls(batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity)
 
+    @property
+    def c_kv(self) -> torch.Tensor:
+        return self.latent[..., : self.kv_lora_rank]  # [B, cap, C]
+
+    @property
+    def k_pe(self) -> torch.Tensor:
+        return self.latent[..., self.kv_lora_rank :]  # [B, cap, R]
+
     def get_seq_length(self) -> int:
         return self.length
 
     def _grow(self, needed: int) -> None:
-        capacity = self.c_kv.shape[1]
+        capacity = self.latent.shape[1]
         if needed <= capacity:
             return
         while capacity < needed:
             capacity *= 2
-        for name in ("c_kv", "k_pe"):
-            old = getattr(self, name)
-            new = old.new_empty(old.shape[0], capacity, old.shape[2])
-            new[:, : self.length] = old[:, : self.length]
-            setattr(self, name, new)
+        grown = self.latent.new_empty(self.latent.shape[0], capacity, self.latent.shape[2])
+        grown[:, : self.length] = self.latent[:, : self.length]
+        self.latent = grown
 
-    def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append T tokens; returns all cached c_kv [B, S, C] and k_pe [B, S, R]."""
+    def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """Append T tokens; returns the whole cached latent [B, S, C+R] (a view)."""
         start, end = self.length, self.length + c_kv.shape[1]
         self._grow(end)
-        self.c_kv[:, start:end] = c_kv
-        self.k_pe[:, start:end] = k_pe
+        self.latent[:, start:end, : self.kv_lora_rank] = c_kv
+        self.latent[:, start:end, self.kv_lora_rank :] = k_pe
         self.length = end
-        return self.c_kv[:, :end], self.k_pe[:, :end]
+        return self.latent[:, :end]
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -150,10 +167,10 @@ class LatentKVCache:
         self.length = length
 
     def nbytes_per_token(self) -> int:
-        return (self.c_kv.shape[-1] + self.k_pe.shape[-1]) * self.c_kv.element_size()
+        return self.latent.shape[-1] * self.latent.element_size()
 
     def nbytes_allocated(self) -> int:
-        return self.c_kv.numel() * self.c_kv.element_size() + self.k_pe.numel() * self.k_pe.element_size()
+        return self.latent.numel() * self.latent.element_size()
 
 
 class Eagle31MLAAttention(nn.Module):
@@ -168,20 +185,20 @@ class Eagle31MLAAttention(nn.Module):
         self.kv_lora_rank = config.kv_lora_rank
         self.scale = config.softmax_scale
         in_width = 2 * config.hidden_size  # EAGLE: [embeddings | hidden]
-        self.q_a_proj = nn.Linear(in_width, config.q_lora_rank, bias=False)
+        self.q_a_proj = Eagle31MLALinear(in_width, config.q_lora_rank, bias=False)
         self.q_a_layernorm = Eagle31MLARMSNorm(config.q_lora_rank, config.rms_norm_eps)
-        self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * config.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(in_width, config.kv_lora_rank + self.rope_dim, bias=False)
+        self.q_b_proj = Eagle31MLALinear(config.q_lora_rank, self.num_heads * config.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Eagle31MLALinear(in_width, config.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_a_layernorm = Eagle31MLARMSNorm(config.kv_lora_rank, config.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, config.hidden_size, bias=False)
+        self.kv_b_proj = Eagle31MLALinear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = Eagle31MLALinear(self.num_heads * self.v_dim, config.hidden_size, bias=False)
 
     def forward(
         self,
         x: torch.Tensor,  # [B, T, 2H]
         cos: torch.Tensor,  # [B, T, R/2]
         sin: torch.Tensor,
-        mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+        mask: torch.Tensor | None,  # [B, 1, T, S] bool, True = attend; None = all visible
         cache: LatentKVCache | None,
         absorb: bool,
     ) -> torch.Tensor:
@@ -195,43 +212,72 @@ class Eagle31MLAAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv)  # [B, T, C]
         k_pe = apply_interleaved_rope(k_pe[:, None], cos, sin)[:, 0]  # [B, T, R], one head shared by all
         if cache is not None:
-            c_kv, k_pe = cache.update(c_kv, k_pe)  # [B, S, C], [B, S, R]
+            latent = cache.update(c_kv, k_pe)  # [B, S, C+R]
+        else:
+            latent = torch.cat([c_kv, k_pe], dim=-1)  # [B, T, C+R]
 
         if absorb:
-            out = self._absorbed(q_nope, q_pe, c_kv, k_pe, mask)
+            out = self._absorbed(q_nope, q_pe, latent, mask)
         else:
-            out = self._naive(q_nope, q_pe, c_kv, k_pe, mask)
+            out = self._naive(q_nope, q_pe, latent, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.v_dim))  # [B, T, H]
 
-    def _naive(self, q_nope, q_pe, c_kv, k_pe, mask) -> torch.Tensor:
+    def _naive(self, q_nope, q_pe, latent, mask) -> torch.Tensor:
         """Decompress every cached token through kv_b_proj: simple, and fastest for a prompt."""
-        B, S, _ = c_kv.shape
+        B, S, _ = latent.shape
+        c_kv, k_pe = latent.split([self.kv_lora_rank, self.rope_dim], dim=-1)  # [B, S, C], [B, S, R]
         kv = self.kv_b_proj(c_kv).view(B, S, self.num_heads, self.nope_dim + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)  # [B, h, S, N], [B, h, S, V]
         k = torch.cat([k_nope, k_pe[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1)  # [B, h, S, N+R]
         q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
 
-    def _absorbed(self, q_nope, q_pe, c_kv, k_pe, mask) -> torch.Tensor:
-        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache."""
-        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
-        w_k, w_v = w.split([self.nope_dim, self.v_dim], dim=1)  # [h, N, C], [h, V, C]
-        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_k)  # [B, h, T, C]
-        q = torch.cat([q_latent, q_pe], dim=-1)  # [B, h, T, C+R]
-        k = torch.cat([c_kv, k_pe], dim=-1)[:, None]  # [B, 1, S, C+R]
-        out_latent = F.scaled_dot_product_attention(
-            q, k.expand(-1, self.num_heads, -1, -1), c_kv[:, None].expand(-1, self.num_heads, -1, -1),
-            attn_mask=mask, scale=self.scale,
-        )  # [B, h, T, C]
-        return torch.einsum("bhtc,hvc->bhtv", out_latent, w_v)  # [B, h, T, V]
+    def _absorbed(self, q_nope, q_pe, latent, mask) -> torch.Tensor:
+        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache.
+
+        Every head shares the one latent key, so the heads become extra query rows of a single-head
+        attention (multi-query form): the cache is read once per step, never expanded per head."""
+        B, h, T, _ = q_nope.shape
+        w_k, w_v_t = self._absorbed_weights()  # [h, N, C], [h, C, V]
+        q_latent = torch.matmul(q_nope.transpose(0, 1).reshape(h, B * T, -1), w_k)  # [h, B·T, C]
+        q_latent = q_latent.view(h, B, T, -1).transpose(0, 1)  # [B, h, T, C]
+        q = torch.cat([q_latent, q_pe], dim=-1).reshape(B, h * T, -1)  # [B, h·T, C+R]
+        out = q.new_empty(B, h * T, self.kv_lora_rank)
+        for b in range(B):  # 2-D products: CPU BLAS runs them far faster than the batched form
+            keys = latent[b]  # [S, C+R]: the latent is the key, its first C values the value
+            # Products read the cache in the model's dtype (bf16: accumulated in fp32, scores rounded
+            # once to bf16; converting the cache to fp32 every step would cost more than the step's
+            # attention); scaling and softmax in fp32; an fp32 model is fp32 throughout.
+            scores = (q[b] @ keys.t()).float() * self.scale  # [h·T, S]
+            if mask is not None:  # rows in the same (head, token) order as q
+                scores = scores.masked_fill(~mask[b, 0].repeat(h, 1), float("-inf"))
+            values = keys[:, : self.kv_lora_rank]  # [S, C]
+            if values.dtype == torch.float32:
+                values = values.contiguous()  # fp32 BLAS is slow on the strided view
+            out[b] = scores.softmax(dim=-1).to(values.dtype) @ values  # [h·T, C]
+        out = out.view(B, h, T, -1).transpose(0, 1).reshape(h, B * T, -1)  # [h, B·T, C]
+        return torch.matmul(out, w_v_t).view(h, B, T, -1).transpose(0, 1)  # [B, h, T, V]
+
+    def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj split per head into the query-side [h, N, C] and output-side [h, C, V] factors,
+        laid out contiguously once (re-derived if the weight changes), so a decode step does not
+        copy them."""
+        weight = self.kv_b_proj.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        if getattr(self, "_absorbed_key", None) != key:
+            w = weight.detach().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+            w_k, w_v = w.split([self.nope_dim, self.v_dim], dim=1)
+            self._absorbed_cache = (w_k.contiguous(), w_v.transpose(1, 2).contiguous())
+            self._absorbed_key = key
+        return self._absorbed_cache
 
 
 class Eagle31MLAMLP(nn.Module):
     def __init__(self, config: Eagle31MLAConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = Eagle31MLALinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = Eagle31MLALinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = Eagle31MLALinear(config.intermediate_size, config.hidden_size, bias=False)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -333,12 +379,12 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         super().__init__(config)
         H, Ht, n = config.hidden_size, config.target_hidden_size, config.num_aux_hidden_states
         self.embed_tokens = nn.Embedding(config.vocab_size, H)
-        self.fc = nn.Linear(n * Ht, H, bias=False)
+        self.fc = Eagle31MLALinear(n * Ht, H, bias=False)
         if config.fc_norm:
             self.fc_norm = nn.ModuleList(Eagle31MLARMSNorm(Ht, config.rms_norm_eps) for _ in range(n))
         self.layers = nn.ModuleList([Eagle31MLADecoderLayer(config)])
         self.norm = Eagle31MLARMSNorm(H, config.rms_norm_eps)
-        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        self.lm_head = Eagle31MLALinear(H, config.draft_vocab_size, bias=False)
         self.rotary_emb = Eagle31MLARotaryEmbedding(config)
         if config.draft_vocab_size != config.vocab_size:
             # Pruned vocabulary: target_id = draft_id + d2t[draft_id]; t2d marks target ids that exist.
@@ -360,11 +406,19 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
     def _check_inputs(self, input_ids, aux_hidden_states, hidden_states, position_ids) -> None:
+        """Refuse, with a ValueError naming the argument and what was expected, before any compute:
+        the wrong shape, dtype (floats must be the drafter's dtype: no silent cast) or device; token ids
+        outside the vocabulary; positions outside [0, max_position_embeddings); NaN or inf in the
+        states (one pass over them: they would otherwise spread into every draft). Value checks are
+        skipped while torch.compile traces (they need a host sync). Implicit positions (no
+        ``position_ids``) continue the cache and are checked in ``forward``."""
         if (aux_hidden_states is None) == (hidden_states is None):
             raise ValueError(
                 "pass exactly one of `aux_hidden_states` (first draft step: [B, T, n·Ht] captured target states) "
                 "or `hidden_states` (later steps: [B, T, H] from the previous step)"
             )
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            raise ValueError(f"`input_ids` must be a [B, T] tensor of token ids, got {getattr(input_ids, 'shape', input_ids)!r}")
         B, T = input_ids.shape
         config = self.config
         if aux_hidden_states is not None:
@@ -372,14 +426,45 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             what = f"{config.num_aux_hidden_states} aux states × target_hidden_size {config.target_hidden_size}"
         else:
             name, given, width, what = "hidden_states", hidden_states, config.hidden_size, "hidden_size"
-        if given.shape != (B, T, width):
-            raise ValueError(f"`{name}` has shape {tuple(given.shape)}; expected {(B, T, width)} ({what})")
+        if not isinstance(given, torch.Tensor) or given.shape != (B, T, width):
+            raise ValueError(f"`{name}` has shape {tuple(getattr(given, 'shape', ()))}; expected {(B, T, width)} ({what})")
         if not given.is_floating_point():
-            raise ValueError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor")
-        if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_position_embeddings:
+            raise ValueError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor ({self.fc.weight.dtype})")
+        if given.dtype != self.fc.weight.dtype:
             raise ValueError(
-                f"`position_ids` reach {int(position_ids.max())}, beyond max_position_embeddings "
-                f"{config.max_position_embeddings}"
+                f"`{name}` has dtype {given.dtype}; expected {self.fc.weight.dtype}, the drafter's dtype "
+                f"(cast with `.to({self.fc.weight.dtype})`)"
+            )
+        if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B)):
+            raise ValueError(f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)}")
+        device = self.fc.weight.device
+        for arg, value in (("input_ids", input_ids), (name, given), ("position_ids", position_ids)):
+            if value is not None and value.device != device:
+                raise ValueError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
+        if torch.compiler.is_compiling():
+            return  # value checks need a host sync, which would break a compiled graph / CUDA graph
+        # Values: one pass over each input, one device sync for all of them.
+        checks = [torch.isfinite(given).all(), ((input_ids >= 0) & (input_ids < config.vocab_size)).all()]
+        if position_ids is not None:
+            checks.append(((position_ids >= 0) & (position_ids < config.max_position_embeddings)).all())
+        finite, ids_ok, *positions_ok = torch.stack(checks).tolist()
+        if not finite:
+            source = "the target's captured layers" if name == "aux_hidden_states" else "the previous draft step"
+            raise ValueError(
+                f"`{name}` holds {int((~torch.isfinite(given)).sum())} non-finite value(s) (NaN or inf); expected "
+                f"finite values (they come from {source}: look for an overflow there, e.g. in fp16)"
+            )
+        if not ids_ok:
+            raise ValueError(
+                f"`input_ids` hold ids in [{int(input_ids.min())}, {int(input_ids.max())}]; expected ids in "
+                f"[0, {config.vocab_size}) (vocab_size, the target's vocabulary)"
+            )
+        if positions_ok and not positions_ok[0]:
+            low, high = int(position_ids.min()), int(position_ids.max())
+            raise ValueError(
+                f"`position_ids` reach {high if high >= config.max_position_embeddings else low}, "
+                + (f"beyond max_position_embeddings {config.max_position_embeddings}" if high >= config.max_position_embeddings else "below 0")
+                + f" (expected positions in [0, {config.max_position_embeddings}))"
             )
 
     # -- forward ------------------------------------------------------------------------------------
@@ -407,6 +492,11 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                 self.config, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
             )
         if position_ids is None:
+            if past + T > self.config.max_position_embeddings:
+                raise ValueError(
+                    f"the cache holds {past} tokens, so these {T} take positions up to {past + T - 1}, beyond "
+                    f"max_position_embeddings {self.config.max_position_embeddings}"
+                )
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         if absorb is None:
             absorb = past > 0
@@ -424,8 +514,12 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         )
 
     @staticmethod
-    def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor:
+    def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
+        """[B, 1, T, S] bool (True = attend), or None when every token sees everything cached (a
+        one-token step with no padding), which lets attention take its unmasked fast path."""
         S = past + T
+        if attention_mask is None and T == 1:
+            return None
         causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)  # [T, S]
         if attention_mask is None:
             return causal[None, None].expand(B, 1, T, S)
@@ -500,11 +594,19 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         cache_dir: str | os.PathLike | None = None,
         local_files_only: bool | None = None,
         token: str | bool | None = None,
+        allow_pickle: bool = False,
         **kwargs,
     ) -> "Eagle31MLAForCausalLM":
         """Load from a local folder or a Hub repo id (through huggingface_hub: its cache, ``revision``,
-        offline mode). Safetensors only. Every tensor is checked against the config before anything is
-        loaded; a missing, unexpected or misshaped tensor is an error, never a random weight."""
+        offline mode). Every tensor is checked against the config before anything is loaded; a missing,
+        unexpected or misshaped tensor is an error, never a random weight.
+
+        Safetensors only by default: pickle (``.bin``/``.pt``) can run arbitrary code when loaded.
+        ``allow_pickle=True`` reads a local folder's pickle weights with ``torch.load(weights_only=True)``
+        (tensors only; anything else in the file is refused), converts them to safetensors in a temporary
+        folder, and loads that through the same checks."""
+        from .configuration_eagle31_mla import ConfigError
+
         if model_args:
             raise TypeError(f"unexpected positional arguments {model_args!r}")
         ignored = {"trust_remote_code", "code_revision", "_from_auto", "_commit_hash", "adapter_kwargs",
@@ -515,11 +617,22 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             unknown.discard("device_map")
         if unknown:
             raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
+        name = os.fspath(pretrained_model_name_or_path)
+        looks_local = not isinstance(pretrained_model_name_or_path, str) or name.startswith(("/", ".", "~")) or name.count("/") > 1
+        if looks_local and not os.path.exists(name):  # not a Hub id: say so instead of a repo-id validation error
+            raise FileNotFoundError(f"{name}: no such folder (a local path; a Hub repo id looks like 'org/name')")
         folder = resolve_model_folder(
             pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
-            local_files_only=local_files_only, token=token,
+            local_files_only=local_files_only, token=token, allow_pickle=allow_pickle,
         )  # fmt: skip
         if config is None:
+            config_file = folder / "config.json"
+            if not config_file.is_file():
+                raise ConfigError(f"{folder} has no config.json (the drafter's settings; expected next to the weights)")
+            try:
+                json.loads(config_file.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ConfigError(f"{config_file} is not valid JSON ({err})") from None
             config = Eagle31MLAConfig.from_pretrained(folder)
         dtype = dtype if dtype is not None else torch_dtype
         if isinstance(dtype, str):
@@ -528,7 +641,18 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         device = torch.device(device or "cpu")
 
         model = cls.on_meta_device(config, dtype)
-        state = load_checkpoint_state(folder, model, dtype=dtype, device=device)
+        files = checkpoint_files(folder, allow_pickle=allow_pickle)
+        if not (allow_pickle and files[0].suffix in PICKLE_SUFFIXES):
+            state = load_checkpoint_state(folder, model, dtype=dtype, device=device)
+        else:  # opted in: the pickle's tensors become safetensors, then the same checks and loading
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="eagle31-mla-pickle-") as tmp:
+                _pickle_to_safetensors(files, Path(tmp))
+                try:
+                    state = load_checkpoint_state(Path(tmp), model, dtype=dtype, device=device)
+                except CheckpointError as err:
+                    raise CheckpointError(str(err).replace(tmp, f"{folder} (pickle weights)")) from None
         model.load_state_dict(state, strict=True, assign=True)
         model.rotary_emb.reset_inv_freq(device)
         model.config.name_or_path = str(pretrained_model_name_or_path)
@@ -570,8 +694,10 @@ def resolve_model_folder(
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool | None = None,
     token: str | bool | None = None,
+    allow_pickle: bool = False,
 ) -> Path:
-    """A local folder as it is; otherwise a Hub snapshot of the config and safetensors files."""
+    """A local folder as it is; otherwise a Hub snapshot of the config and safetensors files (and the
+    pickle weights too when the caller opted in to reading them)."""
     path = Path(name_or_path)
     if path.is_dir():
         return path
@@ -588,26 +714,85 @@ def resolve_model_folder(
         cache_dir=cache_dir,
         local_files_only=bool(local_files_only) or offline,
         token=token,
-        allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"],
+        allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"] + ([f"*{suffix}" for suffix in PICKLE_SUFFIXES] if allow_pickle else []),
     )
     return Path(folder)
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [folder / f for f in sorted(set(weight_map.values()))]
+def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
+    """The weight files of ``folder``: ``model.safetensors``, or the shards its index names. Pickle
+    files only with ``allow_pickle`` (``pytorch_model.bin``, its index's shards, or a single pickle)."""
+
+    def shards(index: Path) -> list[Path]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(
+                f"{index.name} is not a valid index: expected JSON with a `weight_map` of tensor name -> file "
+                f"({type(err).__name__}: {err})"
+            ) from None
+        if not files:
+            raise CheckpointError(f"{index.name} has an empty `weight_map`: expected tensor name -> file entries")
+        absent = [f for f in files if not isinstance(f, str) or not (folder / f).is_file()]
+        if absent:
+            raise CheckpointError(f"{index.name} names shard(s) {absent} that are not in {folder}")
+        return [folder / f for f in files]
+
+    if (folder / "model.safetensors.index.json").is_file():
+        return shards(folder / "model.safetensors.index.json")
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles and allow_pickle:
+        if (folder / "pytorch_model.bin.index.json").is_file():
+            return shards(folder / "pytorch_model.bin.index.json")
+        if "pytorch_model.bin" in pickles or len(pickles) == 1:
+            return [folder / ("pytorch_model.bin" if "pytorch_model.bin" in pickles else pickles[0])]
+        raise CheckpointError(
+            f"{folder} holds several pickle files ({', '.join(pickles)}) and no pytorch_model.bin.index.json "
+            "saying which are the weights"
+        )
     if pickles:
         raise CheckpointError(
             f"{folder} holds only pickle weights ({', '.join(pickles)}); loading pickle can run arbitrary code, "
             "so this library reads safetensors only. Convert once in a trusted environment: "
-            "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`"
+            "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`, or pass "
+            "`allow_pickle=True` to read them with torch.load(weights_only=True)"
         )
     raise CheckpointError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+
+
+def _pickle_to_safetensors(files: list[Path], out: Path) -> None:
+    """``allow_pickle=True``: read each pickle with ``torch.load(weights_only=True)`` (tensors and plain
+    containers only: a file that would run code is refused, never executed) and write it to ``out`` as a
+    safetensors shard with an index, one file in memory at a time."""
+    from safetensors.torch import save_file
+
+    logger.warning("allow_pickle=True: reading %s with torch.load(weights_only=True)", ", ".join(f.name for f in files))
+    weight_map = {}
+    for i, file in enumerate(files):
+        try:
+            tensors = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # the weights-only unpickler raises on any global it does not allow
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+            reason = next((line for line in lines if "GLOBAL" in line), lines[-1])  # not torch's "retry unsafely" advice
+            raise CheckpointError(
+                f"{file} was refused by torch.load(weights_only=True) ({reason}): it is damaged or holds objects other "
+                "than tensors, which could run code when loaded; nothing in it was executed. Ask for safetensors weights"
+            ) from None
+        if not isinstance(tensors, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in tensors.items()):
+            raise CheckpointError(f"{file} holds a {type(tensors).__name__}; expected a state dict (tensor name -> tensor)")
+        seen, flat = set(), {}
+        for name, tensor in tensors.items():  # safetensors stores neither shared nor strided storage
+            ptr = tensor.untyped_storage().data_ptr()
+            flat[name] = tensor.clone() if ptr in seen or not tensor.is_contiguous() else tensor
+            seen.add(ptr)
+        shard = f"{file.name}.safetensors"
+        save_file(flat, str(out / shard))
+        weight_map.update(dict.fromkeys(flat, shard))
+        del tensors, flat
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
@@ -636,11 +821,10 @@ def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int
 _INT_DTYPES = {"I64", "I32", "I16", "I8", "U8"}
 
 
-def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype, device: torch.device) -> dict:
-    """Check every tensor of the checkpoint against ``model``'s (meta) state dict, then read them,
-    one at a time, straight into ``dtype`` on ``device``."""
-    from safetensors import safe_open
-
+def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
+    """Check every tensor's name, shape and dtype in the checkpoint's headers against ``model``'s (meta)
+    state dict, reading no tensor data. Returns the header entries (see :func:`_read_headers`) and
+    whether ``t2d`` must be derived from ``d2t``; raises :class:`CheckpointError` listing every problem."""
     files = checkpoint_files(folder)
     entries = _read_headers(files)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -678,7 +862,16 @@ def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype,
             f"checkpoint in {folder} does not match its config ({len(problems)} problem(s)):\n  - "
             + "\n  - ".join(problems)
         )
+    return entries, derive_t2d
 
+
+def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype, device: torch.device) -> dict:
+    """Check every tensor of the checkpoint against ``model``'s (meta) state dict, then read them,
+    one at a time, straight into ``dtype`` on ``device``."""
+    from safetensors import safe_open
+
+    entries, derive_t2d = validate_checkpoint(folder, model)
+    config = model.config
     state = {}
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name, (file, original, _, _) in entries.items():

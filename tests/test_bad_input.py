@@ -164,3 +164,64 @@ def test_runtime_input_checks():
         model(ids, aux_hidden_states=aux, position_ids=torch.arange(4094, 4098)[None])
     with pytest.raises(ValueError, match=r"`hidden_states` has shape \(1, 4, 48\); expected \(1, 4, 64\)"):
         model(ids, hidden_states=aux[..., :48])
+
+
+def test_non_finite_states_are_refused():
+    """NaN/inf in the captured target states (or in a fed-back state) is refused before any compute:
+    it would otherwise spread into every logit and draft silently (one isfinite pass over the input)."""
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        poisoned = aux.clone()
+        poisoned[0, 2, 7] = bad
+        with pytest.raises(ValueError, match=r"`aux_hidden_states` holds 1 non-finite value\(s\) \(NaN or inf\); expected "
+                                             r"finite values \(they come from the target's captured layers"):  # fmt: skip
+            model(ids, aux_hidden_states=poisoned)
+        with pytest.raises(ValueError, match="`aux_hidden_states` holds 1 non-finite"):
+            model.draft(ids, poisoned, num_tokens=2)
+    out = model(ids, aux_hidden_states=aux)
+    state = out.hidden_states[:, -1:].clone()
+    state[..., :3] = float("nan")
+    with pytest.raises(ValueError, match=r"`hidden_states` holds 3 non-finite value\(s\).*the previous draft step"):
+        model(ids[:, :1], hidden_states=state, past_key_values=out.past_key_values)
+    assert out.past_key_values.get_seq_length() == 4  # the refused step wrote nothing to the cache
+
+
+def test_runtime_dtype_ids_and_positions():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 2, 4)
+    with pytest.raises(ValueError, match=r"`aux_hidden_states` has dtype torch.bfloat16; expected torch.float32, the "
+                                         r"drafter's dtype \(cast with `.to\(torch.float32\)`\)"):  # fmt: skip
+        model(ids, aux_hidden_states=aux.bfloat16())
+    with pytest.raises(ValueError, match=r"`hidden_states` has dtype torch.float64; expected torch.float32"):
+        model(ids, hidden_states=torch.zeros(2, 4, 64, dtype=torch.float64))
+    too_big = ids.clone()
+    too_big[1, 3] = 300
+    with pytest.raises(ValueError, match=r"`input_ids` hold ids in \[\d+, 300\]; expected ids in \[0, 300\) \(vocab_size"):
+        model(too_big, aux_hidden_states=aux)
+    with pytest.raises(ValueError, match=r"`input_ids` must be a \[B, T\] tensor of token ids"):
+        model(ids[0], aux_hidden_states=aux)
+    with pytest.raises(ValueError, match=r"`position_ids` reach -1, below 0 \(expected positions in \[0, 4096\)\)"):
+        model(ids, aux_hidden_states=aux, position_ids=torch.arange(-1, 3)[None])
+    with pytest.raises(ValueError, match=r"`position_ids` has shape \(1, 3\); expected \(2, 4\)"):
+        model(ids, aux_hidden_states=aux, position_ids=torch.arange(3)[None])
+    # drafting past the last position: the first token fits, the step that would reach 4096 is refused
+    assert model.draft(ids, aux, 1, position_ids=torch.arange(4092, 4096).expand(2, 4)).tokens.shape == (2, 1)
+    with pytest.raises(ValueError, match="`position_ids` reach 4096, beyond max_position_embeddings 4096"):
+        model.draft(ids, aux, 2, position_ids=torch.arange(4092, 4096).expand(2, 4))
+
+
+def test_missing_local_folder():
+    """A path that does not exist is not sent to the Hub as a repo id."""
+    for name in ("/nonexistent/eagle31-draft", "./no-such-draft"):
+        with pytest.raises(FileNotFoundError, match=f"{name}: no such folder"):
+            Eagle31MLAForCausalLM.from_pretrained(name)
+
+
+def test_implicit_positions_beyond_the_limit():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    cache = model(ids, aux_hidden_states=aux).past_key_values
+    cache.length = model.config.max_position_embeddings - 2  # as if the context had grown that long
+    with pytest.raises(ValueError, match=r"cache holds 4094 tokens, so these 4 take positions up to 4097"):
+        model(ids, hidden_states=torch.zeros(1, 4, 64), past_key_values=cache)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,8 +43,24 @@ def build_tokenizer(folder: Path):
 
 
 def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> Path:
-    """Build targets before the first engine runs in the process: after one has, Transformers saves
-    MoE experts fused (``experts.down_proj``), a layout vLLM's DeepSeek loader does not read."""
+    """A tiny DeepSeek-V3 target, saved with per-expert MoE tensors (what vLLM's loader reads).
+
+    Safe after an engine has run in the process: vLLM, when it reads a ``kimi_k2`` config (the published
+    draft's model_type), sets ``DeepseekV3Config.model_type = "kimi_k2"`` on the class itself
+    (``vllm/transformers_utils/config.py``, ``_register_config_class``); Transformers then finds no
+    checkpoint conversion for the model and saves the experts fused (``experts.down_proj``), which vLLM
+    cannot load. The class attribute is restored for the build."""
+    from transformers import DeepseekV3Config
+
+    changed_by_vllm = DeepseekV3Config.model_type
+    DeepseekV3Config.model_type = "deepseek_v3"
+    try:
+        return _build_target(folder, seed, zero_lm_head)
+    finally:
+        DeepseekV3Config.model_type = changed_by_vllm
+
+
+def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     tok = build_tokenizer(folder)
@@ -81,6 +100,28 @@ def draft_model(seed: int = 2, *, rope=None, zero_lm_head: bool = False, **overr
     if zero_lm_head:
         with torch.no_grad():
             model.lm_head.weight.zero_()
+    return model
+
+
+def early_exit_draft(target: Path, seed: int = 2) -> Eagle31MLAForCausalLM:
+    """A drafter that agrees with the target part of the time, so that both accepted and rejected
+    drafts occur: it reads only the deepest captured state (after target layer 5 of 6) and predicts
+    with the target's own final norm and ``lm_head`` (its attention and MLP outputs are zeroed), i.e.
+    the target's early-exit guess of the current token, drafted again at every step. The tiny target's
+    greedy output often repeats a token, and those drafts are accepted."""
+    from safetensors.torch import load_file
+
+    weights = load_file(Path(target) / "model.safetensors")
+    model = draft_model(seed)
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, -HIDDEN:] = torch.eye(HIDDEN)  # the last aux chunk: hidden_states[AUX_ONE_BASED[-1]]
+        for norm in model.fc_norm:
+            norm.weight.fill_(1.0)
+        model.layers[0].self_attn.o_proj.weight.zero_()
+        model.layers[0].mlp.down_proj.weight.zero_()
+        model.norm.weight.copy_(weights["model.norm.weight"])
+        model.lm_head.weight.copy_(weights["lm_head.weight"])
     return model
 
 
@@ -204,6 +245,92 @@ def hf_greedy(target: Path, token_ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(token_ids):]
+
+
+# ---- the engine under load ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """One request of a concurrent load: greedy or sampled (seeded), maybe aborted once it has
+    ``abort_after`` output tokens. ``ignore_eos``: every request runs to ``max_tokens`` or the context limit."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+    abort_after: int | None = None
+    kind: str = "greedy"  # greedy | sampled | aborted | context-limit | over-long
+
+    def params(self):
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+                              top_p=0.95 if self.temperature else 1.0, ignore_eos=True)  # fmt: skip
+
+
+def mixed_load(n: int, *, max_model_len: int, seed: int = 0) -> list[LoadRequest]:
+    """``n`` requests of mixed prompt lengths (3-160 tokens): mostly greedy, every 3rd sampled at
+    temperature 0.8 (seeded), every 8th aborted midway (greedy or sampled), one whose prompt plus
+    max_tokens runs past ``max_model_len`` (vLLM caps it there), one whose prompt alone is too long
+    (vLLM refuses it when it is added)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n - 2):
+        length = rng.choice([rng.randint(3, 12), rng.randint(20, 60), rng.randint(80, 160)])
+        prompt = tuple(rng.randrange(3, VOCAB) for _ in range(length))  # 0-2 are bos/eos/pad
+        sampled = i % 3 == 2
+        aborted = i % 8 == 5
+        out.append(LoadRequest(
+            id=f"r{i:02d}", prompt_ids=prompt, max_tokens=rng.randint(12, 32),
+            temperature=0.8 if sampled else 0.0, seed=1000 + i if sampled else None,
+            abort_after=rng.randint(2, 8) if aborted else None,
+            kind="aborted" if aborted else ("sampled" if sampled else "greedy"),
+        ))  # fmt: skip
+    edge = tuple(rng.randrange(3, VOCAB) for _ in range(max_model_len - 5))
+    out.append(LoadRequest(id="context-limit", prompt_ids=edge, max_tokens=32, kind="context-limit"))
+    out.append(LoadRequest(id="over-long", prompt_ids=edge + edge[:10], max_tokens=8, kind="over-long"))
+    return out
+
+
+@dataclass
+class LoadRun:
+    tokens: dict[str, list[int]]  # request id -> output tokens (for an aborted request: those before the abort)
+    finish: dict[str, str]  # request id -> finish reason, "aborted", or "refused: <error>"
+    wall_s: float
+    steps: int
+
+
+def run_load(llm, requests: list[LoadRequest], *, aborts: bool = True, max_steps: int = 5000) -> LoadRun:
+    """Add every request at once to ``llm``'s engine, then step it until all are done, aborting
+    requests as they reach ``abort_after`` tokens (the offline ``LLM.generate`` cannot abort)."""
+    engine = llm.llm_engine
+    tokens, finish = {}, {}
+    start = time.perf_counter()
+    for r in requests:
+        try:
+            engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, r.params())
+        except Exception as err:  # noqa: BLE001 - vLLM's validation errors are the expected outcome here
+            finish[r.id] = f"refused: {type(err).__name__}: {err}"
+        else:
+            tokens[r.id] = []
+    pending_aborts = {r.id: r.abort_after for r in requests if aborts and r.abort_after and r.id in tokens}
+    steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        if steps > max_steps:
+            raise TimeoutError(f"engine still busy after {max_steps} steps: {sorted(set(tokens) - set(finish))}")
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+            if out.finished:
+                finish[out.request_id] = out.outputs[0].finish_reason
+        for rid, after in list(pending_aborts.items()):
+            if rid not in finish and len(tokens[rid]) >= after:
+                engine.abort_request([rid])
+                finish[rid] = "aborted"
+                del pending_aborts[rid]
+    return LoadRun(tokens, finish, time.perf_counter() - start, steps)
 
 
 def read_json(path: Path) -> dict:

@@ -54,6 +54,12 @@ class ConfigError(ValueError):
     """A drafter config that cannot describe a correct drafter; the message names the key."""
 
 
+def _positive_number(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ConfigError(f"`{key}` must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
@@ -66,11 +72,17 @@ def _normalise_rope(
     if rope_parameters is not None and rope_scaling is not None:
         raise ConfigError("config has both `rope_parameters` and `rope_scaling`; keep one (they may disagree)")
     given = rope_parameters if rope_parameters is not None else rope_scaling
+    if rope_theta is not None:
+        rope_theta = _positive_number("rope_theta", rope_theta)
     if given is None:
-        return dict(KIMI_K3_ROPE_PARAMETERS, **({"rope_theta": float(rope_theta)} if rope_theta else {}))
+        return dict(KIMI_K3_ROPE_PARAMETERS, **({"rope_theta": rope_theta} if rope_theta else {}))
     if not isinstance(given, dict):
         raise ConfigError(f"`rope_scaling`/`rope_parameters`: expected a dict, got {given!r}")
     params = dict(given)
+    if params.get("rope_type") and params.get("type") and params["rope_type"] != params["type"]:
+        raise ConfigError(
+            f"rope settings name two types: `rope_type` {params['rope_type']!r} and `type` {params['type']!r}; keep one"
+        )
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if rope_type == "deepseek_yarn":  # vLLM's name for the same schedule
@@ -81,7 +93,12 @@ def _normalise_rope(
             f"{SUPPORTED_ROPE_TYPES} (the published Kimi-K3 drafter uses yarn)"
         )
     theta = params.get("rope_theta", rope_theta)
-    params["rope_theta"] = float(theta if theta is not None else DEFAULT_ROPE_THETA)
+    if theta is not None and rope_theta is not None and _positive_number("rope_theta", theta) != rope_theta:
+        raise ConfigError(
+            f"config has top-level `rope_theta` {rope_theta:g} but its rope dict says `rope_theta` {theta}; "
+            "they must agree (keep one)"
+        )
+    params["rope_theta"] = _positive_number("rope_theta", theta if theta is not None else DEFAULT_ROPE_THETA)
     if rope_type == "yarn":
         for key in ("factor", "original_max_position_embeddings"):
             if not isinstance(params.get(key), (int, float)) or params[key] <= 0:
@@ -190,6 +207,8 @@ class Eagle31MLAConfig(PretrainedConfig):
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
         """Read a ``config.json`` dict: absent keys take their meaning in files (see module docstring)."""
+        if not isinstance(config_dict, dict):
+            raise ConfigError(f"config.json must hold a JSON object (a dict of settings), got {type(config_dict).__name__}")
         config_dict = dict(config_dict)
         config_dict.setdefault("fc_norm", False)
         config_dict.setdefault("norm_output", False)
@@ -213,6 +232,11 @@ class Eagle31MLAConfig(PretrainedConfig):
     # -- aux layers -------------------------------------------------------------------------------
 
     def _set_aux_layer_ids(self, kwargs: dict) -> None:
+        if self.eagle_config is not None and not isinstance(self.eagle_config, dict):
+            raise ConfigError(
+                f"`eagle_config` must be a dict (e.g. {{\"eagle_aux_hidden_state_layer_ids\": [2, 46, 90]}}), got "
+                f"{self.eagle_config!r}"
+            )
         eagle_config = dict(self.eagle_config or {})
         if eagle_config.get("use_aux_hidden_state") is False:
             raise ConfigError(
@@ -282,8 +306,9 @@ class Eagle31MLAConfig(PretrainedConfig):
                 raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
         if self.num_hidden_layers != 1:
             raise ConfigError(f"`num_hidden_layers` is {self.num_hidden_layers}; this drafter has exactly 1 layer")
-        if self.q_lora_rank is None or self.q_lora_rank <= 0:
-            raise ConfigError(f"`q_lora_rank` is {self.q_lora_rank!r}; this drafter needs the low-rank q path (q_a/q_b)")
+        if isinstance(self.q_lora_rank, bool) or not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0:
+            raise ConfigError(f"`q_lora_rank` is {self.q_lora_rank!r}; expected a positive int (this drafter needs the low-rank q path, q_a/q_b)")
+        _positive_number("rms_norm_eps", self.rms_norm_eps)
         if self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError(
                 f"`num_key_value_heads` ({self.num_key_value_heads}) must equal `num_attention_heads` "

@@ -13,7 +13,12 @@ entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "
 * on the CPU build, vLLM's compiled rotary op mis-rotates MLA's strided q_pe/k_pe (only token 0 comes
   out right), which silently corrupts the target's hidden states; the plugin routes such calls to
   vLLM's own native rotary (:func:`_fix_cpu_rotary_for_strided_inputs`). Set
-  ``EAGLE31_VLLM_CPU_ROTARY_FIX=0`` to keep vLLM's behaviour.
+  ``EAGLE31_VLLM_CPU_ROTARY_FIX=0`` to keep vLLM's behaviour;
+* on the CPU build, vLLM's C++ stand-in for the rejection sampler's ``expand_kernel`` never writes a
+  float result, so the per-token temperature / top-p of a speculative batch holding any sampled
+  request is uninitialised memory: every request in that batch, greedy ones included, gets wrong
+  tokens. The plugin expands those values in PyTorch instead (:func:`_fix_cpu_spec_decode_sampling`;
+  ``EAGLE31_VLLM_CPU_SAMPLING_FIX=0`` keeps vLLM's).
 
 ``register()`` is idempotent and imports no model code: the class is registered as a lazy string.
 """
@@ -33,6 +38,7 @@ VLLM_ARCHITECTURE = "Eagle31MLADeepseekV2ForCausalLM"
 DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", VLLM_ARCHITECTURE)
 KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 CPU_ROTARY_FIX_ENV = "EAGLE31_VLLM_CPU_ROTARY_FIX"
+CPU_SAMPLING_FIX_ENV = "EAGLE31_VLLM_CPU_SAMPLING_FIX"
 
 _original_hf_config_override = None
 
@@ -48,6 +54,7 @@ def register() -> None:
         ModelRegistry.register_model(VLLM_ARCHITECTURE, "eagle31_mla_vllm.model:Eagle31MLAEagle3ForCausalLM")
     _install_draft_config_hook()
     _fix_cpu_rotary_for_strided_inputs()
+    _fix_cpu_spec_decode_sampling()
 
 
 def draft_hf_config_override(hf_config, *args, **kwargs):
@@ -112,3 +119,38 @@ def _fix_cpu_rotary_for_strided_inputs() -> None:
     forward_cpu._eagle31_original = compiled
     RotaryEmbedding.forward_cpu = forward_cpu
     logger.info("eagle31-mla: CPU rotary op bypassed for strided (MLA) inputs; set %s=0 to keep vLLM's", CPU_ROTARY_FIX_ENV)
+
+
+def _fix_cpu_spec_decode_sampling() -> None:
+    if os.environ.get(CPU_SAMPLING_FIX_ENV, "1") == "0":
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:  # Triton-CPU runs the real kernel; the broken C++ stand-in is used only without it
+        return
+    try:
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:
+        return
+    broken = getattr(rejection_sampler, "expand_batch_to_tokens", None)
+    if broken is None or getattr(broken, "_eagle31_fixed", False):
+        return
+    import torch
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        # [B] per request -> [num_tokens] per draft token; request i owns tokens [cu[i-1], cu[i]).
+        # vllm-cpu's stand-in runs its kernel on an int64 copy of the float output and drops it.
+        positions = torch.arange(num_tokens, device=x.device)
+        owner = torch.searchsorted(cu_num_tokens.to(device=x.device, dtype=torch.int64), positions, right=True)
+        expanded = x[owner.clamp_(max=max(x.shape[0] - 1, 0))]
+        return expanded.masked_fill(expanded == replace_from, replace_to) if replace_from != replace_to else expanded
+
+    expand_batch_to_tokens._eagle31_fixed = True
+    expand_batch_to_tokens._eagle31_original = broken
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    logger.info("eagle31-mla: CPU rejection sampler expands temperature/top-p in PyTorch; set %s=0 to keep vLLM's",
+                CPU_SAMPLING_FIX_ENV)  # fmt: skip

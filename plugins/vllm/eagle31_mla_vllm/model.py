@@ -2,8 +2,9 @@
 (one DeepSeek MLA layer over [embeddings | fc(aux)], latent KV cache of 512 + 64 per token) plus
 what makes it safe to serve:
 
-* refuses, before any weight is read, aux ids the target cannot provide (beyond its depth) and a
-  Kimi-K3 target whose aux stream is not the prefix-only one the drafter was trained on;
+* refuses, before any weight is read, aux ids the target cannot provide (beyond its depth), a
+  ``target_hidden_size`` or ``vocab_size`` that differs from the target's, and a Kimi-K3 target whose
+  aux stream is not the prefix-only one the drafter was trained on;
 * EAGLE-3.1's ``fc_norm`` (a norm per captured state before ``fc``) and ``norm_output`` (the next
   step is fed the post-norm state) take effect on every vLLM release, including 0.22.x, which builds
   ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
@@ -53,6 +54,10 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
         ids, _ = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers=depth)
     except AuxLayerIdError as err:
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
+    target_hf_config = target_model_config.hf_config
+    problems = _size_mismatches(draft_hf_config, getattr(target_model_config, "hf_text_config", None) or target_hf_config)
+    if problems:  # otherwise the engine starts and fails inside a matmul, or drafts other tokens than it means
+        raise ServingConfigError("eagle31-mla: the draft does not fit this target: " + "; ".join(problems))
     if len(ids) != 3 and not engine.fc_width_follows_aux_count:
         raise ServingConfigError(
             f"eagle31-mla: {engine.describe()} sizes `fc` for exactly 3 aux states; the draft names {len(ids)} "
@@ -60,7 +65,6 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
         )
     if not engine.supported:
         logger.warning("eagle31-mla: %s is outside the supported range 0.20-0.33", engine.describe())
-    target_hf_config = target_model_config.hf_config
     if is_kimi_k3(target_hf_config):
         if not engine.kimi_k3_target:
             raise ServingConfigError(f"eagle31-mla: Kimi-K3 targets need vLLM >= 0.27; this is {engine.describe()}")
@@ -72,6 +76,22 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
                 f"stream: unset it or set it to 0 (with {stream!r} nothing fails, acceptance just drops)"
             )
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
+
+
+def _size_mismatches(draft, target_text_config) -> list[str]:
+    """The widths vLLM builds the drafter with (``fc`` over n × ``target_hidden_size``, as vLLM reads it)
+    and its vocabulary, against the target's; a size either side leaves out is not compared."""
+    problems = []
+    width = getattr(draft, "target_hidden_size", None) or getattr(draft, "hidden_size", None)
+    target_width = getattr(target_text_config, "hidden_size", None)
+    if width and target_width and width != target_width:
+        problems.append(f"the draft's `target_hidden_size` is {width} but the target's `hidden_size` is {target_width} "
+                        f"(`fc` takes n × {width} captured values; expected target_hidden_size = {target_width})")  # fmt: skip
+    vocab, target_vocab = getattr(draft, "vocab_size", None), getattr(target_text_config, "vocab_size", None)
+    if vocab and target_vocab and vocab != target_vocab:
+        problems.append(f"the draft's `vocab_size` is {vocab} but the target's is {target_vocab} (the drafter embeds the "
+                        f"target's tokens and maps its own into them; expected vocab_size = {target_vocab})")  # fmt: skip
+    return problems
 
 
 class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
