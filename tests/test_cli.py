@@ -4,8 +4,8 @@ import sys
 from eagle31_mla.cli import main
 
 
-def test_demo_checks_the_published_roster(capsys):
-    assert main(["demo"]) == 0
+def test_roster_matches_the_published_checkpoint(capsys):
+    assert main(["roster"]) == 0
     out = capsys.readouterr().out
     assert "20 tensors, 3,015,625,728 parameters, dtype bfloat16" in out
     assert "roster: matches lightseekorg/kimi-k3-eagle3.1-mla exactly" in out
@@ -14,4 +14,6 @@ def test_demo_checks_the_published_roster(capsys):
 
 def test_console_script_help():
     result = subprocess.run([sys.executable, "-m", "eagle31_mla.cli", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "demo" in result.stdout
+    assert result.returncode == 0
+    for command in ("demo", "roster", "acceptance", "train", "inspect", "convert", "doctor", "serve-command"):
+        assert command in result.stdout

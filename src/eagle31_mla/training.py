@@ -1,0 +1,256 @@
+"""Train the drafter against a Transformers target with test-time training (TTT), as TorchSpec does.
+
+For a sequence x of S tokens the target gives, at every position t, its aux states A[t] (the
+residual stream after the drafter's aux layers) and its next-token distribution P[t] (over x[t+1]).
+The drafter is unrolled ``depth`` steps over all positions at once:
+
+* depth 0: position t is fed embed(x[t+1]) and fc(A[t]) at rope position t; it predicts x[t+2] and is
+  trained towards P[t+1] (forward KL: cross-entropy with the target's distribution);
+* depth k >= 1: position t is fed embed(x[t+1+k]) and its own depth-(k-1) output state, at rope
+  position t+k; it predicts x[t+2+k], trained towards P[t+1+k]. It attends to the depth-0 keys of
+  positions <= t and to its own keys of depths 1..k only ("diagonal extension"): exactly what it
+  sees when drafting k tokens after position t at serving time.
+
+EAGLE-3 vs EAGLE-3.1 is the drafter's config (``fc_norm``, ``norm_output``); the model applies both.
+Optional anchored TTT (TorchSpec's Anchored EAGLE-3) unrolls depths >= 1 only at sampled positions.
+Checkpoints are written in the published layout (``save_pretrained``) with a trainer state beside
+them, so training resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .aux_layers import AuxLayerIds
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+
+__all__ = ["TrainingConfig", "capture_target_states", "ttt_forward", "ttt_loss", "train_drafter", "drafter_for_target"]
+
+logger = logging.getLogger(__name__)
+
+
+class ConcatKVCache:
+    """The drafter cache for training: appends by concatenation, so autograd sees no in-place writes."""
+
+    def __init__(self):
+        self.latent = None
+
+    def get_seq_length(self) -> int:
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        new = torch.cat([c_kv, k_pe], dim=-1)  # [B, T, C+R]
+        self.latent = new if self.latent is None else torch.cat([self.latent, new], dim=1)
+        return self.latent
+
+
+@torch.no_grad()
+def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLayerIds):
+    """The target's aux states [B, S, n·Ht] (read as the reference loop reads them) and its
+    next-token distributions [B, S, V] for a batch of token ids [B, S]."""
+    from .speculative import TargetAuxCapture
+
+    with TargetAuxCapture(target, aux_layer_ids) as capture:
+        out = target(input_ids, output_hidden_states=True)
+        aux = capture(out.hidden_states)
+    return aux, torch.softmax(out.logits.float(), dim=-1)
+
+
+def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
+    """[T, S + depth·T] bool for the depth-`depth` queries (T = S, or the anchors): depth-0 keys at
+    positions <= the query's, plus the query's own keys at depths 1..depth."""
+    queries = torch.arange(S, device=device) if anchors is None else anchors
+    T = queries.numel()
+    context = torch.arange(S, device=device)[None, :] <= queries[:, None]  # [T, S]
+    own = torch.eye(T, dtype=torch.bool, device=device).repeat(1, depth)  # [T, depth·T]
+    return torch.cat([context, own], dim=1)
+
+
+def ttt_forward(
+    drafter: Eagle31MLAForCausalLM,
+    input_ids: torch.Tensor,  # [B, S]
+    aux: torch.Tensor,  # [B, S, n·Ht]
+    depth: int,
+    anchors: torch.Tensor | None = None,  # positions unrolled at depths >= 1 (anchored TTT), sorted
+):
+    """Unroll the drafter ``depth`` steps over every position (or, from depth 1, over the anchors).
+    Yields, per depth k: (query positions t [T], logits [B, T, V], the fed token's index t+1+k [T])."""
+    B, S = input_ids.shape
+    device = input_ids.device
+    cache, state = ConcatKVCache(), None
+    positions = torch.arange(S, device=device)
+    for k in range(depth):
+        rows = positions if (k == 0 or anchors is None) else anchors
+        if k == 1 and anchors is not None:
+            state = state[:, anchors]
+        token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
+        mask = diagonal_mask(S, k, None if anchors is None else anchors, device)[None, None].expand(B, 1, -1, -1) if k else None
+        out = drafter(
+            input_ids[:, token_at],
+            aux_hidden_states=aux if k == 0 else None,
+            hidden_states=state if k else None,
+            position_ids=(rows + k).expand(B, -1),
+            past_key_values=cache,
+            attention_mask=mask,
+            use_cache=True,
+            absorb=False,
+        )
+        state = out.hidden_states
+        yield rows, out.logits, rows + 1 + k
+
+
+def ttt_loss(
+    drafter: Eagle31MLAForCausalLM,
+    input_ids: torch.Tensor,  # [B, S]
+    aux: torch.Tensor,  # [B, S, n·Ht]
+    target_probs: torch.Tensor,  # [B, S, V] next-token distributions of the target
+    depth: int,
+    loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the fed token is real text
+    anchors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[float]]:
+    """Mean forward KL from the target's distribution over depths 0..depth-1, and the drafter's top-1
+    agreement with the target's argmax at each depth."""
+    B, S = input_ids.shape
+    device = input_ids.device
+    loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
+    losses, accuracy = [], []
+    for rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
+        index = fed.clamp(max=S - 1)
+        target = target_probs[:, index]  # P[t+1+k]: the target's distribution of x[t+2+k]
+        if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
+            target = target[..., drafter.draft_to_target_ids(torch.arange(logits.shape[-1], device=device))]
+            target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
+        weight = loss_mask[:, index] * (fed < S)
+        # forward KL(P || Q) = sum P log P - sum P log Q; the first term only makes the value readable
+        kl = (torch.special.xlogy(target, target) - target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
+        losses.append((kl * weight).sum() / weight.sum().clamp_min(1))
+        agree = (logits.argmax(-1) == target.argmax(-1)).float()
+        accuracy.append(float((agree * weight).sum() / weight.sum().clamp_min(1)))
+    return torch.stack(losses).mean(), accuracy
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 128
+    depth: int = 4  # TTT unroll length
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup: int = 50
+    num_anchors: int | None = None  # anchored TTT: unroll depths >= 1 at this many positions
+    seed: int = 0
+    save_every: int = 250
+    log: list = field(default_factory=list)
+
+
+def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
+    """A drafter sized for ``target`` (same hidden size and vocabulary), its embeddings and lm_head
+    copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's)."""
+    from .configuration_eagle31_mla import Eagle31MLAConfig
+
+    tc = target.config
+    kwargs = dict(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size,
+        target_num_hidden_layers=tc.num_hidden_layers, bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id, dtype=torch.float32,
+    )  # fmt: skip
+    kwargs.update(config_overrides)
+    drafter = Eagle31MLAForCausalLM(Eagle31MLAConfig(**kwargs))
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        drafter.lm_head.weight.copy_(target.get_output_embeddings().weight)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    return drafter
+
+
+def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
+    """The sequence indices of one training step: a fixed function of (seed, step), so a resumed run
+    sees exactly the batches an uninterrupted one would."""
+    per_epoch = max(1, num_sequences // batch_size)
+    epoch, index = divmod(step, per_epoch)
+    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[index * batch_size : (index + 1) * batch_size]
+
+
+def train_drafter(
+    target,
+    drafter: Eagle31MLAForCausalLM,
+    sequences: torch.Tensor,  # [N, seq_len] token ids
+    out_dir: str | Path,
+    config: TrainingConfig,
+    progress: bool = True,
+    stop_at: int | None = None,
+) -> Eagle31MLAForCausalLM:
+    """Train with TTT, checkpointing to ``out_dir`` (published layout + trainer_state.pt); resumes
+    from the checkpoint found there. ``stop_at`` ends this run early at that step (checkpointed),
+    as an interruption would. Returns the drafter (also saved)."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    state_path = out_dir / "trainer_state.pt"
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    warmup = max(1, config.warmup)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
+    )
+    start = 0
+    if state_path.is_file():
+        saved = torch.load(state_path, map_location="cpu", weights_only=True)
+        trained = Eagle31MLAForCausalLM.from_pretrained(out_dir, dtype=drafter.dtype).state_dict()
+        drafter.load_state_dict(trained)
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        start, config.log = saved["step"], json.loads(saved["log"])
+        logger.info("resuming from step %d in %s", start, out_dir)
+    target.eval()
+    drafter.train()
+    end = config.steps if stop_at is None else min(stop_at, config.steps)
+    bar = tqdm(range(start, end), desc="train drafter", disable=not progress, initial=start, total=config.steps)
+    for step in bar:
+        batch = sequences[step_batch(sequences.shape[0], config.batch_size, step, config.seed)]
+        anchors = None
+        if config.num_anchors is not None and config.num_anchors < batch.shape[1] - 2:
+            g = torch.Generator().manual_seed(config.seed * 100_003 + step)
+            anchors = torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values
+        aux, probs = capture_target_states(target, batch, drafter.config.aux_layer_ids)
+        loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, anchors=anchors)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        config.log.append({"step": step + 1, "loss": round(loss.item(), 5), "acc": [round(a, 4) for a in acc]})
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in acc))
+        if (step + 1) % config.save_every == 0 or step + 1 == end:
+            save_checkpoint(drafter, optimizer, schedule, step + 1, config, out_dir)
+    drafter.eval()
+    return drafter
+
+
+def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drafter.save_pretrained(out_dir)
+    torch.save({"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "step": step,
+                "log": json.dumps(config.log)}, out_dir / "trainer_state.pt")  # fmt: skip
+    (out_dir / "training.json").write_text(json.dumps({k: v for k, v in asdict(config).items() if k != "log"}, indent=2))
+
+
+def tokenize_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:
+    """Concatenate the texts (EOS between them) and cut into [N, seq_len] training sequences."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text)["input_ids"])
+        if tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+    n = len(ids) // seq_len
+    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)

@@ -1,0 +1,64 @@
+"""The main job: the embedded pair, speculative decoding on it, and agreement between engines."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_embedded_pair_is_small_and_complete():
+    files = [p for p in DEMO_DIR.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 20 * 2**20
+    for name in ("target/config.json", "target/model.safetensors", "target/tokenizer.json",
+                 "draft/config.json", "draft/model.safetensors", "prompts.jsonl"):  # fmt: skip
+        assert (DEMO_DIR / name).is_file(), name
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576  # what vLLM's CPU MLA kernels take
+
+
+def test_prompts_are_held_out_from_the_training_corpus():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import build_demo_pair
+
+    _, seen = build_demo_pair.corpus(seed=0, n=6000)
+    for prompt in demo_prompts():
+        name, _, _, color, animal = prompt.split(".")[0].split(" ")
+        assert (name, animal, color) not in seen, prompt
+
+
+@pytest.fixture(scope="module")
+def hf_result():
+    return run_demo("hf", num_prompts=8, max_new_tokens=48)
+
+
+def test_demo_reaches_the_accept_length_goal(hf_result, capsys):
+    assert hf_result.accept_length >= 2.5
+    assert len(hf_result.acceptance_per_position) == 3
+    assert all(1 >= a >= b >= 0 for a, b in zip(hf_result.acceptance_per_position, hf_result.acceptance_per_position[1:]))
+    assert hf_result.num_generated_tokens == 8 * 48
+    with capsys.disabled():
+        print("\n" + hf_result.report(show=1))
+
+
+def test_demo_command(capsys):
+    from eagle31_mla.cli import main
+
+    assert main(["demo", "--prompts", "2", "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
+
+
+@pytest.mark.vllm
+def test_vllm_and_the_reference_agree(hf_result):
+    pytest.importorskip("vllm", reason="needs the vLLM extra")
+    vllm_result = run_demo("vllm", num_prompts=8, max_new_tokens=48)
+    assert vllm_result.outputs == hf_result.outputs  # greedy: the same text
+    assert abs(vllm_result.accept_length - hf_result.accept_length) <= 0.02
+    for a, b in zip(vllm_result.acceptance_per_position, hf_result.acceptance_per_position):
+        assert abs(a - b) <= 0.03

@@ -1,0 +1,104 @@
+"""Test-time training: the unrolled recurrence is exactly what drafting does, and training works."""
+
+import pytest
+import torch
+
+from eagle31_mla import LatentKVCache
+from eagle31_mla.training import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
+from tiny import aux_inputs, tiny_drafter
+
+TOL = 1e-5
+
+
+def test_diagonal_mask_literal():
+    expected = torch.tensor([
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(diagonal_mask(3, 2, None, "cpu"), expected)
+    anchored = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 1, 0, 1]], dtype=torch.bool)  # anchors 1 and 3, S = 4
+    assert torch.equal(diagonal_mask(4, 1, torch.tensor([1, 3]), "cpu")[:, :6], anchored)
+
+
+@pytest.mark.parametrize("form", [dict(fc_norm=True, norm_output=True), dict(fc_norm=False, norm_output=False)])
+def test_ttt_equals_teacher_forced_drafting(form):
+    """Depth k at position t == drafting k steps after a context ending at t, fed the true tokens."""
+    model = tiny_drafter(seed=4, **form)
+    S, depth = 9, 4
+    ids, aux = aux_inputs(model.config, 1, S)
+    with torch.no_grad():
+        unrolled = [logits for _, logits, _ in ttt_forward(model, ids, aux, depth)]
+        for t in range(S - depth):
+            cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu")
+            out = model(ids[:, 1 : t + 2], aux_hidden_states=aux[:, : t + 1], past_key_values=cache)
+            assert (out.logits[:, t] - unrolled[0][:, t]).abs().max() <= TOL
+            state = out.hidden_states[:, -1:]
+            for k in range(1, depth):
+                if t + 1 + k >= S:
+                    break
+                out = model(ids[:, t + 1 + k : t + 2 + k], hidden_states=state, past_key_values=cache,
+                            position_ids=torch.tensor([[t + k]]))  # fmt: skip
+                assert (out.logits[:, 0] - unrolled[k][:, t]).abs().max() <= TOL, (t, k)
+                state = out.hidden_states
+
+
+def test_anchored_ttt_equals_full_ttt_at_the_anchors():
+    model = tiny_drafter(seed=5)
+    ids, aux = aux_inputs(model.config, 2, 10)
+    anchors = torch.tensor([1, 4, 6])
+    with torch.no_grad():
+        full = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3)]
+        anchored = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, anchors)]
+    assert torch.allclose(anchored[0], full[0], atol=TOL)
+    for k in (1, 2):
+        assert torch.allclose(anchored[k], full[k][:, anchors], atol=TOL)
+
+
+def tiny_target(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def new_drafter(target):
+    torch.manual_seed(1)
+    return drafter_for_target(target, intermediate_size=64, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,
+                              qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, max_position_embeddings=128,
+                              eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters={"rope_type": "default"})  # fmt: skip
+
+
+def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
+    target = tiny_target()
+    sequences = torch.randint(3, 64, (32, 24), generator=torch.Generator().manual_seed(0))
+    config = dict(steps=8, batch_size=8, seq_len=24, depth=3, lr=1e-2, warmup=2, save_every=100)
+
+    straight = train_drafter(target, new_drafter(target), sequences, tmp_path / "a", TrainingConfig(**config), progress=False)
+    train_drafter(target, new_drafter(target), sequences, tmp_path / "b", TrainingConfig(**config), progress=False, stop_at=3)
+    log = TrainingConfig(**config)  # a new process would pick up here: new objects, the same folder
+    resumed = train_drafter(target, new_drafter(target), sequences, tmp_path / "b", log, progress=False)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert [e["step"] for e in log.log] == list(range(1, 9))
+
+    long = TrainingConfig(**{**config, "steps": 40, "save_every": 40})
+    train_drafter(target, new_drafter(target), sequences, tmp_path / "c", long, progress=False)
+    first, last = long.log[0], long.log[-1]
+    assert last["loss"] < 0.8 * first["loss"], (first, last)
+    assert last["acc"][0] > first["acc"][0]
+
+
+def test_training_writes_the_published_layout(tmp_path):
+    from safetensors import safe_open
+
+    target = tiny_target()
+    sequences = torch.randint(3, 64, (8, 16), generator=torch.Generator().manual_seed(0))
+    train_drafter(target, new_drafter(target), sequences, tmp_path, TrainingConfig(steps=2, batch_size=4, depth=2), progress=False)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "fc_norm.0.weight" in names and "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
+    assert not any(n.startswith(("midlayer.", "model.")) for n in names)
