@@ -94,20 +94,12 @@ def build_tokenizer(texts: list[str], folder: Path):
 
 def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path):
     from tqdm.auto import tqdm
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import DeepseekV3ForCausalLM
 
-    layers = 4
-    config = DeepseekV3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=384, moe_intermediate_size=64,
-        num_hidden_layers=layers, first_k_dense_replace=layers, num_attention_heads=2, num_key_value_heads=2,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
-    config.topk_method = "noaux_tc"  # read by vLLM's DeepSeek loader; no MoE layer exists here anyway
-    config.scoring_func = "sigmoid"
+    from eagle31_mla.demo import cpu_servable_target_config
+
+    config = cpu_servable_target_config(tokenizer, vocab_size=512, hidden_size=128, num_layers=4, dense_layers=4,
+                                        intermediate_size=384)  # fmt: skip
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)

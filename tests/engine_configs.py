@@ -1,4 +1,5 @@
-"""config.json dicts of targets and drafts for the CLI tests: no weights, written as files."""
+"""config.json dicts of targets and drafts for the CLI tests (no weights, written as files), and weightless
+instances of engine model classes for the engine tests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,23 @@ import json
 from pathlib import Path
 
 K3_IDS = [2, 46, 90]  # one-based = zero-based [1, 45, 89]
+
+
+class LastRank:
+    """A single-rank pipeline group, as engine model classes query it."""
+
+    world_size, is_first_rank, is_last_rank = 1, True, True
+
+
+def bare(cls, **attributes):
+    """A real engine model class instance without its weights: enough for its aux-capture methods."""
+    from torch import nn
+
+    obj = object.__new__(cls)
+    nn.Module.__init__(obj)
+    for key, value in attributes.items():
+        setattr(obj, key, value)
+    return obj
 
 
 def kimi_k3_target(**text) -> dict:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from eagle31_mla.engines import Target, sglang_capture, vllm_capture
-from engine_configs import deepseek_target, draft, llama_target, nested_only
+from engine_configs import LastRank, bare, deepseek_target, draft, llama_target, nested_only
 
 DS = Target.from_config(deepseek_target(layers=61), "ds")
 
@@ -42,20 +42,6 @@ def test_vllm_runners_read_what_the_table_says(form):
     engine = features((0, 32, 0))
     assert vllm_capture(raw, DS, engine, "v1").layers == tuple(sorted(set(v1)))
     assert vllm_capture(raw, DS, engine, "v2").layers == tuple(sorted(set(v2)))
-
-
-def bare(cls, **attributes):
-    from torch import nn
-
-    obj = object.__new__(cls)
-    nn.Module.__init__(obj)
-    for key, value in attributes.items():
-        setattr(obj, key, value)
-    return obj
-
-
-class LastRank:
-    world_size, is_first_rank, is_last_rank = 1, True, True
 
 
 @pytest.mark.sglang

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang", reason="runs in .venv-sglang, which scripts/test.sh creates")
 os.environ["SGLANG_PLUGINS"] = "eagle31_mla"  # ours only: the wheel ships two unrelated plugins
 
+from engine_configs import K3_IDS, LastRank, bare  # noqa: E402
 from tiny import published_style_config, tiny_drafter, write_checkpoint  # noqa: E402
 
 K3_LAYERS = 93
-K3_IDS = [2, 46, 90]  # one-based = zero-based [1, 45, 89]
 
 
 def write_draft(folder: Path, form: str) -> Path:
@@ -200,19 +200,6 @@ def test_a_draft_sglang_would_give_an_mha_cache_is_refused(folders):
 
 
 # ---- the ids each real target class ends up capturing ------------------------------------------
-
-
-class LastRank:
-    world_size, is_first_rank, is_last_rank = 1, True, True
-
-
-def bare(cls, **attributes):
-    """A real target class instance without its weights: enough for set_eagle3_layers_to_capture."""
-    obj = object.__new__(cls)
-    nn.Module.__init__(obj)
-    for key, value in attributes.items():
-        setattr(obj, key, value)
-    return obj
 
 
 def deepseek(cls_name="DeepseekV3ForCausalLM"):

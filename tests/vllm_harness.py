@@ -61,20 +61,13 @@ def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> 
 
 
 def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import DeepseekV3ForCausalLM
+
+    from eagle31_mla.demo import cpu_servable_target_config
 
     tok = build_tokenizer(folder)
-    config = DeepseekV3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, moe_intermediate_size=64,
-        num_hidden_layers=TARGET_LAYERS, first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
-    config.topk_method = "noaux_tc"  # vLLM otherwise expects a correction bias HF does not write
-    config.scoring_func = "sigmoid"
+    config = cpu_servable_target_config(tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS,
+                                        dense_layers=1, intermediate_size=256)  # fmt: skip
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config).eval()
     with torch.no_grad():

