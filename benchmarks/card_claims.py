@@ -8,7 +8,8 @@
    (draft/training.json), corpus and seed; accept length overall, by chain depth (6 draft steps) and
    by context length (the held-out prompt after 0, 2, 5 other stories).
 2. The cost of serving with aux ids off by one: the EAGLE-3.1 drafter fed the target's states one
-   layer late (what an engine does with one-based ids it takes for zero-based ones).
+   layer late (what an engine does with one-based ids it takes for zero-based ones) and one layer
+   early (zero-based ids taken for one-based: the trap vLLM sets for the training framework's form).
 3. Out of distribution: the same prompts wrapped in a chat template the drafter never saw.
 
 Both drafters and the target run in fp32; accept length = tokens per verification round (bonus
@@ -19,6 +20,7 @@ numbers are deterministic (greedy), only the seconds vary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -46,6 +48,26 @@ def eagle3_drafter(target, sequences, work: Path):
     drafter = drafter_for_target(target, fc_norm=False, norm_output=False, **{k: shipped[k] for k in keys})
     train_drafter(target, drafter, sequences, folder, TrainingConfig(**recipe))  # resumes: a no-op once trained
     return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def aux_states_one_layer_early():
+    """Every capture reads the hidden state one layer before the drafter's ids, as an engine that takes
+    zero-based ids for one-based ones does; the first may be hidden_states[0] (the embeddings), which
+    no valid one-based id names, hence a patch rather than a config."""
+    from eagle31_mla.speculative import TargetAuxCapture
+
+    original = TargetAuxCapture.__init__
+
+    def early(self, target, aux_layer_ids):
+        original(self, target, aux_layer_ids)
+        self.indices = tuple(i - 1 for i in self.indices)
+
+    TargetAuxCapture.__init__ = early
+    try:
+        yield
+    finally:
+        TargetAuxCapture.__init__ = original
 
 
 def measure(target, drafter, prompts, tokenizer, steps=3, new_tokens=48) -> dict:
@@ -92,11 +114,14 @@ def main() -> None:
             "context": {n: measure(target, drafter, ps, tokenizer) for n, ps in by_context.items()},
             "chat_template": measure(target, drafter, chat, tokenizer),
         }
-    late = drafters["EAGLE-3.1"]
-    trained_ids = list(late.config.eagle_aux_hidden_state_layer_ids)
-    late.config.eagle_aux_hidden_state_layer_ids = [i + 1 for i in trained_ids]
-    off_by_one = measure(target, late, prompts, tokenizer)
-    late.config.eagle_aux_hidden_state_layer_ids = trained_ids
+    drafter = drafters["EAGLE-3.1"]
+    trained_ids = list(drafter.config.aux_layer_ids.one_based)
+    off_by_one = {}
+    drafter.config.eagle_aux_hidden_state_layer_ids = [i + 1 for i in trained_ids]  # valid ids, one layer late
+    off_by_one[1] = measure(target, drafter, prompts, tokenizer)
+    drafter.config.eagle_aux_hidden_state_layer_ids = trained_ids
+    with aux_states_one_layer_early():
+        off_by_one[-1] = measure(target, drafter, prompts, tokenizer)
 
     lengths = {n: len(tokenizer(ps[0])["input_ids"]) for n, ps in by_context.items()}
     print(f"# Model card claims in miniature ({time.strftime('%Y-%m-%d')}; {len(prompts)} held-out prompts, "
@@ -117,7 +142,9 @@ def main() -> None:
     print("|---|--:|---|")
     print(f"| trained: one-based {trained_ids} | {rows['EAGLE-3.1']['held_out']['accept_length']:.2f} | "
           f"{fmt(rows['EAGLE-3.1']['held_out']['per_position'])} |")  # fmt: skip
-    print(f"| one layer late: {[i + 1 for i in trained_ids]} | {off_by_one['accept_length']:.2f} | {fmt(off_by_one['per_position'])} |")
+    for shift, label in ((1, "one layer late"), (-1, "one layer early")):
+        r = off_by_one[shift]
+        print(f"| {label}: {[i + shift for i in trained_ids]} | {r['accept_length']:.2f} | {fmt(r['per_position'])} |")
     print("\n## 3. Out of distribution: a chat template the drafters never saw (3 steps)\n")
     print("| drafter | plain prompts | chat template | ratio |")
     print("|---|--:|--:|--:|")

@@ -33,17 +33,19 @@ def cache_bytes(cache) -> tuple[int, str]:
 
 
 def ours(tokens: int) -> int:
-    from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
+    from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 
     config = Eagle31MLAConfig(vocab_size=1024, intermediate_size=256, eagle_aux_hidden_state_layer_ids=[2, 46, 90])
     torch.manual_seed(0)
     model = Eagle31MLAForCausalLM(config).to(torch.bfloat16).eval()
     ids = torch.randint(0, 1024, (1, tokens))
     aux = torch.randn(1, tokens, 3 * 7168, dtype=torch.bfloat16)
+    # sized for the tokens, as a caller who knows the length does (the default grows by doubling)
+    cache = LatentKVCache.for_model(config, 1, dtype=torch.bfloat16, device="cpu", capacity=tokens)
     with torch.inference_mode():
-        cache = model(ids, aux_hidden_states=aux).past_key_values
-    latent = cache.latent[:, :tokens]
-    return latent.numel() * latent.element_size(), f"latent {list(latent.shape)}"
+        model(ids, aux_hidden_states=aux, past_key_values=cache)
+    assert cache.get_seq_length() == tokens
+    return cache.nbytes_allocated(), f"latent {list(cache.latent.shape)}"  # the whole allocated buffer
 
 
 def transformers_deepseek_v3(tokens: int) -> int:

@@ -639,3 +639,23 @@ def test_acceptance_command(tmp_path, capsys):
         assert result["total"]["num_requests"] == n and result["total"]["num_generated_tokens"] == 10 * n
         first = tokenizer("The quick brown fox")["input_ids"]
         assert result["requests"][0]["output_ids"] == target_greedy(target, first, 10)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--prompts": "missing.jsonl"}, "missing.jsonl"),
+    ({"--target": "missing-target"}, "missing-target"),
+    ({"--draft": "missing-draft"}, "missing-draft"),
+])  # fmt: skip
+def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, message):
+    """A name that does not exist is a usage error (exit 2) with a one-line message, never a traceback."""
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "prompts.txt").write_text("Ann has\n")
+    args = {"--target": str(DEMO_DIR / "target"), "--draft": str(DEMO_DIR / "draft"), "--prompts": str(tmp_path / "prompts.txt")}
+    args.update({k: str(tmp_path / v) for k, v in change.items()})
+    argv = ["acceptance", "--no-progress", "--device", "cpu"] + [x for kv in args.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after any weight-loading progress bar
+    assert last.startswith("eagle31-mla: error:") and message in last and "Traceback" not in err

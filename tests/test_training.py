@@ -102,3 +102,51 @@ def test_training_writes_the_published_layout(tmp_path):
         names = set(f.keys())
     assert "fc_norm.0.weight" in names and "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
     assert not any(n.startswith(("midlayer.", "model.")) for n in names)
+
+
+def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
+    """`eagle31-mla train` on the embedded demo target: a folder in the published layout that loads
+    with the ids asked for, EAGLE-3 when asked, and a second run with more steps resumes."""
+    import json
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    text = tmp_path / "corpus.jsonl"
+    stories = [json.dumps({"text": f"Ann has {n} red apples and gives the dog {n + 1} of them."}) for n in range(60)]
+    text.write_text("\n".join(stories) + "\n")
+    common = ["train", "--target", str(DEMO_DIR / "target"), "--text", str(text), "--out", str(tmp_path / "d"),
+              "--batch-size", "2", "--seq-len", "16", "--depth", "2", "--quiet", "--device", "cpu"]  # fmt: skip
+    assert main([*common, "--steps", "2", "--aux-layers", "1,2,3", "--eagle3"]) == 0
+    assert "EAGLE-3," in capsys.readouterr().out
+    first = json.loads((tmp_path / "d" / "training.json").read_text())
+    assert first["steps"] == 2
+    caplog.set_level("INFO", logger="eagle31_mla.training")
+    assert main([*common, "--steps", "3", "--aux-layers", "1,2,3", "--eagle3"]) == 0
+    assert "resuming from step 2" in caplog.text
+    drafter = Eagle31MLAForCausalLM.from_pretrained(tmp_path / "d")
+    assert drafter.config.aux_layer_ids.one_based == (1, 2, 3)
+    assert not drafter.config.fc_norm and not drafter.config.norm_output
+    state = torch.load(tmp_path / "d" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3 and [e["step"] for e in json.loads(state["log"])] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--target": "missing-target"}, "missing-target"),
+    ({"--text": "missing.txt"}, "missing.txt"),
+    ({"--aux-layers": "1,two,3"}, "--aux-layers: expected comma-separated ints"),
+])  # fmt: skip
+def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "corpus.txt").write_text("Ann has red apples.\n" * 50)
+    args = {"--target": str(DEMO_DIR / "target"), "--text": str(tmp_path / "corpus.txt"), "--out": str(tmp_path / "d")}
+    args.update({k: str(tmp_path / v) if k != "--aux-layers" else v for k, v in change.items()})
+    argv = ["train", "--steps", "1", "--quiet", "--device", "cpu"] + [x for kv in args.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after any weight-loading progress bar
+    assert last.startswith("eagle31-mla: error:") and message in last and "Traceback" not in err
+    assert not (tmp_path / "d").exists()  # nothing written

@@ -259,6 +259,19 @@ def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
     assert out.stdout.strip().splitlines()[-1] == "0"  # unset -> set to the prefix-only stream
 
 
+
+@pytest.mark.parametrize("changed", ["plain function", "missing"])
+def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypatch, changed):
+    """Were the hook not installed, vLLM's own class would serve the drafter with unchecked ids."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    if changed == "missing":
+        monkeypatch.delattr(SpeculativeConfig, "hf_config_override")
+    else:
+        monkeypatch.setattr(SpeculativeConfig, "hf_config_override", lambda self, hf_config: hf_config)
+    with pytest.raises(RuntimeError, match=r"hf_config_override is (function|missing), not the staticmethod .*VLLM_PLUGINS"):
+        eagle31_mla_vllm._install_draft_config_hook()
+
 def test_kimi_k3_stream_policy(monkeypatch):
     from eagle31_mla_vllm.model import ServingConfigError, check_serving
     from eagle31_mla_vllm.versions import features

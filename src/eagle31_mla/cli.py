@@ -100,7 +100,8 @@ def _add_acceptance_arguments(parser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights dtype of both models (auto: each checkpoint's)")  # fmt: skip
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the target's own modeling code")
-    parser.add_argument("--revision", default=None, help="target revision")
+    parser.add_argument("--revision", default=None, help="target revision (branch, tag or commit)")
+    parser.add_argument("--draft-revision", default=None, help="drafter revision (branch, tag or commit)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON ('-' for stdout)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -117,21 +118,24 @@ def _acceptance(args: argparse.Namespace) -> int:
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
     from .speculative import AcceptanceStats, measure_acceptance, read_prompts
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args.device)
     dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
-    prompts = read_prompts(args.prompts)[: args.limit]
-    if args.chat_template:
-        prompts = [{"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p for p in prompts]
-    needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for p in prompts)
-    tokenizer = (
-        AutoTokenizer.from_pretrained(args.target, revision=args.revision, trust_remote_code=args.trust_remote_code)
-        if needs_tokenizer else None
-    )  # fmt: skip
-    target = AutoModelForCausalLM.from_pretrained(
-        args.target, revision=args.revision, dtype=dtype, trust_remote_code=args.trust_remote_code,
-        attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
-    ).to(device).eval()  # fmt: skip
-    drafter = Eagle31MLAForCausalLM.from_pretrained(args.draft, dtype=dtype, device=device)
+    try:  # what the user named must exist and load; a failure here is input, not a bug
+        prompts = read_prompts(args.prompts)[: args.limit]
+        if args.chat_template:
+            prompts = [{"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p for p in prompts]
+        needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for p in prompts)
+        tokenizer = (
+            AutoTokenizer.from_pretrained(args.target, revision=args.revision, trust_remote_code=args.trust_remote_code)
+            if needs_tokenizer else None
+        )  # fmt: skip
+        target = AutoModelForCausalLM.from_pretrained(
+            args.target, revision=args.revision, dtype=dtype, trust_remote_code=args.trust_remote_code,
+            attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
+        ).to(device).eval()  # fmt: skip
+        drafter = Eagle31MLAForCausalLM.from_pretrained(args.draft, revision=args.draft_revision, dtype=dtype, device=device)
+    except (OSError, ValueError) as err:
+        return _error(str(err))
     result = measure_acceptance(
         target, drafter, prompts, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -160,13 +164,16 @@ def _train(args: argparse.Namespace) -> int:
     from .speculative import read_prompts
     from .training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    texts = [t if isinstance(t, str) else t.get("text", "") for t in read_prompts(args.text)]
+    try:  # what the user named must exist and load; a failure here is input, not a bug
+        texts = [t if isinstance(t, str) else t.get("text", "") for t in read_prompts(args.text)]
+        ids = _parse_ids(args.aux_layers, "--aux-layers")
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(_device(args.device)).eval()
+    except (OSError, ValueError) as err:
+        return _error(str(err))
     sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
     if sequences.shape[0] < args.batch_size:
         return _error(f"{args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens; need >= batch size")
-    ids = _parse_ids(args.aux_layers)
     drafter = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=ids or None, fc_norm=not args.eagle3,
                                  norm_output=not args.eagle3)  # fmt: skip
     config = TrainingConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, depth=args.depth,
@@ -175,6 +182,12 @@ def _train(args: argparse.Namespace) -> int:
     print(f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
           f"{drafter.config.aux_layer_ids.describe()})")  # fmt: skip
     return 0
+
+
+def _device(name: str) -> str:
+    import torch
+
+    return name if name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _error(message: str) -> int:
@@ -228,13 +241,13 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_ids(text: str | None) -> list[int] | None:
+def _parse_ids(text: str | None, flag: str = "--eagle3-layers-to-capture") -> list[int] | None:
     if text is None:
         return None
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--eagle3-layers-to-capture: expected comma-separated ints like 2,46,90, got {text!r}") from None
+        raise ValueError(f"{flag}: expected comma-separated ints like 2,46,90, got {text!r}") from None
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -360,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--anchors", type=int, default=None, help="anchored TTT: unroll depths >= 1 at N positions")
     train.add_argument("--lr", type=float, default=3e-3)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
     inspect_ = add("inspect", _inspect, "describe a drafter: config, size, KV bytes, tensors, which engines serve it")

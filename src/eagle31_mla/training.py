@@ -197,6 +197,7 @@ def train_drafter(
 
     out_dir = Path(out_dir)
     state_path = out_dir / "trainer_state.pt"
+    drafter.to(target.device)  # one device for both (a GPU when the target is on one), before the optimizer
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     warmup = max(1, config.warmup)
@@ -217,11 +218,11 @@ def train_drafter(
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(start, end), desc="train drafter", disable=not progress, initial=start, total=config.steps)
     for step in bar:
-        batch = sequences[step_batch(sequences.shape[0], config.batch_size, step, config.seed)]
+        batch = sequences[step_batch(sequences.shape[0], config.batch_size, step, config.seed)].to(target.device)
         anchors = None
         if config.num_anchors is not None and config.num_anchors < batch.shape[1] - 2:
             g = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            anchors = torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values
+            anchors = torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(target.device)
         aux, probs = capture_target_states(target, batch, drafter.config.aux_layer_ids)
         loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, anchors=anchors)
         optimizer.zero_grad(set_to_none=True)

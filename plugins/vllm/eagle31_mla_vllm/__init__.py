@@ -87,7 +87,19 @@ def _install_draft_config_hook() -> None:
     global _original_hf_config_override
     from vllm.config.speculative import SpeculativeConfig
 
-    current = SpeculativeConfig.__dict__["hf_config_override"].__func__
+    entry = SpeculativeConfig.__dict__.get("hf_config_override")
+    if not isinstance(entry, staticmethod):
+        # Without this hook the drafter would be served by vLLM's own class with unchecked aux ids:
+        # a silent loss of acceptance. Stop instead, and say how to run vLLM without the plugin.
+        from vllm import __version__
+
+        raise RuntimeError(
+            f"eagle31-mla: vLLM {__version__}'s SpeculativeConfig.hf_config_override is "
+            f"{type(entry).__name__ if entry is not None else 'missing'}, not the staticmethod this plugin "
+            "extends (vLLM 0.20-0.33), so it cannot make the drafter's aux-layer ids explicit. Install a "
+            "supported vLLM, or load vLLM without this plugin (VLLM_PLUGINS set to the plugins you want)."
+        )
+    current = entry.__func__
     if current is draft_hf_config_override:
         return
     _original_hf_config_override = current
