@@ -168,15 +168,27 @@ def test_glue_for_older_vllm_releases(models, baseline, version):
 
 
 def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, monkeypatch):
-    """Negative control: vLLM's own CPU rotary op on MLA's strided views makes the capture inexact."""
+    """Negative control: vLLM's own CPU rotary op on MLA's strided views makes the capture inexact.
+    Releases whose MLA never hands that op a strided view (0.29 here) have nothing to control."""
+    from vllm import __version__
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    monkeypatch.setattr(RotaryEmbedding, "forward_cpu", RotaryEmbedding.forward_cpu._eagle31_original)
+    compiled, strided_calls = RotaryEmbedding.forward_cpu._eagle31_original, []
+
+    def spy(self, positions, query, key=None):
+        strided_calls.append(not query.is_contiguous() or (key is not None and not key.is_contiguous()))
+        return compiled(self, positions, query, key)
+
+    monkeypatch.setattr(RotaryEmbedding, "forward_cpu", spy)
     result = serve(models.target, models.drafts["published"], prompts=PROMPTS[:1])
     aux = result.steps[0][0]
     hs = hf_hidden_states(models.target, baseline.prompt_ids[0])
     chunk = aux.split(aux.shape[-1] // 3, dim=-1)[0]
-    assert (chunk - hs[AUX_ONE_BASED[0]]).abs().max() > 1e-3
+    error = (chunk - hs[AUX_ONE_BASED[0]]).abs().max()
+    if not any(strided_calls):
+        assert error <= 1e-4  # vLLM rotated elsewhere: exact without the fix
+        pytest.skip(f"vLLM {__version__} never passes MLA's strided views to its compiled rotary op")
+    assert error > 1e-3
 
 
 # ---- configuration level: what both model runners will read (no weights loaded) -----------------
@@ -292,13 +304,16 @@ def test_kimi_k3_stream_policy(monkeypatch):
 
 
 def test_version_table():
-    from eagle31_mla_vllm.versions import features
+    from eagle31_mla_vllm.versions import features, parse_version
 
     assert not features((0, 22, 1)).applies_fc_norm and features((0, 22, 1)).builds_fc_norm
     assert features((0, 23, 0)).applies_fc_norm
     assert not features((0, 21, 0)).builds_fc_norm and not features((0, 21, 0)).applies_norm_output
     assert features((0, 33, 0)).supported and not features((0, 34, 0)).supported and not features((0, 19, 0)).supported
-    assert features().version[:2] == (0, 32)  # the installed CPU build
+    import vllm
+
+    installed = features()
+    assert installed.supported and installed.version == parse_version(vllm.__version__)  # the installed CPU build
 
 
 def test_engine_in_its_own_processes(models, baseline, tmp_path):

@@ -1,7 +1,7 @@
 """Everything that differs between vLLM releases, keyed on the version: the one place to look.
 
-Facts from the released wheels 0.20-0.33 (see the project's reference notes); only 0.32 (CPU build)
-is exercised end to end by the test suite, the rest is read from the sources.
+Facts from the released wheels 0.20-0.33 (see the project's reference notes); 0.32 and 0.29 (CPU
+builds) are exercised end to end by the test suite, the rest is read from the sources.
 """
 
 from __future__ import annotations
