@@ -62,3 +62,32 @@ def test_vllm_and_the_reference_agree(hf_result):
     assert abs(vllm_result.accept_length - hf_result.accept_length) <= 0.02
     for a, b in zip(vllm_result.acceptance_per_position, hf_result.acceptance_per_position):
         assert abs(a - b) <= 0.03
+
+
+@pytest.mark.slow
+def test_rebuild_script_is_deterministic(tmp_path):
+    """scripts/build_demo_pair.py (in --quick mode: the same code, tiny step counts), run twice, writes
+    byte-identical folders, and its configs are those of the shipped pair (only the step count differs)."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_demo_pair.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: float sums in one fixed order
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for out in folders:
+        run = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], capture_output=True,
+                             text=True, env=env, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(folders[1]) for p in folders[1].rglob("*") if p.is_file())
+    assert {"target/model.safetensors", "draft/model.safetensors", "prompts.jsonl"} <= {str(f) for f in files}
+    for name in files:
+        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), f"{name} differs between builds"
+
+    def config(path):
+        return {k: v for k, v in json.loads(path.read_text()).items() if k != "transformers_version"}
+
+    for part in ("target", "draft"):
+        assert config(folders[0] / part / "config.json") == config(DEMO_DIR / part / "config.json"), part
+    shipped = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
+    assert {**json.loads((folders[0] / "draft" / "training.json").read_text()), "steps": shipped["steps"]} == shipped
