@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Loading the full-size checkpoint: peak memory and time of `from_pretrained` against a plain
-safetensors load of the same file.
+safetensors load of the same file; and the peak memory of `eagle31-mla convert` on it.
 
     python benchmarks/load_checkpoint.py [--dir /tmp/k3-draft] [--keep]
 
@@ -10,7 +10,8 @@ published file's exact size) plus its config.json, then loads it in fresh proces
 reading every byte of every tensor, so lazily mapped loads pay for their reads too. Peak RSS is the
 process's VmHWM (it counts file pages mapped into the process as well as anonymous memory).
 Ratios matter, not seconds: the page cache is warm for all runs after the first (the order is
-plain, library, plain, library).
+plain, library, plain, library). Then `convert` (to a Hub-ready folder, in a fresh process): it streams
+tensor by tensor, so its peak RSS should be a small fraction of the file, never a second copy.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ total = time.perf_counter() - t
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
 print(json.dumps({"load_s": loaded, "load_and_read_s": total, "peak_rss": hwm,
                   "bytes": sum(x.numel() * x.element_size() for x in tensors), "checksum": checksum}))
+"""
+
+CONVERT = r"""
+import json, sys, time
+from eagle31_mla.convert import convert
+t = time.perf_counter()
+result = convert(sys.argv[1], sys.argv[2], progress=False)
+seconds = time.perf_counter() - t
+hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
+print(json.dumps({"seconds": seconds, "peak_rss": hwm, "bytes": result.total_bytes, "files": result.files}))
 """
 
 
@@ -100,6 +111,16 @@ def main() -> None:
         ratio = best["library"]["load_and_read_s"] / best["plain"]["load_and_read_s"]
         print(f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {best['library']['peak_rss'] / best['plain']['peak_rss']:.2f}x;"
               f" same bytes: {best['library']['checksum'] == best['plain']['checksum']}")  # fmt: skip
+        converted = folder.parent / (folder.name + "-converted")
+        try:
+            out = subprocess.run([sys.executable, "-c", CONVERT, str(folder), str(converted)], capture_output=True,
+                                 text=True, check=True)  # fmt: skip
+            c = json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            shutil.rmtree(converted, ignore_errors=True)
+        print(f"\neagle31-mla convert of the same checkpoint: {c['bytes']:,} bytes of tensors in {c['seconds']:.1f} s, "
+              f"peak RSS {c['peak_rss'] / 2**30:.2f} GiB = {c['peak_rss'] / size:.3f} x the file "
+              f"(wrote {', '.join(n for n in c['files'] if n.endswith('.safetensors'))})")  # fmt: skip
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(folder, ignore_errors=True)
