@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle31_mla.roster import PUBLISHED_FILE_BYTES
+
 PROBE = r"""
 import json, sys, time, torch
 path, how = sys.argv[1], sys.argv[2]
@@ -95,7 +97,7 @@ def main() -> None:
             size = write_checkpoint(folder)
             print(f"# wrote {size:,} bytes in {time.perf_counter() - t:.0f} s to {folder}")
         size = (folder / "model.safetensors").stat().st_size
-        print(f"# checkpoint: {size:,} bytes (published: 6,031,253,592; the difference is header metadata)")
+        print(f"# checkpoint: {size:,} bytes (published: {PUBLISHED_FILE_BYTES:,}; the difference is header metadata)")
         runs = {"plain": [], "library": []}
         for how in ("plain", "library", "plain", "library"):
             runs[how].append(probe(folder, how))

@@ -77,22 +77,7 @@ def corpus(seed: int, n: int) -> tuple[list[str], set]:
     return texts, used
 
 
-def build_tokenizer(texts: list[str], folder: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.save_pretrained(folder)
-    return fast
-
-
-def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path):
+def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path) -> None:
     from tqdm.auto import tqdm
     from transformers import DeepseekV3ForCausalLM
 
@@ -118,7 +103,6 @@ def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path):
     model.eval()
     model.to(torch.bfloat16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return model.float()
 
 
 def strip_remote_code(folder: Path) -> None:
@@ -135,21 +119,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "src" / "eagle31_mla" / "demo")
     parser.add_argument("--quick", action="store_true", help="tiny step counts, to check the script runs")
     args = parser.parse_args()
+    from transformers import DeepseekV3ForCausalLM
+
+    from eagle31_mla.demo import train_byte_level_bpe
     from eagle31_mla.training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
     t0 = time.time()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = args.out
     if out.exists():
         shutil.rmtree(out)
     (out / "target").mkdir(parents=True)
     texts, seen = corpus(seed=0, n=300 if args.quick else 6000)
     prompts = held_out(seed=1, n=24, seen=seen)
-    tokenizer = build_tokenizer(texts, out / "target")
+    tokenizer = train_byte_level_bpe(texts, 512, out / "target")
     sequences = tokenize_corpus(tokenizer, texts, seq_len=128)
     print(f"corpus: {len(texts)} stories, {sequences.numel():,} tokens, vocab {len(tokenizer)}")
-    target = build_target(tokenizer, sequences, 20 if args.quick else 2000, out / "target")
-    target = type(target).from_pretrained(out / "target", dtype=torch.float32).eval()  # what users load: bf16 weights
+    build_target(tokenizer, sequences, 20 if args.quick else 2000, out / "target")
+    target = DeepseekV3ForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()  # what users load: bf16 weights
 
     torch.manual_seed(2)
     drafter = drafter_for_target(

@@ -38,8 +38,7 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.fixture(scope="session", autouse=True)
 def no_network():
-    netguard.install()
-    yield
+    yield  # netguard is installed at import, above
     # the log has every process's attempts, this one's included
     attempts = _NETGUARD_LOG.read_text().splitlines() if _NETGUARD_LOG.exists() else list(netguard.ATTEMPTS)
     assert not attempts, "the test suite tried to reach the network:\n  " + "\n  ".join(attempts)

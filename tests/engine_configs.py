@@ -9,6 +9,18 @@ from pathlib import Path
 K3_IDS = [2, 46, 90]  # one-based = zero-based [1, 45, 89]
 
 
+def usage_error_line(argv: list[str], capsys) -> str:
+    """Runs the CLI, expects a usage error (exit 2, no traceback) and returns its one-line message."""
+    from eagle31_mla.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # after any weight-loading progress bar
+    assert last.startswith("eagle31-mla: error:"), last
+    return last
+
+
 class LastRank:
     """A single-rank pipeline group, as engine model classes query it."""
 

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eagle31_mla import CheckpointError, Eagle31MLAConfig, Eagle31MLAForCausalLM
+from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 # SPEC §2, transcribed here on purpose (not imported from the library): the published file's header.

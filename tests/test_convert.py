@@ -24,8 +24,8 @@ IDS = [2, 5, 9]  # one-based = zero-based [1, 4, 8]
 
 def training_checkpoint(folder: Path, model) -> Path:
     """The training framework's export: `midlayer.*`, nested zero-based ids, no convention label."""
-    config = published_style_config(model)
-    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in IDS]
+    config = published_style_config(model, ids_form="training")
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in IDS]
     tensors = {k.replace("layers.0.", "midlayer."): v for k, v in model.state_dict().items()}
     return write_checkpoint(folder, config, tensors)
 

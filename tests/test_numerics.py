@@ -184,6 +184,17 @@ def test_draft_greedy_equals_manual_chain():
     assert drafted.past_key_values.get_seq_length() == 7 + 3
 
 
+
+def test_logits_to_keep_is_the_tail_of_the_full_logits():
+    model = tiny_drafter(seed=12)
+    ids, aux = aux_inputs(model.config, batch=2, length=6)
+    full = model(ids, aux_hidden_states=aux, use_cache=False)
+    for keep in (1, 3):
+        tail = model(ids, aux_hidden_states=aux, use_cache=False, logits_to_keep=keep)
+        assert tail.logits.shape == (2, keep, model.config.draft_vocab_size)
+        assert torch.allclose(tail.logits, full.logits[:, -keep:], atol=1e-6)  # a 1-row product may take the mv kernel
+        assert torch.equal(tail.hidden_states, full.hidden_states)
+
 def test_draft_sampling_temperature_and_top_p():
     model = tiny_drafter(seed=11)
     ids, aux = aux_inputs(model.config, batch=1, length=7)

@@ -33,16 +33,8 @@ def write_draft(folder: Path, form: str) -> Path:
     if form == "exported":
         model.save_pretrained(folder)
         return folder
-    config = published_style_config(model)
-    if form == "training":
-        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in K3_IDS]
-    elif form == "top_level":
-        del config["eagle_config"]
-        config["eagle_aux_hidden_state_layer_ids"] = K3_IDS
-    elif form == "both":
-        config["eagle_aux_hidden_state_layer_ids"] = K3_IDS
-        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in K3_IDS]
-    elif form == "mha_name":
+    config = published_style_config(model, ids_form=form if form in ("training", "top_level", "both") else "published")
+    if form == "mha_name":
         config["architectures"] = ["KimiK3MLADrafter"]
     return write_checkpoint(folder, config, model.state_dict())
 

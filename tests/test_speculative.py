@@ -6,7 +6,6 @@ hook. Greedy output must equal a plain argmax loop token for token; sampling mus
 target distribution (chi-square on 1e5 vectorised draws), and deliberately broken samplers must not.
 """
 
-import argparse
 import functools
 import json
 import math
@@ -27,6 +26,7 @@ from transformers import (
 from eagle31_mla import AuxLayerIdError, AuxLayerIds
 from eagle31_mla import speculative as spec
 from eagle31_mla.modeling_eagle31_mla import sample_from_logits
+from eagle31_mla.modeling_eagle31_mla import sampling_probs as target_probs  # the reference loop's rule too
 from eagle31_mla.speculative import (
     AcceptanceStats,
     TargetAuxCapture,
@@ -34,7 +34,6 @@ from eagle31_mla.speculative import (
     accept_tree,
     measure_acceptance,
     speculative_generate,
-    target_probs,
 )
 from tiny import tiny_drafter
 
@@ -556,10 +555,32 @@ def test_greedy_is_the_same_rule_with_one_hot_distributions():
     assert nxt.tolist() == [int(logits[i, n[i]].argmax()) for i in range(5)]
 
 
+def explicit_sampling_rule(row: list[float], T: float, top_p: float) -> list[float]:
+    """Written out by hand: argmax one-hot at T = 0; else softmax(logits / T), keep the most likely
+    tokens while the mass before each is < top_p, renormalise."""
+    import math
+
+    if T == 0:
+        best = max(range(len(row)), key=lambda i: (row[i], -i))
+        return [float(i == best) for i in range(len(row))]
+    weights = [math.exp((x - max(row)) / T) for x in row]
+    probs = [w / sum(weights) for w in weights]
+    kept, mass = set(), 0.0
+    for i in sorted(range(len(row)), key=lambda i: -probs[i]):
+        if mass >= top_p:
+            break
+        kept.add(i)
+        mass += probs[i]
+    total = sum(probs[i] for i in kept)
+    return [probs[i] / total if i in kept else 0.0 for i in range(len(row))]
+
+
 def test_target_probs_matches_the_drafter_sampler():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 3
     for T, top_p in ((1.0, 1.0), (0.6, 0.9), (1.3, 0.5), (0.0, 1.0)):
         assert torch.allclose(target_probs(logits, T, top_p), sample_from_logits(logits, T, top_p, None)[1], atol=1e-7)
+        expected = torch.tensor([explicit_sampling_rule(row, T, top_p) for row in logits.tolist()])
+        assert torch.allclose(target_probs(logits, T, top_p), expected, atol=1e-6), (T, top_p)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,14 +669,11 @@ def test_acceptance_command(tmp_path, capsys):
 ])  # fmt: skip
 def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, message):
     """A name that does not exist is a usage error (exit 2) with a one-line message, never a traceback."""
-    from eagle31_mla.cli import main
     from eagle31_mla.demo import DEMO_DIR
+    from engine_configs import usage_error_line
 
     (tmp_path / "prompts.txt").write_text("Ann has\n")
     args = {"--target": str(DEMO_DIR / "target"), "--draft": str(DEMO_DIR / "draft"), "--prompts": str(tmp_path / "prompts.txt")}
     args.update({k: str(tmp_path / v) for k, v in change.items()})
     argv = ["acceptance", "--no-progress", "--device", "cpu"] + [x for kv in args.items() for x in kv]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]  # after any weight-loading progress bar
-    assert last.startswith("eagle31-mla: error:") and message in last and "Traceback" not in err
+    assert message in usage_error_line(argv, capsys)

@@ -67,9 +67,15 @@ def write_checkpoint(folder: Path, config: dict, tensors: dict[str, torch.Tensor
     return folder
 
 
-def published_style_config(model: Eagle31MLAForCausalLM) -> dict:
-    """config.json as the training framework exports it: kimi_k2, rope_scaling, nested one-based ids."""
+def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "published") -> dict:
+    """config.json as the training framework exports it: kimi_k2, rope_scaling, and the aux ids as
+    published   nested one-based (the released checkpoint)
+    training    nested zero-based (the training framework's own config)
+    top_level   top-level one-based only (vLLM's own key)
+    both        top-level one-based and nested zero-based"""
     c = model.config
+    one_based = list(c.aux_layer_ids.one_based)
+    zero_based = [i - 1 for i in one_based]
     rope = dict(c.rope_parameters)
     theta = rope.pop("rope_theta")
     rope_type = rope.pop("rope_type")
@@ -82,9 +88,17 @@ def published_style_config(model: Eagle31MLAForCausalLM) -> dict:
         "qk_nope_head_dim": c.qk_nope_head_dim, "qk_rope_head_dim": c.qk_rope_head_dim, "v_head_dim": c.v_head_dim,
         "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
         "rope_theta": theta, "mla_use_nope": True, "tie_word_embeddings": False, "torch_dtype": "float32",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids.one_based), "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": one_based, "use_aux_hidden_state": True},
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
     }  # fmt: skip
+    if ids_form in ("training", "both"):
+        out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = zero_based
+    if ids_form in ("top_level", "both"):
+        out["eagle_aux_hidden_state_layer_ids"] = one_based
+    if ids_form == "top_level":
+        del out["eagle_config"]
+    if ids_form not in ("published", "training", "top_level", "both"):
+        raise ValueError(f"unknown ids_form {ids_form!r}")
     if rope_type != "default":
         out["rope_scaling"] = {"type": rope_type, **rope}
     if c.fc_norm:

@@ -8,7 +8,7 @@ watch the drafter class directly.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import random
 import time
@@ -18,28 +18,20 @@ from pathlib import Path
 import torch
 
 from eagle31_mla import Eagle31MLAForCausalLM
-from tiny import YARN, published_style_config, randomize, tiny_config, write_checkpoint
+from tiny import YARN, published_style_config, tiny_drafter, write_checkpoint
 
 VOCAB, HIDDEN, TARGET_LAYERS = 512, 128, 6
 AUX_ONE_BASED = [2, 3, 5]  # < TARGET_LAYERS: HF's hidden_states[6] is post-final-norm, vLLM's is not
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world, this is a tiny", "over the lazy"]
 CPU_MLA = "CPU_MLA"  # AMX CPUs would pick AMX_MLA, which refuses fp32 weights; the drafter does not inherit it
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def build_tokenizer(folder: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from eagle31_mla.demo import train_byte_level_bpe
 
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
-    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog."] * 20
-                            + ["Hello world, this is a tiny tokenizer."] * 20, trainer=trainer)  # fmt: skip
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.save_pretrained(folder)
-    return fast
+    texts = ["The quick brown fox jumps over the lazy dog."] * 20 + ["Hello world, this is a tiny tokenizer."] * 20
+    return train_byte_level_bpe(texts, 400, folder)
 
 
 def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> Path:
@@ -88,8 +80,7 @@ def draft_model(seed: int = 2, *, rope=None, zero_lm_head: bool = False, **overr
         rope_parameters=dict(rope or dict(YARN, original_max_position_embeddings=256)),
         bos_token_id=0, eos_token_id=1, pad_token_id=2,
     )  # fmt: skip
-    config = tiny_config(**{**kwargs, **overrides})
-    model = randomize(Eagle31MLAForCausalLM(config), seed)
+    model = tiny_drafter(seed, **{**kwargs, **overrides})
     if zero_lm_head:
         with torch.no_grad():
             model.lm_head.weight.zero_()
@@ -129,19 +120,13 @@ def write_draft(folder: Path, model: Eagle31MLAForCausalLM, form: str) -> Path:
     if form == "exported":
         model.save_pretrained(folder)
         return folder
-    config = published_style_config(model)
+    if form not in ("published", "training", "top_level", "nemo"):
+        raise ValueError(form)
+    config = published_style_config(model, ids_form="published" if form == "nemo" else form)
     config["bos_token_id"], config["eos_token_id"], config["pad_token_id"] = 0, 1, 2
     tensors = dict(model.state_dict())
-    ids = list(model.config.aux_layer_ids.one_based)
-    if form == "training":
-        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
-    elif form == "top_level":
-        del config["eagle_config"]
-        config["eagle_aux_hidden_state_layer_ids"] = ids
-    elif form == "nemo":
+    if form == "nemo":
         tensors = {(k if k.startswith("lm_head") else "model." + k): v for k, v in tensors.items()}
-    elif form != "published":
-        raise ValueError(form)
     return write_checkpoint(folder, config, tensors)
 
 
@@ -219,10 +204,16 @@ class DrafterProbe:
         self.cls.combine_hidden_states, self.cls.forward = self._combine, self._forward
 
 
-def hf_hidden_states(target: Path, token_ids: list[int]):
+@functools.lru_cache(maxsize=8)
+def hf_model(target: Path):
+    """The target in Transformers, fp32, loaded once per folder (the tests compare many prompts)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+
+
+def hf_hidden_states(target: Path, token_ids: list[int]):
+    model = hf_model(target)
     with torch.no_grad():
         out = model(torch.tensor([token_ids]), output_hidden_states=True)
     return [h[0] for h in out.hidden_states]
@@ -230,9 +221,7 @@ def hf_hidden_states(target: Path, token_ids: list[int]):
 
 def hf_greedy(target: Path, token_ids: list[int], n: int) -> list[int]:
     """Plain argmax loop (HF `generate` would suppress EOS, which vLLM's ignore_eos does not)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    model = hf_model(target)
     ids = list(token_ids)
     with torch.no_grad():
         for _ in range(n):
@@ -325,9 +314,3 @@ def run_load(llm, requests: list[LoadRequest], *, aborts: bool = True, max_steps
                 del pending_aborts[rid]
     return LoadRun(tokens, finish, time.perf_counter() - start, steps)
 
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -43,7 +43,9 @@ __all__ = [
     "KIMI_K3_NUM_LAYERS",
     "KIMI_K3_AUX_LAYER_IDS",
     "aux_layer_ids_from_config",
+    "aux_layer_ids_from_attributes",
     "aux_layer_ids_config_entries",
+    "engine_default_one_based_ids",
 ]
 
 ONE_BASED = "one_based"
@@ -217,6 +219,20 @@ def aux_layer_ids_from_config(
                 f"{other_how} gives {other.describe()}; keep one, or label them with `{CONVENTION_KEY}`"
             )
     return first, "; ".join(h for _, h in readings)
+
+
+def aux_layer_ids_from_attributes(config: Any, num_target_layers: int | None = None) -> tuple[AuxLayerIds, str]:
+    """:func:`aux_layer_ids_from_config` for a config object (an engine's parsed ``PretrainedConfig``):
+    the same keys, read as attributes."""
+    keys = (IDS_KEY, "eagle_config", CONVENTION_KEY, "target_layer_ids")
+    raw = {key: getattr(config, key, None) for key in keys}
+    return aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers)
+
+
+def engine_default_one_based_ids(num_target_layers: int) -> list[int]:
+    """The ids vLLM and SGLang capture when a draft names none: one-based ``(2, n // 2, n - 3)``."""
+    n = num_target_layers
+    return [2, n // 2, n - 3]
 
 
 def aux_layer_ids_config_entries(ids: AuxLayerIds) -> dict[str, Any]:

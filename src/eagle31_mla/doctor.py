@@ -25,15 +25,19 @@ from .engines import (
     ENGINE_NAMES,
     ENGINES,
     FLAG,
+    KIMI_K3_STREAM_ENV,
     NESTED,
+    PLUGIN_INSTALL,
     TARGET_LAYER_IDS,
     TOKENSPEED_LAYERS_FLAG,
     TOKENSPEED_MLA_DRAFT_ARCHITECTURE,
     TOKENSPEED_RELEASES,
     Target,
+    kimi_k3_stream_is_prefix,
     sglang_capture,
     sglang_nested_form,
     tokenspeed_capture,
+    token_ids,
     tokenspeed_flag_form,
     vllm_capture,
 )
@@ -41,9 +45,8 @@ from .engines import (
 __all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K3_STREAM_ENV"]
 
 PROBLEM, NOTE = "problem", "note"
-KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
-VLLM_PLUGIN = 'pip install "eagle31-mla[vllm]" where vLLM runs (its plugin'
-SGLANG_PLUGIN = 'pip install "eagle31-mla[sglang]" where SGLang runs (its plugin'
+VLLM_PLUGIN = f"{PLUGIN_INSTALL['vllm']} where vLLM runs (its plugin"
+SGLANG_PLUGIN = f"{PLUGIN_INSTALL['sglang']} where SGLang runs (its plugin"
 
 #: Every check: id -> what it catches. Ids are stable: scripts may match on them.
 CHECKS: dict[str, str] = {
@@ -282,7 +285,7 @@ def _read_draft(draft: Mapping[str, Any], add, draft_name: str, ids_error: str |
         fc_norm=bool(source.get("fc_norm", False)),
         norm_output=bool(source.get("norm_output", False)),
         bos_token_id=source.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ()),
+        eos_token_ids=token_ids(eos),
     )
 
 
@@ -360,7 +363,7 @@ def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: st
         add(Finding("hidden-size-mismatch", f"the draft's target_hidden_size is {d.target_hidden_size}, {target.name}'s "
                     f"hidden_size is {target.hidden_size}: its fc takes n x {d.target_hidden_size} captured values",
                     "serve the drafter with the target it was trained for (if the draft config just lacks "
-                    f'"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
+                    '"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
     wrong = []
     if d.bos_token_id is not None and target.bos_token_id is not None and d.bos_token_id != target.bos_token_id:
         wrong.append(f"bos {d.bos_token_id} vs {target.bos_token_id}")
@@ -413,7 +416,7 @@ def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, dra
                     "use vLLM >= 0.22"))  # fmt: skip
     if target.is_kimi_k3 and engine.kimi_k3_stream_env:
         stream = environ.get(KIMI_K3_STREAM_ENV)
-        if stream not in (None, "", "0"):
+        if not kimi_k3_stream_is_prefix(stream):
             add(Finding("k3-aux-stream", f"{KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
                         "mixture (DSpark drafters' stream); this drafter was trained on the prefix-only stream (=0): "
                         "nothing fails, acceptance drops", f"unset {KIMI_K3_STREAM_ENV} (or export {KIMI_K3_STREAM_ENV}=0)"))  # fmt: skip
@@ -535,5 +538,5 @@ def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: 
                     f"when present) and then the top level, and finds none, so {got}", fix))  # fmt: skip
     else:
         where = {FLAG: TOKENSPEED_LAYERS_FLAG, NESTED: "the nested eagle_config ids"}.get(capture.source, "the top-level ids")
-        rule = "adds 1 to every id" if tokenspeed_flag_form(target, ids) == list(ids.zero_based) else "takes them as one-based"
+        rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
         add(Finding("tokenspeed-ids-convention", f"TokenSpeed passes {where} raw and the target {rule}, so {got}", fix))

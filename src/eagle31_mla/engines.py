@@ -13,15 +13,22 @@ the drafter, and from which key of the draft's ``config.json`` did it take them?
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .aux_layers import IDS_KEY, AuxLayerIds
+from .aux_layers import IDS_KEY, AuxLayerIds, engine_default_one_based_ids
 
 __all__ = [
     "ENGINES",
     "ENGINE_NAMES",
+    "KIMI_K3_STREAM_ENV",
+    "PLUGIN_INSTALL",
+    "kimi_k3_stream_is_prefix",
+    "is_kimi_k3_model",
+    "parse_release",
+    "token_ids",
     "InputError",
     "read_config_json",
     "Target",
@@ -32,17 +39,42 @@ __all__ = [
     "tokenspeed_capture",
     "sglang_nested_form",
     "tokenspeed_flag_form",
-    "TOKENSPEED_ENTRY_POINT",
     "TOKENSPEED_LAYERS_FLAG",
 ]
 
 ENGINES = ("vllm", "sglang", "tokenspeed")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
+PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
+
+#: vLLM (0.28+) picks a Kimi-K3 target's aux stream with this variable: 0, the default, is the
+#: prefix-only stream this drafter was trained on; 1 is the AttnRes mixture DSpark drafters use.
+KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+
+
+def parse_release(version: str, engine: str) -> tuple[int, int, int]:
+    """"0.22.1", "0.22", "0.32.0+cpu" -> (0, 22, 1), (0, 22, 0), (0, 32, 0)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not match:
+        raise ValueError(f"cannot read a {ENGINE_NAMES[engine]} version from {version!r}")
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+def is_kimi_k3_model(model_type: str | None, architectures: Sequence[str] | None) -> bool:
+    return model_type == "kimi_k3" or any("KimiK3" in a for a in architectures or ())
+
+
+def kimi_k3_stream_is_prefix(value: str | None) -> bool:
+    """Whether vLLM, reading the variable as it does (``bool(int(os.getenv(name, "0")))``), keeps
+    the prefix-only stream: unset, or an integer equal to 0 ("0", "00"). Anything else is refused."""
+    if value is None:
+        return True
+    try:
+        return int(value) == 0
+    except ValueError:
+        return False
 
 # ---- TokenSpeed (lightseekorg/tokenspeed 0.1.1; reference notes §5) ---------------------------------
 
-#: Plugins load through this entry-point group (``register_model(cls, architectures=..., override=...)``).
-TOKENSPEED_ENTRY_POINT = "tokenspeed.plugins"
 TOKENSPEED_RELEASES = ((0, 1, 1),)
 #: Overrides the draft config's ids; passed raw to the target, so it is in the TARGET's convention.
 TOKENSPEED_LAYERS_FLAG = "--eagle3-layers-to-capture"
@@ -70,7 +102,9 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
             raise InputError(f"{path} has no config.json")
     elif path.is_file():
         file = path
-    elif path.exists() or str(path_or_id).count("/") != 1 or str(path_or_id).startswith((".", "/", "~")):
+    elif path.exists() or str(path_or_id).count("/") > 1 or str(path_or_id).startswith((".", "/", "~")):
+        # the rule of modeling_eagle31_mla.looks_like_a_local_path, kept here so that config-only
+        # commands (doctor, serve-command) need not import torch
         raise InputError(f"{path_or_id}: no such folder or file")
     else:
         from huggingface_hub import hf_hub_download
@@ -92,7 +126,8 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _ints(value) -> tuple[int, ...]:
+def token_ids(value) -> tuple[int, ...]:
+    """A config's ``eos_token_id`` (an int, a list of them, or None) as a tuple of ints."""
     if isinstance(value, (list, tuple)):
         return tuple(v for v in value if _int(v) is not None)
     return (value,) if _int(value) is not None else ()
@@ -129,12 +164,12 @@ class Target:
             hidden_size=_int(get("hidden_size")),
             vocab_size=_int(get("vocab_size")),
             bos_token_id=_int(get("bos_token_id")),
-            eos_token_ids=_ints(get("eos_token_id")),
+            eos_token_ids=token_ids(get("eos_token_id")),
         )
 
     @property
     def is_kimi_k3(self) -> bool:
-        return self.model_type == "kimi_k3" or any("KimiK3" in a for a in self.architectures)
+        return is_kimi_k3_model(self.model_type, self.architectures)
 
     def describe(self) -> str:
         arch = self.architectures[0] if self.architectures else self.model_type or "unknown architecture"
@@ -185,8 +220,7 @@ def _nested(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _default_layers(target: Target) -> list[int] | None:
-    n = target.num_layers
-    return [2, n // 2, n - 3] if n else None
+    return engine_default_one_based_ids(target.num_layers) if target.num_layers else None
 
 
 def vllm_capture(draft: Mapping[str, Any], target: Target, engine, runner: str) -> Capture:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
+from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, read_config_json, token_ids, tokenspeed_flag_form
 
 __all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
 
@@ -117,11 +117,10 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
     against a Kimi-K3-architecture target sized like the drafter (no environment variables set)."""
     from .doctor import diagnose, engine_releases
 
-    eos = config.eos_token_id
     target = replace(
         KIMI_K3_TARGET, name="a Kimi-K3 target", num_layers=max(KIMI_K3_TARGET.num_layers, max(ids.one_based)),
         hidden_size=config.target_hidden_size, vocab_size=config.vocab_size, bos_token_id=config.bos_token_id,
-        eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ()),
+        eos_token_ids=token_ids(config.eos_token_id),
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
     for engine in ENGINES:

@@ -403,7 +403,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
-    def _check_inputs(self, input_ids, aux_hidden_states, hidden_states, position_ids) -> None:
+    def _check_inputs(self, input_ids, aux_hidden_states, hidden_states, position_ids, values: bool = True) -> None:
         """Refuse, with a ValueError naming the argument and what was expected, before any compute:
         the wrong shape, dtype (floats must be the drafter's dtype: no silent cast) or device; token ids
         outside the vocabulary; positions outside [0, max_position_embeddings); NaN or inf in the
@@ -439,7 +439,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         for arg, value in (("input_ids", input_ids), (name, given), ("position_ids", position_ids)):
             if value is not None and value.device != device:
                 raise ValueError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
-        if torch.compiler.is_compiling():
+        if not values or torch.compiler.is_compiling():
             return  # value checks need a host sync, which would break a compiled graph / CUDA graph
         # Values: one pass over each input, one device sync for all of them.
         checks = [torch.isfinite(given).all(), ((input_ids >= 0) & (input_ids < config.vocab_size)).all()]
@@ -477,11 +477,17 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # [B, S] 1 = real token, or [B, 1, T, S] bool
         use_cache: bool | None = None,
         absorb: bool | None = None,
+        logits_to_keep: int = 0,
+        check_values: bool = True,
         **kwargs,
     ) -> Eagle31MLAOutput:
         """One draft step over T tokens. ``absorb`` picks the latent (weight-absorbed) attention; by
-        default it is used when earlier tokens are cached (decode), the naive path for a prompt."""
-        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids)
+        default it is used when earlier tokens are cached (decode), the naive path for a prompt.
+        ``logits_to_keep`` = N > 0 computes logits for the last N positions only (drafting needs the
+        last one; the 163,840-row lm_head dominates a prompt's compute); 0 keeps all (training).
+        ``check_values=False`` skips the value checks (one host sync), for steps a drafting loop feeds
+        with the drafter's own outputs; shapes, dtypes and devices are always checked."""
+        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids, values=check_values)
         B, T = input_ids.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -506,7 +512,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         h = self.layers[0](embeds, h, cos, sin, mask, past_key_values if use_cache else None, absorb)
         normed = self.norm(h)  # [B, T, H]
         return Eagle31MLAOutput(
-            logits=self.lm_head(normed),  # [B, T, draft_vocab]
+            logits=self.lm_head(normed[:, -logits_to_keep:]),  # [B, T or logits_to_keep, draft_vocab]
             hidden_states=normed if self.config.norm_output else h,
             past_key_values=past_key_values if use_cache else None,
         )
@@ -550,10 +556,16 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         out = self(input_ids, aux_hidden_states=aux_hidden_states, position_ids=position_ids,
-                   past_key_values=past_key_values, use_cache=True)  # fmt: skip
+                   past_key_values=past_key_values, use_cache=True, logits_to_keep=1)  # fmt: skip
         cache = out.past_key_values
         position = (position_ids[:, -1:] if position_ids is not None else torch.full_like(input_ids[:, -1:], cache.get_seq_length() - 1))
-        logits, state = out.logits[:, -1:], out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
+        logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
+        # Later steps are fed the drafter's own outputs and skip forward's checks; only their positions
+        # can still go wrong, so check the furthest one once here.
+        last = int(position.max()) + num_tokens - 1
+        if last >= self.config.max_position_embeddings:
+            raise ValueError(f"`position_ids` reach {last}, beyond max_position_embeddings "
+                             f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context)")  # fmt: skip
         tokens, probs = [], []
         for step in range(num_tokens):
             draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator)  # [B], [B, V]
@@ -562,7 +574,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             if step == num_tokens - 1:
                 break
             position = position + 1
-            out = self(tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache, use_cache=True)
+            out = self(tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache,
+                       use_cache=True, check_values=False)  # fmt: skip
             logits, state = out.logits, out.hidden_states
         return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state)
 
@@ -615,10 +628,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             unknown.discard("device_map")
         if unknown:
             raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
-        name = os.fspath(pretrained_model_name_or_path)
-        looks_local = not isinstance(pretrained_model_name_or_path, str) or name.startswith(("/", ".", "~")) or name.count("/") > 1
-        if looks_local and not os.path.exists(name):  # not a Hub id: say so instead of a repo-id validation error
-            raise FileNotFoundError(f"{name}: no such folder (a local path; a Hub repo id looks like 'org/name')")
         folder = resolve_model_folder(
             pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
             local_files_only=local_files_only, token=token, allow_pickle=allow_pickle,
@@ -658,23 +667,30 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         return model
 
 
-def sample_from_logits(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V]
-    (one-hot for greedy, temperature-scaled and top-p-truncated otherwise)."""
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities. One-hot
+    argmax for temperature 0 (ties to the lowest id); otherwise temperature softmax truncated to the
+    smallest prefix reaching ``top_p``, renormalised. The drafter and the reference loop share it."""
     if temperature <= 0:
-        ids = logits.argmax(-1)
-        return ids, F.one_hot(ids, logits.shape[-1]).to(torch.float32)
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
-        sorted_probs = sorted_probs * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
         probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from_logits(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V]."""
+    probs = sampling_probs(logits, temperature, top_p)
+    if temperature <= 0:
+        return probs.argmax(-1), probs
     return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
 
 
@@ -683,6 +699,13 @@ def sample_from_logits(
 # ----------------------------------------------------------------------------------------------
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def looks_like_a_local_path(name_or_path: str | os.PathLike) -> bool:
+    """A path object, or a string starting with / . ~ or holding more than one "/" (Hub ids are
+    "org/name" or a bare legacy "name")."""
+    name = os.fspath(name_or_path)
+    return not isinstance(name_or_path, str) or name.startswith(("/", ".", "~")) or name.count("/") > 1
 
 
 def resolve_model_folder(
@@ -701,6 +724,8 @@ def resolve_model_folder(
         return path
     if path.exists():
         raise ValueError(f"{path} is a file; pass the folder that holds config.json and the safetensors")
+    if looks_like_a_local_path(name_or_path):  # say so, instead of the Hub's repo-id validation error
+        raise FileNotFoundError(f"{os.fspath(name_or_path)}: no such folder (a local path; a Hub repo id looks like 'org/name')")
     from huggingface_hub import constants, snapshot_download
 
     # Offline mode means cache only, whatever the revision (some huggingface_hub releases still list

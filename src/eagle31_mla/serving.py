@@ -16,12 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-from .engines import ENGINE_NAMES, ENGINES, TOKENSPEED_LAYERS_FLAG, TOKENSPEED_TOPK, Target, tokenspeed_flag_form
+from .engines import (
+    ENGINE_NAMES,
+    ENGINES,
+    KIMI_K3_STREAM_ENV,
+    PLUGIN_INSTALL,
+    TOKENSPEED_LAYERS_FLAG,
+    TOKENSPEED_TOPK,
+    Target,
+    tokenspeed_flag_form,
+)
 
 __all__ = ["ServeCommand", "serve_command"]
 
-KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
-PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
 
 
 @dataclass
@@ -30,6 +37,8 @@ class ServeCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     comments: list[str] = field(default_factory=list)
+    #: TokenSpeed: the ids the command passes with --eagle3-layers-to-capture (None: flag left out)
+    layers_to_capture: list[int] | None = None
 
     def shell(self) -> str:
         """The command as a shell line, one option per continued line, values quoted."""
@@ -73,6 +82,7 @@ def serve_command(
         num_draft_tokens = chain
     elif num_draft_tokens is None:
         raise ValueError("with topk > 1 give --num-draft-tokens (the size of the draft tree to verify)")
+    layers_to_capture = None
     if engine == "vllm" and topk != 1:
         raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")
     if engine == "tokenspeed" and topk != TOKENSPEED_TOPK:
@@ -109,7 +119,7 @@ def serve_command(
         argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_name,
                  "--speculative-num-steps", str(num_steps), "--speculative-num-draft-tokens", str(num_draft_tokens),
                  "--speculative-eagle-topk", str(topk)]  # fmt: skip
-        form = tokenspeed_flag_form(target, ids)
+        form = layers_to_capture = tokenspeed_flag_form(target, ids)
         if form is not None:
             argv += [TOKENSPEED_LAYERS_FLAG, ",".join(map(str, form))]
             convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
@@ -120,4 +130,4 @@ def serve_command(
         if tensor_parallel_size:
             argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     comments.append(f"{ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
-    return ServeCommand(engine, argv, env, comments)
+    return ServeCommand(engine, argv, env, comments, layers_to_capture)

@@ -60,10 +60,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from .aux_layers import AuxLayerIds
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache, sampling_probs
 
 __all__ = [
     "AcceptanceStats",
@@ -73,7 +72,6 @@ __all__ = [
     "measure_acceptance",
     "accept_chain",
     "accept_tree",
-    "target_probs",
     "read_prompts",
 ]
 
@@ -81,21 +79,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # The accept / resample rules (vectorised over B independent trials; the loop uses B = 1)
 # ----------------------------------------------------------------------------------------------
-
-
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities.
-    One-hot argmax for temperature 0 (ties to the lowest id); the same temperature / top-p rule as
-    the drafter's ``sample_from_logits``."""
-    if temperature <= 0:
-        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -385,7 +368,6 @@ class _Target:
         self.cache = DynamicCache(config=model.config)
         self.cache_keyword = _cache_keyword(model)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.num_forwards = 0
 
     def forward(self, ids, positions, mask=None, last_only=False):
         kwargs = {self.cache_keyword: self.cache, "use_cache": True, "output_hidden_states": True, "position_ids": positions}
@@ -393,7 +375,6 @@ class _Target:
             kwargs["attention_mask"] = mask
         if last_only and self.keeps_logits:
             kwargs["logits_to_keep"] = 1  # a long prompt's logits over a large vocabulary are not needed
-        self.num_forwards += 1
         out = self.model(ids, **kwargs)
         logits = out.logits[:, -1:] if last_only else out.logits
         return logits.to(self.device), self.capture(out.hidden_states).to(self.device)  # [1, T, V], [1, T, n·Ht]
@@ -598,7 +579,7 @@ def speculative_generate(
         tgt = _Target(target, capture)
         n = prompt.shape[1]
         logits, aux = tgt.forward(prompt, torch.arange(n, device=device)[None], last_only=True)
-        token = int(_sample(target_probs(logits[:, -1], temperature, top_p), generator))
+        token = int(_sample(sampling_probs(logits[:, -1], temperature, top_p), generator))
         out = [token]
         # EAGLE's shift: drafter position i gets token i+1's embedding and the target's state at position i
         pending_ids = torch.cat([prompt[:, 1:], prompt.new_tensor([[token]])], dim=1)  # [1, n]
@@ -617,7 +598,7 @@ def speculative_generate(
                 positions, mask = torch.arange(L, L + num_steps + 1, device=device)[None], None
             else:
                 step = drafter(pending_ids.to(draft_device), aux_hidden_states=pending_aux.to(draft_device, draft_dtype),
-                               past_key_values=draft_cache, use_cache=True)  # fmt: skip
+                               past_key_values=draft_cache, use_cache=True, logits_to_keep=1)  # fmt: skip
                 draft_cache = step.past_key_values
                 t = _draft_tree(drafter, draft_cache, step.logits[0, -1], step.hidden_states[0, -1],
                                 draft_cache.get_seq_length() - 1, num_steps, topk, num_nodes, token)  # fmt: skip
@@ -628,7 +609,7 @@ def speculative_generate(
 
             # 2. verify: one target forward over the root and the draft tokens
             logits, aux = tgt.forward(nodes, positions, mask)  # [1, N, V], [1, N, n·Ht]
-            p = target_probs(logits, temperature, top_p)
+            p = sampling_probs(logits, temperature, top_p)
 
             # 3. accept
             if not tree:

@@ -92,7 +92,7 @@ def ttt_forward(
         if k == 1 and anchors is not None:
             state = state[:, anchors]
         token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
-        mask = diagonal_mask(S, k, None if anchors is None else anchors, device)[None, None].expand(B, 1, -1, -1) if k else None
+        mask = diagonal_mask(S, k, anchors, device)[None, None].expand(B, 1, -1, -1) if k else None
         out = drafter(
             input_ids[:, token_at],
             aux_hidden_states=aux if k == 0 else None,

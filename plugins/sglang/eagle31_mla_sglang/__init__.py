@@ -38,10 +38,9 @@ class CanonicalAuxLayerIds(list):
     """One-based completed-layer ids that this plugin resolved for the draft (a list, so that code
     that does not know it still sees the most common form)."""
 
-    def __init__(self, aux_layer_ids, how: str = ""):
+    def __init__(self, aux_layer_ids):
         super().__init__(aux_layer_ids.one_based)
         self.aux_layer_ids = aux_layer_ids
-        self.how = how
 
 
 def register() -> None:
@@ -72,21 +71,19 @@ def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
 
 
 def canonical_ids_for_draft(hf_config, num_target_layers: int, attention_arch=None) -> CanonicalAuxLayerIds:
-    from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+    from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
 
     if attention_arch is not None and getattr(attention_arch, "name", str(attention_arch)) != "MLA":
         raise ValueError(
             f"eagle31-mla: SGLang would give the {DRAFT_ARCHITECTURE} draft a {attention_arch} KV cache, not MLA's "
             "latent one; keep `Eagle3DeepseekV2ForCausalLM` in the draft's `architectures`"
         )
-    raw = {key: getattr(hf_config, key, None) for key in
-           ("eagle_aux_hidden_state_layer_ids", "eagle_config", "aux_layer_ids_convention", "target_layer_ids")}  # fmt: skip
     try:
-        ids, how = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers)
+        ids, how = aux_layer_ids_from_attributes(hf_config, num_target_layers)
     except AuxLayerIdError as err:
         raise ValueError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
     logger.info("eagle31-mla: draft aux layers %s (%s)", ids.describe(), how)
-    return CanonicalAuxLayerIds(ids, how)
+    return CanonicalAuxLayerIds(ids)
 
 
 def configure_aux_hidden_state_capture(original, *args, **kwargs):

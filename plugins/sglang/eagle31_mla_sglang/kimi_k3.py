@@ -30,10 +30,10 @@ def prefix_stream(layer_output, forward_batch) -> torch.Tensor:
 
 
 def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
-    from eagle31_mla.aux_layers import AuxLayerIds
+    from eagle31_mla.aux_layers import AuxLayerIds, engine_default_one_based_ids
 
     n = self.config.num_hidden_layers
-    ids = AuxLayerIds.from_one_based(layer_ids if layer_ids is not None else (2, n // 2, n - 3), n)
+    ids = AuxLayerIds.from_one_based(layer_ids if layer_ids is not None else engine_default_one_based_ids(n), n)
     model = self.model
     if self.pp_group.world_size != 1:
         raise NotImplementedError("eagle31-mla: Kimi-K3 EAGLE-3 capture supports pipeline parallel size 1")
@@ -57,8 +57,8 @@ def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
         buffer, module._eagle31_buffer = module._eagle31_buffer, None
         return (output, buffer) if isinstance(output, torch.Tensor) else output
 
-    handles = [model.layers[k - 1].register_forward_hook(capture, with_kwargs=True)
-               for k in ids.one_based if model.start_layer <= k - 1 < model.end_layer]  # fmt: skip
+    handles = [model.layers[x].register_forward_hook(capture, with_kwargs=True)  # after zero-based layer x
+               for x in ids.zero_based if model.start_layer <= x < model.end_layer]  # fmt: skip
     handles.append(model.register_forward_pre_hook(open_buffer, with_kwargs=True))
     handles.append(model.register_forward_hook(return_aux, with_kwargs=True))
     model._eagle31_handles = handles

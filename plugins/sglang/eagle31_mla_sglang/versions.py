@@ -14,9 +14,10 @@ layer i for each stored i, i.e. one-based completed-layer id i. Without ids it u
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Sequence
+
+from eagle31_mla.engines import parse_release
 
 __all__ = [
     "MLA_DRAFT_ARCHITECTURE",
@@ -71,10 +72,7 @@ RELEASES = ((0, 5, 23),)
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if not match:
-        raise ValueError(f"cannot read an SGLang version from {version!r}")
-    return int(match[1]), int(match[2]), int(match[3] or 0)
+    return parse_release(version, "sglang")
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,9 @@ def target_reading(architectures: Sequence[str]) -> str | None:
 def stored_layers(reading: str, ids: Sequence[int] | None, num_layers: int) -> list[int]:
     """What a target stores (= the one-based layers it captures) when given ``ids`` (None: default)."""
     if ids is None:
-        return [2, num_layers // 2, num_layers - 3]
+        from eagle31_mla.aux_layers import engine_default_one_based_ids
+
+        return engine_default_one_based_ids(num_layers)
     if reading == "plus_one" or (reading == "first_id_heuristic" and ids and ids[0] == 1):
         return [i + 1 for i in ids]
     return list(ids)

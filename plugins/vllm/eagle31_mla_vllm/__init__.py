@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import os
 
+from eagle31_mla.engines import KIMI_K3_STREAM_ENV
+
 __all__ = ["register", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,6 @@ logger = logging.getLogger(__name__)
 VLLM_ARCHITECTURE = "Eagle31MLADeepseekV2ForCausalLM"
 #: Draft architectures the plugin takes over: the published checkpoint's name, and its own.
 DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", VLLM_ARCHITECTURE)
-KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 CPU_ROTARY_FIX_ENV = "EAGLE31_VLLM_CPU_ROTARY_FIX"
 CPU_SAMPLING_FIX_ENV = "EAGLE31_VLLM_CPU_SAMPLING_FIX"
 
@@ -63,21 +64,19 @@ def draft_hf_config_override(hf_config, *args, **kwargs):
     Module-level so that vLLM can pickle it into its engine processes.
     """
     architectures = list(getattr(hf_config, "architectures", None) or [])
-    if architectures[:1] not in ([name] for name in DRAFT_ARCHITECTURES):
+    if not architectures or architectures[0] not in DRAFT_ARCHITECTURES:
         return _original_hf_config_override(hf_config, *args, **kwargs)
     # kimi_k2 / deepseek_v3 drafts: vLLM detects MLA for EAGLE drafts only under deepseek_v2, and its
     # own hook would turn a deepseek_v3 one into an MTP draft.
     hf_config.model_type = "deepseek_v2"
     hf_config = _original_hf_config_override(hf_config, *args, **kwargs)
-    from eagle31_mla.aux_layers import aux_layer_ids_config_entries, aux_layer_ids_from_config
+    from eagle31_mla.aux_layers import aux_layer_ids_config_entries, aux_layer_ids_from_attributes
 
-    raw = {key: getattr(hf_config, key, None) for key in
-           ("eagle_aux_hidden_state_layer_ids", "eagle_config", "aux_layer_ids_convention", "target_layer_ids")}  # fmt: skip
-    ids, how = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None})
+    ids, how = aux_layer_ids_from_attributes(hf_config)
     entries = aux_layer_ids_config_entries(ids)
     hf_config.eagle_aux_hidden_state_layer_ids = entries["eagle_aux_hidden_state_layer_ids"]
     hf_config.aux_layer_ids_convention = entries["aux_layer_ids_convention"]
-    hf_config.eagle_config = {**(raw["eagle_config"] or {}), **entries["eagle_config"]}
+    hf_config.eagle_config = {**(getattr(hf_config, "eagle_config", None) or {}), **entries["eagle_config"]}
     hf_config.architectures = [VLLM_ARCHITECTURE]
     logger.info("eagle31-mla: draft aux layers %s (%s); serving as %s", ids.describe(), how, VLLM_ARCHITECTURE)
     return hf_config

@@ -25,10 +25,10 @@ from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
-from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
+from eagle31_mla.engines import KIMI_K3_STREAM_ENV, is_kimi_k3_model, kimi_k3_stream_is_prefix
 from eagle31_mla.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
 
-from . import KIMI_K3_STREAM_ENV
 from .versions import VllmFeatures, features
 
 __all__ = ["Eagle31MLAEagle3ForCausalLM", "check_serving", "is_kimi_k3"]
@@ -41,17 +41,14 @@ class ServingConfigError(ValueError):
 
 
 def is_kimi_k3(target_hf_config) -> bool:
-    architectures = getattr(target_hf_config, "architectures", None) or []
-    return any("KimiK3" in name for name in architectures) or getattr(target_hf_config, "model_type", "") == "kimi_k3"
+    return is_kimi_k3_model(getattr(target_hf_config, "model_type", None), getattr(target_hf_config, "architectures", None))
 
 
 def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, environ=os.environ) -> None:
     """Every check that needs the target and the engine; raises :class:`ServingConfigError`."""
     depth = target_model_config.get_total_num_hidden_layers()
-    raw = {key: getattr(draft_hf_config, key, None) for key in
-           ("eagle_aux_hidden_state_layer_ids", "eagle_config", "aux_layer_ids_convention")}  # fmt: skip
     try:
-        ids, _ = aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers=depth)
+        ids, _ = aux_layer_ids_from_attributes(draft_hf_config, num_target_layers=depth)
     except AuxLayerIdError as err:
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
     target_hf_config = target_model_config.hf_config
@@ -68,8 +65,8 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
     if is_kimi_k3(target_hf_config):
         if not engine.kimi_k3_target:
             raise ServingConfigError(f"eagle31-mla: Kimi-K3 targets need vLLM >= 0.27; this is {engine.describe()}")
-        stream = environ.get(KIMI_K3_STREAM_ENV, "0")
-        if engine.kimi_k3_stream_env and stream != "0":
+        stream = environ.get(KIMI_K3_STREAM_ENV)
+        if engine.kimi_k3_stream_env and not kimi_k3_stream_is_prefix(stream):
             raise ServingConfigError(
                 f"eagle31-mla: {KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
                 "mixture (the stream DSpark drafters use), but this drafter was trained on the prefix-only "

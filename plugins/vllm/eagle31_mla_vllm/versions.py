@@ -7,8 +7,9 @@ builds) are exercised end to end by the test suite, the rest is read from the so
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
+
+from eagle31_mla.engines import parse_release
 
 __all__ = ["SUPPORTED", "RELEASES", "VllmFeatures", "installed_version", "features", "parse_version"]
 
@@ -29,11 +30,7 @@ VERSION_OVERRIDE_ENV = "EAGLE31_VLLM_EMULATE_VERSION"
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    """"0.22.1", "0.22", "0.32.0+cpu" -> (0, 22, 1), (0, 22, 0), (0, 32, 0)."""
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if not match:
-        raise ValueError(f"cannot read a vLLM version from {version!r}")
-    return int(match[1]), int(match[2]), int(match[3] or 0)
+    return parse_release(version, "vllm")
 
 
 def installed_version() -> tuple[int, int, int]:
@@ -63,11 +60,11 @@ class VllmFeatures:
     kimi_k3_stream_env: bool
     #: the V1 model runner reads nested `eagle_config` aux ids when there are no top-level ones
     #: (0.20/0.21 read only the top level). Top-level ids come first in both runners on every release.
-    v1_reads_nested_aux_ids: bool = False
+    v1_reads_nested_aux_ids: bool
     #: the V2 model runner can serve EAGLE-3 (allow-listed architectures from 0.22, Kimi-K3 targets
     #: from 0.27, every model with Triton from 0.29; VLLM_USE_V2_MODEL_RUNNER=1 forces it). It never
     #: reads nested `eagle_config` ids, and it adds 1 to a top-level `target_layer_ids`.
-    v2_model_runner: bool = False
+    v2_model_runner: bool
 
     @property
     def supported(self) -> bool:
@@ -78,9 +75,10 @@ class VllmFeatures:
 
 
 def features(version: tuple[int, int, int] | None = None) -> VllmFeatures:
-    v = (version or installed_version())[:2]
+    version = version or installed_version()
+    v = version[:2]
     return VllmFeatures(
-        version=version or installed_version(),
+        version=version,
         fc_width_follows_aux_count=v >= (0, 22),
         builds_fc_norm=v >= (0, 22),
         applies_fc_norm=v >= (0, 23),
