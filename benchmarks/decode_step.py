@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Decode-step time of the full-size Kimi-K3 drafter against its memory-bandwidth floor.
+"""Decode-step time of the full-size Kimi-K3 drafter against an estimate of its memory-bandwidth floor.
 
 A draft step (k >= 1) reads every weight it touches once (attention, MLP, final norm, the 163,840-row
-lm_head; not `fc`, `fc_norm` or the embedding table beyond one row) plus the latent KV cache, so its
-floor is those bytes / memory bandwidth. Bandwidth is measured by this script in the same run (best
-of large copies and of a matrix-vector product streaming 1 GiB, the higher of the two rates; the
-stricter floor), beside each row, because the machine is shared and noisy: compare the ratio, not the
-seconds. Also times weight-absorbed latent attention against naive decompression of the cache.
+lm_head, about 70% of the bytes; not `fc`, `fc_norm` or the embedding table beyond one row) plus the
+latent KV cache, so its floor is about those bytes / the memory's read bandwidth. The read bandwidth
+is measured by a pure streaming-read kernel (a sum over a 1 GiB fp32 buffer: no writes, no arithmetic
+to speak of), timed interleaved with the steps and taken as the best of those reads, because the
+machine is shared and noisy. The floor is an estimate (no kernel reads faster than a plain sum, but a
+matrix-vector product may not reach it); each row also prints the rate the step achieved (its bytes /
+its median time). Compare the ratio, not the seconds. Also times weight-absorbed latent attention
+against naive decompression of the cache, and on CPU both absorbed-attention paths (native bf16
+products, and the fp32 ones taken where the CPU has no native bf16).
 
     python benchmarks/decode_step.py                       # bf16, contexts 1k 4k 16k 32k
+    python benchmarks/decode_step.py --contexts 1024 4096 --steps 5 --naive-context 4096   # a quick run
     python benchmarks/decode_step.py --device cuda --compile reduce-overhead   # GPU, CUDA graphs
 
 Random weights (built on the meta device, then filled in bf16: never an fp32 copy of 3 B params).
@@ -23,6 +28,7 @@ import time
 
 import torch
 
+import eagle31_mla.modeling_eagle31_mla as modeling
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 
 
@@ -31,28 +37,34 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure_bandwidth(device, gib: float = 1.0, repeats: int = 5) -> tuple[float, float]:
-    """Best of `repeats`: bytes per second moved by a large copy (read + write counted), and read by a
-    matrix-vector product (torch.mv, the fastest kernel here) streaming a 1 GiB bf16 matrix (what a
-    decode step's weight reads are)."""
-    n = int(gib * 2**30) // 2
-    src = torch.empty(n, dtype=torch.bfloat16, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    matrix = src.view(8192, -1)
-    vector = torch.ones(matrix.shape[1], dtype=torch.bfloat16, device=device)
-    best_copy = best_read = float("inf")
-    for _ in range(repeats):
-        sync(device)
+class StreamingRead:
+    """A pure streaming-read kernel: the sum of a `gib` GiB fp32 buffer. ``rate()`` is the best bytes
+    per second seen so far, over every ``sample()`` (called between the steps being measured)."""
+
+    def __init__(self, device, gib: float = 1.0):
+        self.device = device
+        self.buffer = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32, device=device)
+        self.best = float("inf")
+
+    def sample(self) -> None:
+        sync(self.device)
         t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best_copy = min(best_copy, time.perf_counter() - t)
-        t = time.perf_counter()
-        torch.mv(matrix, vector)
-        sync(device)
-        best_read = min(best_read, time.perf_counter() - t)
-    nbytes = src.numel() * src.element_size()
-    return 2 * nbytes / best_copy, nbytes / best_read
+        self.buffer.sum()
+        sync(self.device)
+        self.best = min(self.best, time.perf_counter() - t)
+
+    def rate(self) -> float:
+        return self.buffer.numel() * self.buffer.element_size() / self.best
+
+
+def cpu_kind() -> str:
+    """The CPU and the flags that decide its bf16 speed, as torch reports them."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    caps = dict(get()) if get is not None else {}
+    flags = [f for f in ("avx2", "avx512_f", "avx512_bf16", "amx_bf16", "bf16") if caps.get(f)]
+    name = caps.get("cpu_name") or platform.processor() or platform.machine()
+    path = "native bf16" if modeling.cpu_has_native_bf16() else "fp32 (no native bf16)"
+    return f"{name}, flags {' '.join(flags) or 'unknown'}; absorbed attention on this CPU: {path}"
 
 
 def random_drafter(device, dtype=torch.bfloat16) -> Eagle31MLAForCausalLM:
@@ -78,7 +90,9 @@ def step_bytes(model, context: int) -> int:
     return weights + cache
 
 
-def time_step(model, context: int, steps: int, absorb: bool, device) -> float:
+def time_step(model, context: int, steps: int, absorb: bool, device, reads: StreamingRead | None = None) -> float:
+    """Median time of a one-token decode step over a `context`-token cache; with `reads`, a streaming
+    read is timed before every step (interleaved, so both see the same machine state)."""
     config = model.config
     cache = LatentKVCache.for_model(config, 1, dtype=model.dtype, device=device, capacity=context + 8)
     cache.c_kv[:, :context].normal_()
@@ -90,9 +104,11 @@ def time_step(model, context: int, steps: int, absorb: bool, device) -> float:
     times = []
     with torch.inference_mode():
         for i in range(steps + 2):
+            if reads is not None:
+                reads.sample()
             sync(device)
             t = time.perf_counter()
-            model(token, hidden_states=state, position_ids=position, past_key_values=cache, absorb=absorb)
+            model(token, hidden_states=state, position_ids=position, past_key_values=cache, absorb=absorb, check_values=False)
             sync(device)
             if i >= 2:  # warm-up
                 times.append(time.perf_counter() - t)
@@ -126,7 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--naive-context", type=int, default=32768, help="context for absorbed vs naive")
+    parser.add_argument("--naive-context", type=int, default=32768, help="context for absorbed vs naive (0: skip)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune"],
                         help="torch.compile the model first with this mode (reduce-overhead: CUDA graphs)")
@@ -134,26 +150,47 @@ def main() -> None:
     device = torch.device(args.device)
 
     print(f"# decode step, Kimi-K3 drafter dims, bf16, batch 1 ({time.strftime('%Y-%m-%d')})")
-    print(f"# machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, device {device}")  # fmt: skip
+    print(f"# machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device {device}")
+    if device.type == "cpu":
+        print(f"# cpu: {cpu_kind()}")
     model = random_drafter(device)
     if args.compile:
         model.forward = torch.compile(model.forward, mode=args.compile, dynamic=False)
-    print("| context | bytes read | bandwidth (GB/s) | floor (ms) | step (ms) | step / floor |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    print("| context | bytes read | streaming read, best (GB/s) | floor, est. (ms) | step, median (ms) | step achieved (GB/s) | step / floor |")
+    print("|--:|--:|--:|--:|--:|--:|--:|")
     for context in args.contexts:
-        # measured again beside each row: the floor uses the better of copy and streaming-read rates
-        copy_bw, read_bw = measure_bandwidth(device)
-        bandwidth = max(copy_bw, read_bw)
+        reads = StreamingRead(device)  # sampled before every step of this row
         nbytes = step_bytes(model, context)
-        floor = nbytes / bandwidth
-        step = time_step(model, context, args.steps, absorb=True, device=device)
-        print(f"| {context} | {nbytes / 1e9:.3f} GB | {bandwidth / 1e9:.1f} (copy {copy_bw / 1e9:.1f}, "
-              f"read {read_bw / 1e9:.1f}) | {floor * 1e3:.1f} | {step * 1e3:.1f} | {step / floor:.2f} |")  # fmt: skip
-    context = args.naive_context
-    absorbed = time_step(model, context, max(3, args.steps // 3), absorb=True, device=device)
+        step = time_step(model, context, args.steps, absorb=True, device=device, reads=reads)
+        floor = nbytes / reads.rate()
+        print(f"| {context} | {nbytes / 1e9:.3f} GB | {reads.rate() / 1e9:.1f} | {floor * 1e3:.1f} | {step * 1e3:.1f} | "
+              f"{nbytes / step / 1e9:.1f} | {step / floor:.2f} |")  # fmt: skip
+        del reads
+    lm_head = model.lm_head.weight
+    share = lm_head.numel() * lm_head.element_size() / step_bytes(model, args.contexts[0])
+    print(f"\nlm_head: {share:.0%} of the bytes a step reads at {args.contexts[0]} tokens")
+
+    context = args.naive_context or args.contexts[-1]
+    if args.naive_context:
+        absorbed_vs_naive(model, context, args.steps, device)
+    if device.type == "cpu":  # both CPU paths of the absorbed attention, whichever this CPU takes
+        chosen = modeling.cpu_has_native_bf16()
+        paths = {}
+        try:
+            for native in (True, False):
+                modeling.CPU_NATIVE_BF16 = native
+                paths[native] = time_attention_core(model, context, max(3, args.steps // 3), absorb=True, device=device)
+        finally:
+            modeling.CPU_NATIVE_BF16 = chosen
+        print(f"\nabsorbed attention alone at {context} tokens, by CPU path (this CPU takes {'native bf16' if chosen else 'fp32'}):")
+        print(f"| native bf16 products (ms) | fp32 products over an fp32 copy of the cache (ms) |\n|--:|--:|\n"
+              f"| {paths[True] * 1e3:.1f} | {paths[False] * 1e3:.1f} |")  # fmt: skip
+
+
+def absorbed_vs_naive(model, context: int, steps: int, device) -> None:
+    absorbed = time_step(model, context, max(3, steps // 3), absorb=True, device=device)
     naive = time_step(model, context, 3, absorb=False, device=device)
-    core_absorbed = time_attention_core(model, context, max(3, args.steps // 3), absorb=True, device=device)
+    core_absorbed = time_attention_core(model, context, max(3, steps // 3), absorb=True, device=device)
     core_naive = time_attention_core(model, context, 3, absorb=False, device=device)
     print(f"\nabsorbed latent attention vs naive decompression at {context} tokens:")
     print("| measured | absorbed (ms) | naive (ms) | naive / absorbed |")

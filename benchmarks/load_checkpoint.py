@@ -35,19 +35,26 @@ from safetensors.torch import load_file  # imports are not part of the load
 from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.modeling_eagle31_mla import Eagle31MLAConfig
 t = time.perf_counter()
+import hashlib
 if how == "plain":
-    tensors = list(load_file(path + "/model.safetensors").values())
+    tensors = load_file(path + "/model.safetensors")
 else:
     model = Eagle31MLAForCausalLM.from_pretrained(path)
-    tensors = list(model.state_dict().values())
+    tensors = model.state_dict()
 loaded = time.perf_counter() - t
-checksum = 0
-for tensor in tensors:  # read every byte
-    checksum += int(tensor.view(torch.uint8).max()) if tensor.numel() else 0
+for tensor in tensors.values():  # read every byte (timed: lazily mapped loads pay for their reads here)
+    int(tensor.view(torch.uint8).max()) if tensor.numel() else 0
 total = time.perf_counter() - t
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
+# Untimed: a SHA-256 over every tensor's name, dtype, shape and bytes, in name order, so "same bytes"
+# below is a real comparison of what the two loads hold, not of a summary that could collide.
+digest = hashlib.sha256()
+for name in sorted(tensors):
+    tensor = tensors[name].contiguous()
+    digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+    digest.update(tensor.view(torch.uint8).reshape(-1).numpy().data if tensor.numel() else b"")
 print(json.dumps({"load_s": loaded, "load_and_read_s": total, "peak_rss": hwm,
-                  "bytes": sum(x.numel() * x.element_size() for x in tensors), "checksum": checksum}))
+                  "bytes": sum(x.numel() * x.element_size() for x in tensors.values()), "sha256": digest.hexdigest()}))
 """
 
 CONVERT = r"""
@@ -112,7 +119,9 @@ def main() -> None:
                   f"{r['peak_rss'] / size:.2f} |")  # fmt: skip
         ratio = best["library"]["load_and_read_s"] / best["plain"]["load_and_read_s"]
         print(f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {best['library']['peak_rss'] / best['plain']['peak_rss']:.2f}x;"
-              f" same bytes: {best['library']['checksum'] == best['plain']['checksum']}")  # fmt: skip
+              f" same bytes (SHA-256 of every tensor): {best['library']['sha256'] == best['plain']['sha256']}")  # fmt: skip
+        if len({r["sha256"] for rs in runs.values() for r in rs}) != 1:
+            raise SystemExit("the library's load holds other bytes than the file: " + str({h: [r["sha256"] for r in rs] for h, rs in runs.items()}))
         converted = folder.parent / (folder.name + "-converted")
         try:
             out = subprocess.run([sys.executable, "-c", CONVERT, str(folder), str(converted)], capture_output=True,

@@ -92,8 +92,8 @@ class AuxLayerIds:
             )
         if len(set(ids)) != len(ids):
             raise AuxLayerIdError(
-                f"{where}: {list(ids)} has duplicates; engines de-duplicate them, which silently "
-                "changes the width of the tensor fed to `fc`"
+                f"{where}: {list(ids)} has duplicates; expected distinct ids (engines de-duplicate them, which "
+                "silently changes the width of the tensor fed to `fc`)"
             )
         if list(ids) != sorted(ids):
             raise AuxLayerIdError(

@@ -17,8 +17,11 @@ n aux states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -40,6 +43,10 @@ __all__ = [
     "DraftOutput",
     "LatentKVCache",
     "CheckpointError",
+    "DraftInputError",
+    "check_sampling_settings",
+    "cpu_has_native_bf16",
+    "latent_attention_dtype",
     "CHECKPOINT_RENAMES",
     "canonical_tensor_name",
     "normalise_aux_chunks",
@@ -114,6 +121,85 @@ def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return rotated.flatten(-2).to(x.dtype)
 
 
+class DraftInputError(ValueError, TypeError):
+    """A call argument this library refuses, raised before any compute: the message names the argument
+    and what was expected. Both a ValueError and a TypeError, so either ``except`` catches it."""
+
+
+def _type_name(value) -> str:
+    """``list``, ``numpy.ndarray``, ``torch.Tensor``, ``transformers.DynamicCache``: the type as users know it."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else kind.__module__.split(".")[0] + "." + kind.__qualname__
+
+
+def _describe(value) -> str:
+    """A refused value for a message: its type, and its repr when short."""
+    kind = _type_name(value)
+    if isinstance(value, torch.Tensor):
+        return f"a {kind} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return f"{text} ({kind})" if len(text) <= 40 else f"a {kind}"
+
+
+def _expect_tensor(name: str, value, expected: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        hint = " (convert it with torch.as_tensor, on the drafter's device)" if isinstance(value, (list, tuple)) or hasattr(value, "__array__") else ""
+        raise DraftInputError(f"`{name}` is {_describe(value)}; expected {expected} as a torch.Tensor{hint}")
+
+
+def _expect_index_dtype(name: str, value: torch.Tensor, what: str) -> None:
+    """Token ids and positions: int64 or int32 (what the embedding takes). Narrower ones (bool, uint8,
+    int8, int16) are refused: they wrap inside range checks, or cannot hold a 163,840-token vocabulary."""
+    if value.dtype not in (torch.int64, torch.int32):
+        raise DraftInputError(f"`{name}` has dtype {value.dtype}; expected int64 (or int32) {what} (cast with `.long()`; "
+                         "bool and narrower integers are refused: they wrap or cannot hold every id)")  # fmt: skip
+
+
+#: Whether this CPU computes bf16 natively (AVX-512 BF16, AMX-BF16, Arm BF16). None: detected once, on
+#: first use, by :func:`cpu_has_native_bf16`. Set it (tests, benchmarks) to force a path; the
+#: environment variable ``EAGLE31_CPU_NATIVE_BF16=0`` / ``=1`` does the same for a whole process.
+CPU_NATIVE_BF16: bool | None = None
+
+
+def _detect_cpu_native_bf16() -> bool:
+    env = os.environ.get("EAGLE31_CPU_NATIVE_BF16")
+    if env is not None:
+        if env not in ("0", "1"):
+            raise DraftInputError(f"EAGLE31_CPU_NATIVE_BF16={env!r}; expected 0 (no native bf16) or 1 (native bf16)")
+        return env == "1"
+    bf16_flags = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # x86 AVX-512 / AMX; Arm FEAT_BF16 / SVE
+    get_capabilities = getattr(getattr(torch, "cpu", None), "get_capabilities", None)  # torch >= 2.8
+    if get_capabilities is not None:
+        try:
+            capabilities = get_capabilities()
+            return any(bool(capabilities.get(flag)) for flag in bf16_flags)
+        except Exception:  # pragma: no cover - a cpuinfo failure: fall through to /proc/cpuinfo
+            pass
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:  # pragma: no cover - unknown CPU: keep the model's dtype (the fast path where bf16 is native)
+        return True
+    return any(flag in flags for flag in bf16_flags)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU has native bf16 arithmetic, decided once per process (see :data:`CPU_NATIVE_BF16`)."""
+    global CPU_NATIVE_BF16
+    if CPU_NATIVE_BF16 is None:
+        CPU_NATIVE_BF16 = _detect_cpu_native_bf16()
+    return CPU_NATIVE_BF16
+
+
+def latent_attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the absorbed attention computes in over the latent cache: the model's, except bf16 on
+    a CPU without native bf16 (e.g. AVX2-only), where torch's bf16 matrix kernels run several times
+    slower than fp32 ones: there the cache (1,152 bytes a token: under 5 MB at 4k) is converted to fp32
+    each step, which costs far less. Weights are never converted: their reads stay streaming in bf16."""
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+        return torch.float32
+    return dtype
+
+
 class LatentKVCache:
     """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R].
 
@@ -124,6 +210,7 @@ class LatentKVCache:
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
         self.kv_lora_rank = kv_lora_rank
+        self.rope_dim = rope_dim
         self.latent = torch.empty(batch_size, capacity, kv_lora_rank + rope_dim, dtype=dtype, device=device)  # [B, cap, C+R]
         self.length = 0
 
@@ -162,6 +249,8 @@ class LatentKVCache:
         return self.latent[:, :end]
 
     def crop(self, length: int) -> None:
+        if not isinstance(length, numbers.Integral) or isinstance(length, bool):
+            raise DraftInputError(f"`length` is a {type(length).__name__}; expected an int number of tokens to keep")
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
         self.length = length
@@ -242,12 +331,14 @@ class Eagle31MLAAttention(nn.Module):
         q_latent = torch.matmul(q_nope.transpose(0, 1).reshape(h, B * T, -1), w_k)  # [h, B·T, C]
         q_latent = q_latent.view(h, B, T, -1).transpose(0, 1)  # [B, h, T, C]
         q = torch.cat([q_latent, q_pe], dim=-1).reshape(B, h * T, -1)  # [B, h·T, C+R]
+        # Products read the cache in the model's dtype (bf16: accumulated in fp32, scores rounded once
+        # to bf16); scaling and softmax in fp32; an fp32 model is fp32 throughout. Where the CPU has no
+        # native bf16 the products run in fp32 over an fp32 copy of the cache (latent_attention_dtype).
+        compute = latent_attention_dtype(latent.dtype, latent.device)
+        q = q.to(compute)
         out = q.new_empty(B, h * T, self.kv_lora_rank)
         for b in range(B):  # 2-D products: CPU BLAS runs them far faster than the batched form
-            keys = latent[b]  # [S, C+R]: the latent is the key, its first C values the value
-            # Products read the cache in the model's dtype (bf16: accumulated in fp32, scores rounded
-            # once to bf16; converting the cache to fp32 every step would cost more than the step's
-            # attention); scaling and softmax in fp32; an fp32 model is fp32 throughout.
+            keys = latent[b].to(compute)  # [S, C+R]: the latent is the key, its first C values the value
             scores = (q[b] @ keys.t()).float() * self.scale  # [h·T, S]
             if mask is not None:  # rows in the same (head, token) order as q
                 scores = scores.masked_fill(~mask[b, 0].repeat(h, 1), float("-inf"))
@@ -255,7 +346,7 @@ class Eagle31MLAAttention(nn.Module):
             if values.dtype == torch.float32:
                 values = values.contiguous()  # fp32 BLAS is slow on the strided view
             out[b] = scores.softmax(dim=-1).to(values.dtype) @ values  # [h·T, C]
-        out = out.view(B, h, T, -1).transpose(0, 1).reshape(h, B * T, -1)  # [h, B·T, C]
+        out = out.to(w_v_t.dtype).view(B, h, T, -1).transpose(0, 1).reshape(h, B * T, -1)  # [h, B·T, C]
         return torch.matmul(out, w_v_t).view(h, B, T, -1).transpose(0, 1)  # [B, h, T, V]
 
     def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -405,67 +496,165 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
-    def _check_inputs(self, input_ids, aux_hidden_states, hidden_states, position_ids, values: bool = True) -> None:
-        """Refuse, with a ValueError naming the argument and what was expected, before any compute:
-        the wrong shape, dtype (floats must be the drafter's dtype: no silent cast) or device; token ids
-        outside the vocabulary; positions outside [0, max_position_embeddings); NaN or inf in the
-        states (one pass over them: they would otherwise spread into every draft). Value checks are
-        skipped while torch.compile traces (they need a host sync). Implicit positions (no
-        ``position_ids``) continue the cache and are checked in ``forward``."""
-        if (aux_hidden_states is None) == (hidden_states is None):
-            raise ValueError(
-                "pass exactly one of `aux_hidden_states` (first draft step: [B, T, n·Ht] captured target states) "
-                "or `hidden_states` (later steps: [B, T, H] from the previous step)"
-            )
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            raise ValueError(f"`input_ids` must be a [B, T] tensor of token ids, got {getattr(input_ids, 'shape', input_ids)!r}")
-        B, T = input_ids.shape
+    # -- argument checks ----------------------------------------------------------------------------
+
+    #: forward's switches: name -> (accepts None, what is expected). A new switch goes here and into
+    #: tests/test_runtime_corpus.py, which fails for a forward argument with no bad values.
+    FLAG_ARGUMENTS = {
+        "use_cache": (True, "None or a bool (None: the config's use_cache, or True when a cache is passed)"),
+        "absorb": (True, "None or a bool (None: absorbed attention when earlier tokens are cached)"),
+        "check_values": (False, "a bool"),
+    }
+    #: keywords Transformers callers may pass that change nothing here: name -> the values accepted.
+    IGNORED_KEYWORDS = {"return_dict": (None, True), "output_attentions": (None, False), "output_hidden_states": (None, False)}
+
+    def _check_inputs(
+        self, input_ids, aux_hidden_states, hidden_states, position_ids, values: bool = True, *,
+        past_key_values=None, attention_mask=None, use_cache=None, absorb=None, logits_to_keep=0, extra=None,
+    ) -> None:  # fmt: skip
+        """Refuse, with an :class:`DraftInputError` (ValueError and TypeError) naming the argument and what
+        was expected, before any compute and before the cache is touched: a non-tensor (a numpy array or
+        a list is refused, never converted), the wrong shape, dtype (floats must be the drafter's dtype:
+        no silent cast; ids and positions int64 or int32) or device; no tokens; a cache of another kind,
+        batch size, drafter (kv_lora_rank, rope dims), dtype or device, or a cache with use_cache=False;
+        switches that are not bools; ``logits_to_keep`` not an int in [0, T]; unknown keywords. Then the
+        values, in one pass and one host sync: token ids outside the vocabulary; positions outside
+        [0, max_position_embeddings); NaN or inf in the states (they would spread into every draft); a
+        2-D mask holding anything but 0/1. Value checks are skipped with ``values=False`` and while
+        torch.compile traces (they need a host sync)."""
         config = self.config
+        dtype, device = self.fc.weight.dtype, self.fc.weight.device
+        for key, value in (extra or {}).items():
+            if key not in self.IGNORED_KEYWORDS:
+                hint = " (pass `position_ids`)" if key == "cache_position" else ""
+                raise DraftInputError(f"`{key}` is not an argument of this drafter's forward{hint}; expected one of "
+                                 f"{[n for n in inspect.signature(self.forward).parameters if n != 'kwargs']}")  # fmt: skip
+            if not any(value is ok for ok in self.IGNORED_KEYWORDS[key]):
+                raise DraftInputError(f"`{key}` is {value!r}; expected one of {self.IGNORED_KEYWORDS[key]} (not supported)")
+        for name, (optional, what) in self.FLAG_ARGUMENTS.items():
+            value = {"use_cache": use_cache, "absorb": absorb, "check_values": values}[name]
+            if not (isinstance(value, bool) or (optional and value is None)):
+                raise DraftInputError(f"`{name}` is {_describe(value)}; expected {what}")
+        if (aux_hidden_states is None) == (hidden_states is None):
+            raise DraftInputError(
+                "pass exactly one of `aux_hidden_states` (first draft step: [B, T, n·Ht] captured target states) "
+                "or `hidden_states` (later steps: [B, T, H] from the previous step); expected one, got "
+                + ("neither" if aux_hidden_states is None else "both")
+            )
+        _expect_tensor("input_ids", input_ids, "a [B, T] tensor of token ids")
+        if input_ids.dim() != 2:
+            raise DraftInputError(f"`input_ids` must be a [B, T] tensor of token ids, got shape {tuple(input_ids.shape)}; expected 2 dims")
+        _expect_index_dtype("input_ids", input_ids, "token ids")
+        B, T = input_ids.shape
+        if B < 1 or T < 1:
+            raise DraftInputError(f"`input_ids` has shape {(B, T)}; expected at least one sequence and one token (B, T >= 1)")
         if aux_hidden_states is not None:
             name, given, width = "aux_hidden_states", aux_hidden_states, config.num_aux_hidden_states * config.target_hidden_size
             what = f"{config.num_aux_hidden_states} aux states × target_hidden_size {config.target_hidden_size}"
         else:
             name, given, width, what = "hidden_states", hidden_states, config.hidden_size, "hidden_size"
-        if not isinstance(given, torch.Tensor) or given.shape != (B, T, width):
-            raise ValueError(f"`{name}` has shape {tuple(getattr(given, 'shape', ()))}; expected {(B, T, width)} ({what})")
+        _expect_tensor(name, given, f"a [B, T, {width}] tensor ({what})")
+        if given.shape != (B, T, width):
+            raise DraftInputError(f"`{name}` has shape {tuple(given.shape)}; expected {(B, T, width)} ({what})")
         if not given.is_floating_point():
-            raise ValueError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor ({self.fc.weight.dtype})")
-        if given.dtype != self.fc.weight.dtype:
-            raise ValueError(
-                f"`{name}` has dtype {given.dtype}; expected {self.fc.weight.dtype}, the drafter's dtype "
-                f"(cast with `.to({self.fc.weight.dtype})`)"
+            raise DraftInputError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor ({dtype})")
+        if given.dtype != dtype:
+            raise DraftInputError(f"`{name}` has dtype {given.dtype}; expected {dtype}, the drafter's dtype (cast with `.to({dtype})`)")
+        if position_ids is not None:
+            _expect_tensor("position_ids", position_ids, f"a [B, T] = [{B}, {T}] (or [1, {T}]) tensor of positions")
+            if position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B):
+                raise DraftInputError(f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)} or {(1, T)}")
+            _expect_index_dtype("position_ids", position_ids, "positions")
+
+        if past_key_values is not None:
+            self._check_cache(past_key_values, B, use_cache)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        S = past + T
+        if position_ids is None and S > config.max_position_embeddings:
+            raise DraftInputError(
+                f"`input_ids`: the cache holds {past} tokens, so these {T} new token(s) take positions up to {S - 1}, beyond "
+                f"max_position_embeddings {config.max_position_embeddings}; expected at most {config.max_position_embeddings - past} new token(s)"
             )
-        if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B)):
-            raise ValueError(f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)}")
-        device = self.fc.weight.device
-        for arg, value in (("input_ids", input_ids), (name, given), ("position_ids", position_ids)):
+        if attention_mask is not None:
+            _expect_tensor("attention_mask", attention_mask, f"a [B, S] = {(B, S)} tensor of 0/1 or a [B, 1, T, S] bool tensor")
+            if attention_mask.dim() == 2:
+                if attention_mask.shape != (B, S):
+                    raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)} "
+                                     f"([B, cached + new tokens], 1 = real token)")  # fmt: skip
+                if attention_mask.is_floating_point() or attention_mask.is_complex():
+                    raise DraftInputError(f"`attention_mask` has dtype {attention_mask.dtype}; expected bool or integer 0/1 "
+                                     "(1 = real token; an additive float mask would be read the wrong way round)")  # fmt: skip
+            elif attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
+                raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)} and dtype {attention_mask.dtype}; "
+                                 f"expected a 2-D {(B, S)} 0/1 mask or a 4-D bool mask of shape {(B, 1, T, S)} (True = attend)")  # fmt: skip
+        if not isinstance(logits_to_keep, numbers.Integral) or isinstance(logits_to_keep, bool) or not 0 <= logits_to_keep <= T:
+            raise DraftInputError(f"`logits_to_keep` is {_describe(logits_to_keep)}; expected an int in [0, {T}] "
+                             "(0 = logits at every position, N = the last N)")  # fmt: skip
+        for arg, value in (("input_ids", input_ids), (name, given), ("position_ids", position_ids), ("attention_mask", attention_mask)):
             if value is not None and value.device != device:
-                raise ValueError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
+                raise DraftInputError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
         if not values or torch.compiler.is_compiling():
             return  # value checks need a host sync, which would break a compiled graph / CUDA graph
         # Values: one pass over each input, one device sync for all of them.
         checks = [torch.isfinite(given).all(), ((input_ids >= 0) & (input_ids < config.vocab_size)).all()]
         if position_ids is not None:
             checks.append(((position_ids >= 0) & (position_ids < config.max_position_embeddings)).all())
-        finite, ids_ok, *positions_ok = torch.stack(checks).tolist()
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.dtype != torch.bool:
+            checks.append(((attention_mask == 0) | (attention_mask == 1)).all())
+        finite, ids_ok, *rest = torch.stack(checks).tolist()
         if not finite:
             source = "the target's captured layers" if name == "aux_hidden_states" else "the previous draft step"
-            raise ValueError(
+            raise DraftInputError(
                 f"`{name}` holds {int((~torch.isfinite(given)).sum())} non-finite value(s) (NaN or inf); expected "
                 f"finite values (they come from {source}: look for an overflow there, e.g. in fp16)"
             )
         if not ids_ok:
-            raise ValueError(
+            raise DraftInputError(
                 f"`input_ids` hold ids in [{int(input_ids.min())}, {int(input_ids.max())}]; expected ids in "
                 f"[0, {config.vocab_size}) (vocab_size, the target's vocabulary)"
             )
-        if positions_ok and not positions_ok[0]:
+        if position_ids is not None and not rest.pop(0):
             low, high = int(position_ids.min()), int(position_ids.max())
-            raise ValueError(
+            raise DraftInputError(
                 f"`position_ids` reach {high if high >= config.max_position_embeddings else low}, "
                 + (f"beyond max_position_embeddings {config.max_position_embeddings}" if high >= config.max_position_embeddings else "below 0")
                 + f" (expected positions in [0, {config.max_position_embeddings}))"
             )
+        if rest and not rest.pop(0):
+            raise DraftInputError(f"`attention_mask` holds values other than 0 and 1 (e.g. {sorted(set(attention_mask.unique().tolist()))[:5]}); "
+                             "expected 1 = real token, 0 = padding")  # fmt: skip
+
+    def _check_cache(self, cache, batch_size: int, use_cache) -> None:
+        """A cache must be this drafter's kind, for this batch and drafter, in its dtype and on its
+        device: a cache of another batch size would have its rows overwritten or misread silently."""
+        config = self.config
+        if not isinstance(cache, LatentKVCache):
+            raise DraftInputError(
+                f"`past_key_values` is a {_type_name(cache)}; expected this drafter's LatentKVCache (from a previous call's "
+                "`past_key_values`, or `LatentKVCache.for_model`), or None"
+            )
+        if use_cache is False:
+            raise DraftInputError("`past_key_values` was given with use_cache=False; expected use_cache=True or None to read "
+                             "and extend the cache, or no cache")  # fmt: skip
+        latent = cache.latent
+        if latent is None:  # an empty cache that allocates on first use (training's ConcatKVCache)
+            return
+        rank = cache.kv_lora_rank if cache.kv_lora_rank is not None else latent.shape[-1] - config.qk_rope_head_dim
+        rope = latent.shape[-1] - rank
+        problems = []
+        if latent.shape[0] != batch_size:
+            problems.append(f"batch size {latent.shape[0]} (these inputs have batch size {batch_size}: a cache holds one row "
+                            "per sequence)")  # fmt: skip
+        if (rank, rope) != (config.kv_lora_rank, config.qk_rope_head_dim):
+            problems.append(f"kv_lora_rank {rank} + rope dim {rope} per token (this drafter: kv_lora_rank "
+                            f"{config.kv_lora_rank} + qk_rope_head_dim {config.qk_rope_head_dim}; a cache of another drafter)")  # fmt: skip
+        if latent.dtype != self.fc.weight.dtype:
+            problems.append(f"dtype {latent.dtype} (this drafter: {self.fc.weight.dtype})")
+        if latent.device != self.fc.weight.device:
+            problems.append(f"device {latent.device} (this drafter: {self.fc.weight.device})")
+        if problems:
+            raise DraftInputError("`past_key_values` does not fit: it has " + "; ".join(problems) + "; expected a cache built "
+                             "for these inputs by this drafter (or None)")  # fmt: skip
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -488,21 +677,20 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         ``logits_to_keep`` = N > 0 computes logits for the last N positions only (drafting needs the
         last one; the 163,840-row lm_head dominates a prompt's compute); 0 keeps all (training).
         ``check_values=False`` skips the value checks (one host sync), for steps a drafting loop feeds
-        with the drafter's own outputs; shapes, dtypes and devices are always checked."""
-        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids, values=check_values)
+        with the drafter's own outputs; types, shapes, dtypes, devices and the cache are always checked
+        (see ``_check_inputs``). Tensors only: numpy arrays and lists are refused, not converted."""
+        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids, values=check_values,
+                           past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache,
+                           absorb=absorb, logits_to_keep=logits_to_keep, extra=kwargs)  # fmt: skip
         B, T = input_ids.shape
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:
+            use_cache = True if past_key_values is not None else self.config.use_cache
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if use_cache and past_key_values is None:
             past_key_values = LatentKVCache.for_model(
                 self.config, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
             )
         if position_ids is None:
-            if past + T > self.config.max_position_embeddings:
-                raise ValueError(
-                    f"the cache holds {past} tokens, so these {T} take positions up to {past + T - 1}, beyond "
-                    f"max_position_embeddings {self.config.max_position_embeddings}"
-                )
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         if absorb is None:
             absorb = past > 0
@@ -522,7 +710,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     @staticmethod
     def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
         """[B, 1, T, S] bool (True = attend), or None when every token sees everything cached (a
-        one-token step with no padding), which lets attention take its unmasked fast path."""
+        one-token step with no padding), which lets attention take its unmasked fast path. The mask's
+        shape and dtype were checked by ``_check_inputs``."""
         S = past + T
         if attention_mask is None and T == 1:
             return None
@@ -530,11 +719,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if attention_mask is None:
             return causal[None, None].expand(B, 1, T, S)
         if attention_mask.dim() == 2:
-            if attention_mask.shape != (B, S):
-                raise ValueError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)}")
             return causal[None, None] & attention_mask.bool()[:, None, None, :]
-        if attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
-            raise ValueError(f"a 4-D `attention_mask` must be bool of shape {(B, 1, T, S)}")
         return attention_mask
 
     # -- drafting -----------------------------------------------------------------------------------
@@ -554,20 +739,38 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     ) -> DraftOutput:
         """Draft ``num_tokens`` chained tokens after the context: the first from the context's last
         position, each later one from the previous token's embedding and the previous step's state,
-        one position further, attending to everything cached."""
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        out = self(input_ids, aux_hidden_states=aux_hidden_states, position_ids=position_ids,
-                   past_key_values=past_key_values, use_cache=True, logits_to_keep=1)  # fmt: skip
-        cache = out.past_key_values
-        position = (position_ids[:, -1:] if position_ids is not None else torch.full_like(input_ids[:, -1:], cache.get_seq_length() - 1))
-        logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
-        # Later steps are fed the drafter's own outputs and skip forward's checks; only their positions
-        # can still go wrong, so check the furthest one once here.
-        last = int(position.max()) + num_tokens - 1
+        one position further, attending to everything cached. Every argument is checked before
+        anything is computed or cached (sampling settings by :func:`check_sampling_settings`)."""
+        if not isinstance(num_tokens, numbers.Integral) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise DraftInputError(f"`num_tokens` is {_describe(num_tokens)}; expected an int >= 1 (tokens to draft)")
+        check_sampling_settings(temperature, top_p)
+        if generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise DraftInputError(f"`generator` is {_describe(generator)}; expected a torch.Generator or None")
+            if generator.device.type != self.fc.weight.device.type:
+                raise DraftInputError(f"`generator` is on {generator.device}; expected one on the drafter's device "
+                                 f"({self.fc.weight.device.type})")  # fmt: skip
+        if aux_hidden_states is None:
+            raise DraftInputError("`aux_hidden_states` is None; expected the [B, T, n·Ht] captured target states of the context")
+        self._check_inputs(input_ids, aux_hidden_states, None, position_ids, past_key_values=past_key_values,
+                           use_cache=True, logits_to_keep=1)  # fmt: skip
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        # Later steps are fed the drafter's own outputs and skip forward's value checks; only their
+        # positions can still go wrong, so check the furthest one here, before anything is cached.
+        if position_ids is not None:
+            position = position_ids[:, -1:]
+            last = int(position.max()) + num_tokens - 1
+        else:
+            position = torch.full_like(input_ids[:, -1:], past + input_ids.shape[1] - 1, dtype=torch.long)
+            last = past + input_ids.shape[1] - 1 + num_tokens - 1
         if last >= self.config.max_position_embeddings:
-            raise ValueError(f"`position_ids` reach {last}, beyond max_position_embeddings "
-                             f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context)")  # fmt: skip
+            raise DraftInputError(f"`position_ids` reach {last}, beyond max_position_embeddings "
+                             f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context); "
+                             "expected a shorter context or fewer tokens")  # fmt: skip
+        out = self(input_ids, aux_hidden_states=aux_hidden_states, position_ids=position_ids,
+                   past_key_values=past_key_values, use_cache=True, logits_to_keep=1, check_values=False)  # fmt: skip
+        cache = out.past_key_values
+        logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
         tokens, probs = [], []
         for step in range(num_tokens):
             draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator)  # [B], [B, V]
@@ -618,7 +821,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         ``allow_pickle=True`` reads a local folder's pickle weights with ``torch.load(weights_only=True)``
         (tensors only; anything else in the file is refused), converts them to safetensors in a temporary
         folder, and loads that through the same checks."""
-        from .configuration_eagle31_mla import ConfigError
+        from .configuration_eagle31_mla import ConfigError, read_config_file, resolve_dtype
 
         if model_args:
             raise TypeError(f"unexpected positional arguments {model_args!r}")
@@ -630,23 +833,21 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             unknown.discard("device_map")
         if unknown:
             raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
+        # checked before any download: a floating dtype by a known name, or "auto" (the config's)
+        wanted = {"dtype": resolve_dtype(dtype, "dtype", allow_auto=True),
+                  "torch_dtype": resolve_dtype(torch_dtype, "torch_dtype", allow_auto=True)}  # fmt: skip
         folder = resolve_model_folder(
             pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
             local_files_only=local_files_only, token=token, allow_pickle=allow_pickle,
         )  # fmt: skip
         if config is None:
             config_file = folder / "config.json"
-            if not config_file.is_file():
+            if not config_file.is_file() and not config_file.is_symlink():
                 raise ConfigError(f"{folder} has no config.json (the drafter's settings; expected next to the weights)")
-            try:
-                json.loads(config_file.read_text())
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise ConfigError(f"{config_file} is not valid JSON ({err})") from None
+            read_config_file(config_file)  # null, not JSON, too deep, a dangling link: refused by name
             config = Eagle31MLAConfig.from_pretrained(folder)
-        dtype = dtype if dtype is not None else torch_dtype
-        if isinstance(dtype, str):
-            dtype = config.dtype if dtype == "auto" else getattr(torch, dtype)
-        dtype = dtype or config.dtype or torch.float32
+        chosen = wanted["dtype"] if dtype is not None else wanted["torch_dtype"]
+        dtype = chosen or resolve_dtype(config.dtype, "config dtype") or torch.float32
         device = torch.device(device or "cpu")
 
         model = cls.on_meta_device(config, dtype)
@@ -669,14 +870,32 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         return model
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
+    """The one rule for sampling settings, shared by ``draft``, ``speculative_generate``,
+    ``measure_acceptance`` and the CLI: ``temperature`` a finite number >= 0 (0 = greedy, the argmax;
+    a negative temperature is refused, never read as greedy), ``top_p`` a number in (0, 1]. Returns
+    both as floats; raises :class:`DraftInputError` (a ValueError) naming the argument and what was expected."""
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise DraftInputError(
+            f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)"
+        )
+    if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
+        raise DraftInputError(f"`top_p` is {top_p!r}; expected a number in (0, 1] (1 = no truncation)")
+    return float(temperature), float(top_p)
+
+
 def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities. One-hot
     argmax for temperature 0 (ties to the lowest id); otherwise temperature softmax truncated to the
-    smallest prefix reaching ``top_p``, renormalised. The drafter and the reference loop share it."""
-    if temperature <= 0:
+    smallest prefix reaching ``top_p``, renormalised. The drafter and the reference loop share it.
+    Settings follow :func:`check_sampling_settings`."""
+    temperature, top_p = check_sampling_settings(temperature, top_p)
+    if temperature == 0:
         return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -691,7 +910,7 @@ def sample_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V]."""
     probs = sampling_probs(logits, temperature, top_p)
-    if temperature <= 0:
+    if temperature == 0:
         return probs.argmax(-1), probs
     return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
 
@@ -744,39 +963,96 @@ def resolve_model_folder(
     return Path(folder)
 
 
+def _dangling(path: Path) -> bool:
+    return path.is_symlink() and not path.exists()
+
+
+def _dangling_error(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{what} {path.name} in {path.parent} is a symlink to {os.readlink(path)}, which does not resolve (a dangling "
+        "link: an interrupted download or a moved cache?); expected the file itself. Download it again"
+    )
+
+
+def _shard_path_problem(name) -> str | None:
+    """Why an index's shard name is not a file name inside the model folder (None when it is)."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    if not isinstance(name, str) or not name.strip():
+        return "not a file name"
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
+        return "an absolute path"
+    if name.startswith("~"):
+        return "a home-relative path"
+    if ".." in posix.parts or ".." in windows.parts:
+        return "a path that climbs out with '..'"
+    return None
+
+
 def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
     """The weight files of ``folder``: ``model.safetensors``, or the shards its index names. Pickle
-    files only with ``allow_pickle`` (``pytorch_model.bin``, its index's shards, or a single pickle)."""
+    files only with ``allow_pickle`` (``pytorch_model.bin``, its index's shards, or a single pickle).
+
+    An index may only name files inside ``folder`` (no absolute path, no ``..``); a weight file that is
+    a symlink to nothing (an interrupted download) is reported as such."""
 
     def shards(index: Path) -> list[Path]:
+        expected = f"{index.name} is not a valid index: expected JSON with a `weight_map` of tensor name -> file"
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(
-                f"{index.name} is not a valid index: expected JSON with a `weight_map` of tensor name -> file "
-                f"({type(err).__name__}: {err})"
-            ) from None
-        if not files:
+            data = json.loads(index.read_text())
+        except (ValueError, RecursionError, OSError) as err:
+            raise CheckpointError(f"{expected} ({type(err).__name__}: {str(err)[:200]})") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict):
+            got = f"a {type(data).__name__}" if not isinstance(data, dict) else "no `weight_map` object" if weight_map is None else f"a {type(weight_map).__name__} `weight_map`"
+            raise CheckpointError(f"{expected}, got {got}")
+        values = list(weight_map.values())
+        if not values:
             raise CheckpointError(f"{index.name} has an empty `weight_map`: expected tensor name -> file entries")
-        absent = [f for f in files if not isinstance(f, str) or not (folder / f).is_file()]
+        outside = {}
+        for name in values:
+            problem = _shard_path_problem(name)
+            if problem:
+                outside.setdefault(repr(name)[:120], problem)
+        if outside:
+            listed = ", ".join(f"{name} ({problem})" for name, problem in sorted(outside.items()))
+            raise CheckpointError(
+                f"{index.name} names shard(s) outside the model folder: {listed}; expected file names inside "
+                f"{folder} (relative, no '..')"
+            )
+        files = sorted(set(values))
+        dangling = [f for f in files if _dangling(folder / f)]
+        if dangling:
+            raise _dangling_error(folder / dangling[0], f"{index.name} names shard")
+        absent = [f for f in files if not (folder / f).is_file()]
         if absent:
-            raise CheckpointError(f"{index.name} names shard(s) {absent} that are not in {folder}")
+            raise CheckpointError(
+                f"{index.name} names shard(s) {absent} that are not in {folder}; expected every shard it names next to it"
+            )
         return [folder / f for f in files]
 
+    for name in ("model.safetensors.index.json", "model.safetensors"):
+        if _dangling(folder / name):
+            raise _dangling_error(folder / name, "weight file")
     if (folder / "model.safetensors.index.json").is_file():
         return shards(folder / "model.safetensors.index.json")
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles and allow_pickle:
+        if _dangling(folder / "pytorch_model.bin.index.json"):
+            raise _dangling_error(folder / "pytorch_model.bin.index.json", "weight file")
         if (folder / "pytorch_model.bin.index.json").is_file():
             return shards(folder / "pytorch_model.bin.index.json")
         if "pytorch_model.bin" in pickles or len(pickles) == 1:
-            return [folder / ("pytorch_model.bin" if "pytorch_model.bin" in pickles else pickles[0])]
+            file = folder / ("pytorch_model.bin" if "pytorch_model.bin" in pickles else pickles[0])
+            if _dangling(file):
+                raise _dangling_error(file, "weight file")
+            return [file]
         raise CheckpointError(
             f"{folder} holds several pickle files ({', '.join(pickles)}) and no pytorch_model.bin.index.json "
-            "saying which are the weights"
+            "saying which are the weights; expected an index naming them"
         )
     if pickles:
         raise CheckpointError(
@@ -785,7 +1061,10 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
             "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`, or pass "
             "`allow_pickle=True` to read them with torch.load(weights_only=True)"
         )
-    raise CheckpointError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+    raise CheckpointError(
+        f"{folder} holds neither model.safetensors nor model.safetensors.index.json; expected one of them next to "
+        "config.json"
+    )
 
 
 def _pickle_to_safetensors(files: list[Path], out: Path) -> None:
@@ -833,13 +1112,17 @@ def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int
                     canonical = canonical_tensor_name(name)
                     if canonical in entries:
                         raise CheckpointError(
-                            f"tensors {entries[canonical][1]!r} and {name!r} both map to {canonical!r}"
+                            f"tensors {entries[canonical][1]!r} and {name!r} both map to {canonical!r}; expected one "
+                            "tensor per name (keep one)"
                         )
                     entries[canonical] = (file, name, tuple(sl.get_shape()), sl.get_dtype())
         except CheckpointError:
             raise
         except Exception as err:  # safetensors raises its own error types for a damaged header
-            raise CheckpointError(f"{file.name} is not a readable safetensors file ({err})") from None
+            raise CheckpointError(
+                f"{file.name} is not a readable safetensors file ({str(err)[:300]}); expected the safetensors format "
+                "(an 8-byte header length, a JSON header, the data): download or save it again"
+            ) from None
     return entries
 
 
@@ -871,7 +1154,7 @@ def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
             hint = " (the checkpoint is EAGLE-3.1: set fc_norm: true in config.json)"
         elif name in ("d2t", "t2d"):
             hint = " (a vocab map, but config draft_vocab_size equals vocab_size)"
-        problems.append(f"unexpected tensor {entries[name][1]!r}{hint}")
+        problems.append(f"unexpected tensor {entries[name][1]!r}: the drafter this config describes has no such tensor{hint}")
     for name in sorted(set(entries) & set(expected)):
         _, original, shape, st_dtype = entries[name]
         if shape != expected[name]:
@@ -892,12 +1175,14 @@ def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
 
 def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype, device: torch.device) -> dict:
     """Check every tensor of the checkpoint against ``model``'s (meta) state dict, then read them,
-    one at a time, straight into ``dtype`` on ``device``."""
+    one at a time, straight into ``dtype`` on ``device``; a weight holding NaN or inf is refused by name
+    (one fused reduction per tensor, on the tensor just read, and one host sync for all of them)."""
     from safetensors import safe_open
 
     entries, derive_t2d = validate_checkpoint(folder, model)
     config = model.config
     state = {}
+    probes: list[tuple[str, torch.Tensor]] = []
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name, (file, original, _, _) in entries.items():
         by_file.setdefault(file, []).append((name, original))
@@ -911,7 +1196,9 @@ def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype,
                     tensor = tensor.to(device=device, dtype=torch.bool)
                 else:
                     tensor = tensor.to(device=device, dtype=dtype)
+                    probes.append((name, _finite_probe(tensor)))
                 state[name] = tensor
+    _check_finite(folder, probes, state, entries, dtype)
     if derive_t2d:
         state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool, device=device)
         state["t2d"][torch.arange(config.draft_vocab_size, device=device) + state["d2t"]] = True
@@ -920,15 +1207,58 @@ def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype,
     return state
 
 
+def _finite_probe(tensor: torch.Tensor) -> torch.Tensor:
+    """Two values that are both finite exactly when every value of ``tensor`` is: its min and max, one
+    fused pass with no temporary the size of the tensor (``aminmax`` propagates NaN; +inf shows in the
+    max, -inf in the min). About 10x cheaper than ``isfinite(t).all()`` on CPU (measured: bf16, 1.5 GB).
+    Stays on the tensor's device: no host sync here; :func:`_check_finite` syncs once for all."""
+    if not tensor.numel():
+        return torch.zeros(2, dtype=tensor.dtype, device=tensor.device)
+    return torch.stack(torch.aminmax(tensor))
+
+
+def _check_finite(folder: Path, probes: list[tuple[str, torch.Tensor]], state: dict, entries: dict, dtype: torch.dtype) -> None:
+    """Refuse, by name, every loaded weight holding NaN or inf (one host sync for all the probes)."""
+    if not probes:
+        return
+    finite = torch.isfinite(torch.stack([p for _, p in probes])).all(dim=1)  # all in the load dtype
+    suspects = (~finite).nonzero().flatten().tolist()
+    problems = []
+    for i in suspects:
+        name = probes[i][0]
+        tensor = state[name]
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        if not nan + inf:
+            continue
+        file, original, _, st_dtype = entries[name]
+        where = ""
+        if str(tensor.dtype).removeprefix("torch.") != _ST_DTYPE_NAMES.get(st_dtype):
+            from safetensors import safe_open
+
+            with safe_open(file, framework="pt", device="cpu") as f:
+                if bool(torch.isfinite(f.get_tensor(original)).all()):
+                    where = f" after conversion from {st_dtype} to {dtype} (finite in the file, out of range for {dtype})"
+        problems.append(f"tensor {original!r} in {file.name} holds {nan} NaN and {inf} inf value(s){where}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint in {folder} has non-finite weights ({len(problems)} tensor(s)); expected finite values "
+            "everywhere (a NaN or inf weight poisons every draft):\n  - " + "\n  - ".join(problems)
+        )
+
+
+_ST_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
 def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, config: Eagle31MLAConfig) -> None:
     target = torch.arange(d2t.numel(), device=d2t.device) + d2t
     if target.numel() and (int(target.min()) < 0 or int(target.max()) >= config.vocab_size):
         raise CheckpointError(
             f"tensor 'd2t' maps draft ids to target ids in [{int(target.min())}, {int(target.max())}], outside "
-            f"[0, {config.vocab_size}) (d2t holds offsets: target_id = draft_id + d2t[draft_id])"
+            f"[0, {config.vocab_size}): expected every target id in [0, {config.vocab_size}) (d2t holds offsets: "
+            "target_id = draft_id + d2t[draft_id])"
         )
     if target.unique().numel() != target.numel():
-        raise CheckpointError("tensor 'd2t' maps two draft ids to the same target id")
+        raise CheckpointError("tensor 'd2t' maps two draft ids to the same target id; expected distinct target ids")
     expected_t2d = torch.zeros(config.vocab_size, dtype=torch.bool, device=d2t.device)
     expected_t2d[target] = True
     if not torch.equal(expected_t2d, t2d):

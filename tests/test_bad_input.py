@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM
+from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM, LatentKVCache
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 
@@ -124,7 +124,7 @@ def test_d2t_out_of_range_and_wrong_length(tmp_path):
     config, tensors = published_style_config(model), dict(model.state_dict())
     tensors["d2t"] = tensors["d2t"].clone()
     tensors["d2t"][-1] = 10_000
-    with pytest.raises(CheckpointError, match=r"'d2t' maps draft ids to target ids in .*outside \[0, 300\)"):
+    with pytest.raises(CheckpointError, match=r"'d2t' maps draft ids to target ids in .*\[0, 300\)"):
         load(tmp_path / "a", config, tensors)
     tensors["d2t"] = torch.zeros(99, dtype=torch.long)
     with pytest.raises(CheckpointError, match=r"'d2t' has shape \[99\], expected \[100\]"):
@@ -223,5 +223,37 @@ def test_implicit_positions_beyond_the_limit():
     ids, aux = aux_inputs(model.config, 1, 4)
     cache = model(ids, aux_hidden_states=aux).past_key_values
     cache.length = model.config.max_position_embeddings - 2  # as if the context had grown that long
-    with pytest.raises(ValueError, match=r"cache holds 4094 tokens, so these 4 take positions up to 4097"):
+    with pytest.raises(ValueError, match=r"cache holds 4094 tokens, so these 4 new token\(s\) take positions up to 4097"):
         model(ids, hidden_states=torch.zeros(1, 4, 64), past_key_values=cache)
+
+
+def test_cache_of_another_batch_is_refused_before_it_is_written():
+    """A batch-2 cache given a batch-1 step used to overwrite the other sequence's row silently."""
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 2, 4)
+    out = model(ids, aux_hidden_states=aux)
+    cache = out.past_key_values
+    before = cache.latent.clone()
+    with pytest.raises(ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"):
+        model(ids[:1, :1], hidden_states=out.hidden_states[:1, -1:], past_key_values=cache)
+    with pytest.raises(ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"):
+        model.draft(ids[:1], aux[:1], 2, past_key_values=cache)
+    assert cache.get_seq_length() == 4 and torch.equal(cache.latent, before)  # nothing written (a copy: exact)
+
+
+def test_cache_of_another_kind_or_drafter_is_refused():
+    from transformers import DynamicCache
+
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    with pytest.raises(TypeError, match=r"`past_key_values` is a transformers.DynamicCache; expected this drafter's LatentKVCache"):
+        model(ids, aux_hidden_states=aux, past_key_values=DynamicCache())
+    other = tiny_drafter(kv_lora_rank=16, qk_rope_head_dim=8)(ids, aux_hidden_states=aux).past_key_values
+    with pytest.raises(ValueError, match=r"kv_lora_rank 16 \+ rope dim 8 per token \(this drafter: kv_lora_rank 32 \+ qk_rope_head_dim 16"):
+        model(ids, aux_hidden_states=aux, past_key_values=other)
+    cache = model(ids, aux_hidden_states=aux).past_key_values
+    with pytest.raises(ValueError, match=r"`past_key_values` was given with use_cache=False"):
+        model(ids, aux_hidden_states=aux, past_key_values=cache, use_cache=False)
+    bf16 = LatentKVCache.for_model(model.config, 1, dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(ValueError, match=r"dtype torch.bfloat16 \(this drafter: torch.float32\)"):
+        model(ids, aux_hidden_states=aux, past_key_values=bf16)

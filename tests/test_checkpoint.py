@@ -1,6 +1,7 @@
 """The checkpoint contract: the published roster, other layouts of the same tensors, and refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +159,73 @@ def test_loading_never_initialises_random_weights(tmp_path, monkeypatch):
     assert set(touched) <= {"meta"}  # module constructors may "init" meta tensors: free, no storage
     Eagle31MLAForCausalLM(model.config)  # control: the spy does see a real initialisation
     assert "cpu" in touched
+
+
+def test_hub_cache_layout_with_symlinks_to_blobs_loads(tmp_path):
+    """huggingface_hub snapshots are symlinks to ../../blobs: outside the snapshot folder, and fine."""
+    model = tiny_drafter(seed=4)
+    source = write_checkpoint(tmp_path / "source", published_style_config(model), model.state_dict())
+    blobs = tmp_path / "models--org--drafter" / "blobs"
+    snapshot = tmp_path / "models--org--drafter" / "snapshots" / ("a" * 40)
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (source / name).rename(blobs / f"blob-{name}")
+        (snapshot / name).symlink_to(Path("../../blobs") / f"blob-{name}")
+    loaded = Eagle31MLAForCausalLM.from_pretrained(snapshot)
+    assert torch.equal(loaded.norm.weight, model.norm.weight)
+
+
+def test_index_may_name_shards_in_a_subfolder(tmp_path):
+    model = tiny_drafter(seed=5)
+    (tmp_path / "shards").mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "shards" / "all.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")}))
+    (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
+    assert torch.equal(Eagle31MLAForCausalLM.from_pretrained(tmp_path).fc.weight, model.fc.weight)
+
+
+def test_large_finite_weights_are_not_mistaken_for_inf(tmp_path):
+    """The NaN/inf probe must not flag finite extremes (a sum-based probe would overflow here)."""
+    model = tiny_drafter(seed=6)
+    state = dict(model.state_dict())
+    state["layers.0.mlp.up_proj.weight"] = torch.full_like(state["layers.0.mlp.up_proj.weight"], 3e38)
+    folder = write_checkpoint(tmp_path, published_style_config(model), state)
+    loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
+    assert torch.isfinite(loaded.layers[0].mlp.up_proj.weight).all()
+
+
+def test_non_finite_weights_are_refused_by_name_through_every_path(tmp_path):
+    from eagle31_mla import CheckpointError
+
+    model = tiny_drafter(seed=7)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["norm.weight"][3] = float("nan")
+    state["fc.weight"][0, :2] = float("-inf")
+    folder = write_checkpoint(tmp_path / "st", published_style_config(model), state)
+    with pytest.raises(CheckpointError) as err:
+        Eagle31MLAForCausalLM.from_pretrained(folder)
+    message = str(err.value)
+    assert "non-finite weights (2 tensor(s)); expected finite values" in message
+    assert "tensor 'norm.weight' in model.safetensors holds 1 NaN and 0 inf value(s)" in message
+    assert "tensor 'fc.weight' in model.safetensors holds 0 NaN and 2 inf value(s)" in message
+    with pytest.raises(CheckpointError, match="'norm.weight'"):  # in bf16 too
+        Eagle31MLAForCausalLM.from_pretrained(folder, dtype="bfloat16")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    torch.save(state, pickled / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"(?s)pickle weights\).*tensor 'norm.weight'"):
+        Eagle31MLAForCausalLM.from_pretrained(pickled, allow_pickle=True)
+
+
+def test_dtype_arguments_go_through_resolve_dtype(tmp_path):
+    from eagle31_mla import ConfigError
+
+    model = tiny_drafter()
+    folder = write_checkpoint(tmp_path, published_style_config(model), model.state_dict())
+    assert Eagle31MLAForCausalLM.from_pretrained(folder, dtype="auto").dtype == torch.float32
+    assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="half").dtype == torch.float16
+    for kwargs in ({"dtype": "fp16"}, {"torch_dtype": "int32"}, {"dtype": torch.int8}):
+        with pytest.raises(ConfigError, match="must be one of 'float32', 'bfloat16', 'float16', 'float64'"):
+            Eagle31MLAForCausalLM.from_pretrained(tmp_path / "not-even-looked-at", **kwargs)  # before any file is read

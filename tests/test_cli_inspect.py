@@ -100,3 +100,56 @@ def test_inspect_by_hub_id_reads_only_the_config(tmp_path, capsys):
     assert main(["inspect", "someone/config-only-drafter"]) == 0
     out = capsys.readouterr().out
     assert "tensors: not checked" in out and "parameters: 3,015,625,728" in out
+
+
+def test_inspect_refuses_bad_numbers_and_unreadable_configs(tmp_path, capsys):
+    """A config with a non-finite, mistyped or out-of-domain number, a misspelt dtype, or a config.json of
+    null or nested past the JSON reader's limit: refused (exit 1), one line naming the field, no traceback."""
+    import math
+
+    model = tiny_drafter(seed=3)
+
+    def config(**changes):
+        c = published_style_config(model)
+        for key, value in changes.items():
+            if key.startswith("rope_scaling."):
+                c["rope_scaling"][key.partition(".")[2]] = value
+            else:
+                c[key] = value
+        return json.dumps(c)
+
+    cases = {
+        "nan-eps": (config(rms_norm_eps=math.nan), "`rms_norm_eps` must be a finite number > 0 and < 1, got nan"),
+        "inf-theta": (config(rope_theta=math.inf), "`rope_theta` must be a finite number > 0 or null, got inf"),
+        "string-factor": (config(**{"rope_scaling.factor": "32"}), "`rope_scaling.factor` must be a finite number >= 1, got '32'"),
+        "huge-vocab": (config(vocab_size=10**30), "`vocab_size` must be an int >= 1 and <= 2147483647"),
+        "bool-heads": (config(num_attention_heads=True), "`num_attention_heads` must be an int >= 1"),
+        "fp16": (config(torch_dtype="fp16"), "`torch_dtype` must be one of 'float32', 'bfloat16'"),
+        "int32": (config(torch_dtype="int32"), "(not a floating-point dtype)"),
+        "null": ("null", "holds null; expected a JSON object"),
+        "deep": ('{"a":' * 10_000 + "1" + "}" * 10_000, "nests objects/lists too deeply to read; expected at most 32 levels"),
+        "deep-setting": (config(extra=json.loads("[" * 40 + "]" * 40)), "more than 32 levels deep (at `extra.0.0"),
+    }  # fmt: skip
+    for name, (text, expected) in cases.items():
+        folder = write_checkpoint(tmp_path / name, {}, model.state_dict())
+        (folder / "config.json").write_text(text)
+        assert main(["inspect", str(folder)]) == 1, name
+        captured = capsys.readouterr()
+        refused = [line for line in captured.out.splitlines() if line.strip().startswith("refused:")]
+        assert len(refused) == 1 and expected in refused[0], (name, captured.out)
+        assert "Traceback" not in captured.out + captured.err, name
+
+
+def test_inspect_refuses_weights_outside_the_folder_and_dangling_links(tmp_path, capsys):
+    model = tiny_drafter(seed=3)
+    escaping = write_checkpoint(tmp_path / "escaping", published_style_config(model), model.state_dict())
+    (escaping / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
+    (escaping / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"norm.weight": "../elsewhere.safetensors"}}))
+    dangling = write_checkpoint(tmp_path / "dangling", published_style_config(model), model.state_dict())
+    (dangling / "model.safetensors").unlink()
+    os.symlink(tmp_path / "blobs" / "gone", dangling / "model.safetensors")
+    for folder, expected in ((escaping, "'../elsewhere.safetensors' (a path that climbs out with '..')"),
+                             (dangling, "is a symlink to")):  # fmt: skip
+        assert main(["inspect", str(folder)]) == 1
+        out = capsys.readouterr().out
+        assert any(line.strip().startswith("refused: tensors:") and expected in line for line in out.splitlines()), out

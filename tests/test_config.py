@@ -150,3 +150,104 @@ def test_round_trip_through_save(tmp_path):
 def test_bad_configs_name_the_key(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         read(tmp_path, published_k3_config(**changes))
+
+
+# ---- every field of the table, through the constructor (the malformed corpus covers config.json) ----
+
+from eagle31_mla.configuration_eagle31_mla import (  # noqa: E402
+    CONFIG_FIELDS, FLOAT_DTYPES, MAX_INDEX, check_config_dict, read_config_file, resolve_dtype,
+)  # fmt: skip
+
+
+def _constructor_kwargs(field, value) -> dict:
+    if not field.nested:
+        return {field.name: value}
+    rope = {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN, field.key: value}
+    return {"rope_parameters": rope}
+
+
+def test_the_published_values_fit_their_fields():
+    published = published_k3_config()
+    for field in CONFIG_FIELDS:
+        where = published.get("rope_scaling", {}) if field.nested else published
+        if field.key in where:
+            field.check(where[field.key])  # no error
+    Eagle31MLAConfig(**_constructor_kwargs(CONFIG_FIELDS[0], 163840))
+
+
+@pytest.mark.parametrize("field", CONFIG_FIELDS, ids=[f.name for f in CONFIG_FIELDS])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "6", True, 10**400, [1]], ids=["nan", "inf", "str", "bool", "huge", "list"])
+def test_every_field_refuses_a_wrong_value_by_name(field, value):
+    right = {"bool": (True,), "str": ("6",), "token_ids": ([1],)}.get(field.kind, ())
+    if any(value is r or value == r for r in right):
+        return  # a right value for this kind
+    with pytest.raises(ConfigError) as err:
+        Eagle31MLAConfig(**_constructor_kwargs(field, value))
+    shown = field.name if not field.nested else f"rope_parameters.{field.key}"
+    assert f"`{shown}`" in str(err.value) and " must be " in str(err.value)
+
+
+def test_sizes_fit_the_index_dtype():
+    assert Eagle31MLAConfig(max_position_embeddings=MAX_INDEX).max_position_embeddings == MAX_INDEX
+    with pytest.raises(ConfigError, match=r"`max_position_embeddings` must be an int >= 1 and <= 2147483647, got 2147483648"):
+        Eagle31MLAConfig(max_position_embeddings=MAX_INDEX + 1)
+    with pytest.raises(ConfigError, match="`eos_token_id` must be an int >= 0"):
+        Eagle31MLAConfig(eos_token_id=[163586, -1])
+    assert Eagle31MLAConfig(eos_token_id=[163585, 163586]).eos_token_id == [163585, 163586]
+
+
+def test_yarn_beta_order():
+    with pytest.raises(ConfigError, match=r"`rope_scaling.beta_fast` \(1.0\) must be greater than `rope_scaling.beta_slow`"):
+        Eagle31MLAConfig.from_dict(published_k3_config(rope_scaling={"type": "yarn", **K3_YARN, "beta_fast": 1.0, "beta_slow": 32.0}))
+
+
+@pytest.mark.parametrize("name, dtype", [*FLOAT_DTYPES.items(), ("torch.float16", torch.float16), ("BFloat16", torch.bfloat16)])
+def test_dtype_names(tmp_path, name, dtype):
+    assert resolve_dtype(name) == dtype
+    assert read(tmp_path, published_k3_config(torch_dtype=name)).dtype == dtype
+
+
+@pytest.mark.parametrize("value, hint", [("int32", "not a floating-point dtype"), (torch.int32, "not a floating-point dtype"),
+                                         ("fp16", "write 'float16'"), ("fp32", "write 'float32'"), ("bf16", "write 'bfloat16'"),
+                                         ("float8_e4m3fn", "not supported for a drafter"), ("wiggle", "not a torch dtype name"),
+                                         (16, "")])  # fmt: skip
+def test_dtype_names_refused_with_the_accepted_list(tmp_path, value, hint):
+    with pytest.raises(ConfigError) as err:
+        resolve_dtype(value, "--dtype")
+    assert str(err.value).startswith("`--dtype` must be one of 'float32', 'bfloat16', 'float16', 'float64'") and hint in str(err.value)
+    if isinstance(value, str):
+        for key in ("torch_dtype", "dtype"):
+            with pytest.raises(ConfigError, match=f"`{key}` must be one of"):
+                read(tmp_path, published_k3_config(**{key: value}))
+    assert resolve_dtype("auto", allow_auto=True) is None and resolve_dtype(None) is None
+    with pytest.raises(ConfigError, match="'double', 'auto'"):
+        resolve_dtype("fp16", "dtype", allow_auto=True)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("null", "holds null; expected a JSON object"),
+    ("[1, 2]", "must hold a JSON object (a dict of settings), got list"),
+    ('{"a":' * 10_000 + "1" + "}" * 10_000, "nests objects/lists too deeply to read; expected at most 32 levels"),
+    (json.dumps(published_k3_config(extra=json.loads("[" * 33 + "]" * 33))), "more than 32 levels deep (at `extra.0.0"),
+    ('{"hidden_size": ' + "7" * 5000 + "}", "is not valid JSON"),
+    ("{'hidden_size': 1}", "is not valid JSON"),
+])  # fmt: skip
+def test_config_files_that_cannot_be_configs(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        Eagle31MLAConfig.from_pretrained(tmp_path)
+    assert message in str(err.value) and err.value.__cause__ is None
+    with pytest.raises(ConfigError, match=message.split(" (")[0].split(";")[0]):
+        read_config_file(tmp_path / "config.json")
+
+
+def test_nesting_is_checked_without_recursion():
+    deep = 1
+    for _ in range(100_000):  # far beyond the recursion limit: the walk is iterative
+        deep = {"a": deep}
+    with pytest.raises(ConfigError, match="more than 32 levels deep"):
+        check_config_dict({"x": deep})
+    with pytest.raises(ConfigError, match="more than 32 levels deep"):
+        Eagle31MLAConfig.from_dict({**published_k3_config(), "x": deep})
+    with pytest.raises(ConfigError, match="holds null"):
+        Eagle31MLAConfig.from_dict(None)

@@ -54,6 +54,20 @@ def test_demo_command(capsys):
     assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "0"], "argument --prompts: expected a positive integer"),
+    (["--prompts", "1000"], "argument --prompts: expected at most "),
+    (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
+    (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
+])  # fmt: skip
+def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
+    from eagle31_mla.cli import main
+
+    assert main(["demo", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and message in err and "Traceback" not in err
+
+
 @pytest.mark.vllm
 def test_vllm_and_the_reference_agree(hf_result):
     pytest.importorskip("vllm", reason="needs the vLLM extra")

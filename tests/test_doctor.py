@@ -59,6 +59,12 @@ CASES: dict[str, tuple[Case, Case]] = {
     "draft-config-invalid": (
         Case(draft(num_hidden_layers=2), K3, "vllm", "0.30"),
         Case(draft(), K3, "vllm", "0.30")),
+    "target-depth-unknown": (
+        Case(draft(), kimi_k3_target(num_hidden_layers="93"), "vllm", "0.30"),
+        Case(draft(), K3, "vllm", "0.30")),
+    "target-sizes-unknown": (
+        Case(draft(), kimi_k3_target(hidden_size=None), "vllm", "0.30"),
+        Case(draft(), K3, "vllm", "0.30")),
     "mla-architecture-name": (
         Case(draft(architectures=["KimiK3MLADrafter"]), DS, "sglang", "0.5.23"),
         Case(draft([2, 30, 58]), DS, "sglang", "0.5.23")),
@@ -151,6 +157,21 @@ def test_check_reports_the_misconfiguration_and_not_its_fix(check):
     report = fixed.run()
     assert check not in {f.id for f in report.problems + report.notes}, report.format()
     assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])
+@pytest.mark.parametrize("depth", ["missing", None, "93", 0, -5, 93.0, True])
+def test_a_target_without_a_readable_depth_is_never_ok(engine, depth):
+    """Missing, null, a string, zero, negative, a float, a bool: every engine reports it with its fix."""
+    target = kimi_k3_target()
+    if depth == "missing":
+        del target["text_config"]["num_hidden_layers"]
+    else:
+        target["text_config"]["num_hidden_layers"] = depth
+    report = Case(draft(), target, engine, plugin=True).run()
+    assert not report.ok and "ok: nothing is wrong" not in report.format()
+    finding = next(f for f in report.problems if f.id == "target-depth-unknown")
+    assert "num_hidden_layers" in finding.problem and "num_hidden_layers" in finding.fix
 
 
 def test_notes_never_fail_the_check():
@@ -276,6 +297,16 @@ def test_cli_json_env_and_plugin(folders, capsys):
     assert [p["id"] for p in json.loads(capsys.readouterr().out)["problems"]] == ["sglang-k3-no-capture"]
     assert main(sglang + ["--with-plugin"]) == 0
     assert [h["id"] for h in json.loads(capsys.readouterr().out)["handled_by_plugin"]] == ["sglang-k3-no-capture"]
+
+
+def test_cli_target_without_depth_is_a_problem_not_ok(tmp_path, capsys):
+    target = kimi_k3_target()
+    del target["text_config"]["num_hidden_layers"]
+    folder = write_config(tmp_path / "no-depth", target)
+    draft_folder = write_config(tmp_path / "draft", draft())
+    assert main(["doctor", "--draft", str(draft_folder), "--target", str(folder), "--engine", "vllm"]) == 1
+    out = capsys.readouterr().out
+    assert "problem [target-depth-unknown]" in out and "ok: nothing is wrong" not in out and "fix: " in out
 
 
 def test_cli_list_checks(capsys):

@@ -170,16 +170,23 @@ def test_padding_mask_matches_unpadded_rows():
 
 
 def test_draft_greedy_equals_manual_chain():
+    """draft's greedy chain is the argmax chain of forward. The manual chain computes the context's
+    logits for every position (a matrix product of another shape than draft's one-row one), so it
+    may round differently: it is fed draft's own tokens, and each must be an argmax within TOL of
+    the manual logits, and the argmax itself wherever the top-2 margin exceeds TOL (no near-tie)."""
     model = tiny_drafter(seed=11)
     ids, aux = aux_inputs(model.config, batch=2, length=7)
     drafted = model.draft(ids, aux, num_tokens=4)
     out = model(ids, aux_hidden_states=aux)
-    tokens, state, logits, cache = [], out.hidden_states[:, -1:], out.logits[:, -1], out.past_key_values
-    for _ in range(4):
-        tokens.append(logits.argmax(-1))
-        step = model(tokens[-1][:, None], hidden_states=state, past_key_values=cache)
+    state, logits, cache = out.hidden_states[:, -1:], out.logits[:, -1], out.past_key_values
+    for k in range(4):
+        token = drafted.tokens[:, k]  # target ids = draft ids here (full vocabulary)
+        top2 = logits.topk(2, dim=-1).values  # [B, 2]
+        assert (logits.gather(-1, token[:, None])[:, 0] >= top2[:, 0] - TOL).all()
+        clear = top2[:, 0] - top2[:, 1] > TOL
+        assert torch.equal(token[clear], logits.argmax(-1)[clear])  # integer ids: exact
+        step = model(token[:, None], hidden_states=state, past_key_values=cache)
         state, logits = step.hidden_states, step.logits[:, -1]
-    assert torch.equal(drafted.tokens, torch.stack(tokens, 1))
     assert drafted.probs.shape == (2, 4, model.config.draft_vocab_size)
     assert drafted.past_key_values.get_seq_length() == 7 + 3
 
@@ -193,7 +200,7 @@ def test_logits_to_keep_is_the_tail_of_the_full_logits():
         tail = model(ids, aux_hidden_states=aux, use_cache=False, logits_to_keep=keep)
         assert tail.logits.shape == (2, keep, model.config.draft_vocab_size)
         assert torch.allclose(tail.logits, full.logits[:, -keep:], atol=1e-6)  # a 1-row product may take the mv kernel
-        assert torch.equal(tail.hidden_states, full.hidden_states)
+        assert torch.equal(tail.hidden_states, full.hidden_states)  # same kernels on the same shapes: exact
 
 def test_draft_sampling_temperature_and_top_p():
     model = tiny_drafter(seed=11)
@@ -202,11 +209,12 @@ def test_draft_sampling_temperature_and_top_p():
     a = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
     g = torch.Generator().manual_seed(0)
     b = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
-    assert torch.equal(a.tokens, b.tokens)  # seeded: reproducible
+    assert torch.equal(a.tokens, b.tokens)  # seeded, same computation on the same shapes: reproducible
     probs = a.probs[0, 0]
     assert torch.allclose(probs.sum(), torch.tensor(1.0))
-    # top-p keeps the smallest prefix of the sorted distribution whose mass reaches 0.9
-    full = torch.softmax(model(ids, aux_hidden_states=aux).logits[0, -1] / 0.8, -1)
+    # top-p keeps the smallest prefix of the sorted distribution whose mass reaches 0.9 (logits of
+    # the last position only, as draft computes them: the same one-row product, so the same cutoff)
+    full = torch.softmax(model(ids, aux_hidden_states=aux, logits_to_keep=1).logits[0, -1] / 0.8, -1)
     order = full.argsort(descending=True)
     kept = int(((full[order].cumsum(0) - full[order]) < 0.9).sum())
     assert int((probs > 0).sum()) == kept
@@ -220,7 +228,7 @@ def test_draft_sampling_temperature_and_top_p():
 def test_pruned_vocabulary_drafts_target_ids():
     model = tiny_drafter(seed=4, draft_vocab_size=120)
     ids, aux = aux_inputs(model.config, batch=1, length=5)
-    out = model(ids, aux_hidden_states=aux)
+    out = model(ids, aux_hidden_states=aux, logits_to_keep=1)  # the one-row product draft computes: same argmax
     assert out.logits.shape[-1] == 120
     drafted = model.draft(ids, aux, num_tokens=2)
     draft_id = out.logits[0, -1].argmax()
@@ -240,3 +248,73 @@ def test_bf16_stays_close_to_fp32():
     assert (out16.logits.float() - ref32.logits).abs().max() <= 0.05 * scale
     agree = (out16.logits.argmax(-1) == ref32.logits.argmax(-1)).float().mean()
     assert agree >= 0.9
+
+
+# bf16 holds 8 significant bits: one unit in the last place is at most 2^-7 of the value. The two CPU
+# paths below differ only in roundings inside the attention (scores and probabilities rounded to bf16
+# on the native path, kept in fp32 on the other), each under half an ulp, and later bf16 roundings
+# pass such differences on; 4 ulps at the output's scale bounds them with margin (measured: about 1),
+# while a real bug (a lost scale, mask or rotation) moves outputs by O(1).
+def bf16_tolerance(reference: torch.Tensor) -> float:
+    return 4 * 2**-7 * reference.abs().max().item()
+
+
+@pytest.fixture
+def cpu_bf16(monkeypatch):
+    """Force the absorbed attention's CPU path: native bf16 products (True) or fp32 ones (False)."""
+    import eagle31_mla.modeling_eagle31_mla as modeling
+
+    def force(native: bool) -> None:
+        monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", native)
+
+    return force
+
+
+def test_cpu_bf16_choice_is_made_in_one_place(cpu_bf16, monkeypatch):
+    import eagle31_mla.modeling_eagle31_mla as modeling
+
+    cpu_bf16(False)
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
+    assert modeling.latent_attention_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16  # not a CPU
+    cpu_bf16(True)
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+    for value, native in (("0", False), ("1", True)):
+        monkeypatch.setenv("EAGLE31_CPU_NATIVE_BF16", value)
+        assert modeling._detect_cpu_native_bf16() is native
+    monkeypatch.setenv("EAGLE31_CPU_NATIVE_BF16", "yes")
+    with pytest.raises(ValueError, match="EAGLE31_CPU_NATIVE_BF16='yes'; expected 0"):
+        modeling._detect_cpu_native_bf16()
+    monkeypatch.delenv("EAGLE31_CPU_NATIVE_BF16")
+    assert isinstance(modeling._detect_cpu_native_bf16(), bool)  # torch's CPU capabilities, or /proc/cpuinfo
+
+
+def test_cpu_bf16_attention_paths_agree(cpu_bf16):
+    """The fp32 attention taken on CPUs without native bf16 equals the native bf16 one within bf16
+    rounding: the attention alone, and a masked multi-token decode step of the whole drafter."""
+    model = tiny_drafter(seed=9).to(torch.bfloat16)
+    attention = model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q_nope = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
+    q_pe = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
+    latent = torch.randn(2, 500, 32 + 16, generator=g).bfloat16()
+    mask = torch.rand(2, 1, 3, 500, generator=g) < 0.8
+    ids, aux = aux_inputs(model.config, batch=2, length=300)
+    cores, steps = [], []
+    for native in (True, False):
+        cpu_bf16(native)
+        cores.append(attention._absorbed(q_nope, q_pe, latent, mask).float())
+        with torch.no_grad():
+            out = model(ids, aux_hidden_states=aux.bfloat16())
+            steps.append(model(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True))
+    assert (cores[0] - cores[1]).abs().max() <= bf16_tolerance(cores[0])
+    for name in ("logits", "hidden_states"):
+        native, fp32 = getattr(steps[0], name).float(), getattr(steps[1], name).float()
+        assert (native - fp32).abs().max() <= bf16_tolerance(native), name
+    # and both stay with the fp32 model (bf16 weights and inputs: a looser, relative bound, as above)
+    model32 = tiny_drafter(seed=9)
+    with torch.no_grad():
+        out = model32(ids, aux_hidden_states=aux)
+        ref = model32(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True)
+    for step in steps:
+        assert (step.logits.float() - ref.logits).abs().max() <= 0.05 * ref.logits.abs().max()

@@ -93,6 +93,14 @@ def test_usage_errors_and_remaining_problems(tmp_path, capsys):
     assert "vllm serve" in captured.out and "vllm-kimi-k3-version" in captured.err
 
 
+@pytest.mark.parametrize("bad", [dict(num_steps=0), dict(topk=-1), dict(num_steps=2.5), dict(num_steps=True),
+                                 dict(tensor_parallel_size=0), dict(tensor_parallel_size=-8),
+                                 dict(num_draft_tokens=0, topk=2)])  # fmt: skip
+def test_the_library_function_checks_its_numbers_too(bad):
+    with pytest.raises(ValueError, match="must be"):
+        serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft(), **bad)
+
+
 def test_shell_text_quotes_and_continues_lines():
     cmd = serve_command("vllm", "my target", "org/draft", Target.from_config(kimi_k3_target(), "t"), draft())
     text = cmd.text()

@@ -10,14 +10,267 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from inspect import cleandoc
+from pathlib import Path
 
 __all__ = ["main"]
 
 EXIT_CODES = """exit codes: 0 success (doctor: nothing is wrong); 1 problems found (doctor: misconfigurations;
 inspect/convert: the drafter is refused; serve-command: the command cannot serve it right);
-2 usage error or unreadable input"""
+2 usage error or unreadable input; 130 interrupted (Ctrl-C)"""
+
+#: Set to 1 to see the traceback of an unexpected failure (the CLI otherwise prints one line).
+TRACEBACK_ENV = "EAGLE31_MLA_TRACEBACK"
+
+
+# ---- argument types -------------------------------------------------------------------------------------
+#
+# Every argument that takes a value has a type function from here (or ``choices``): bad values are refused
+# while parsing, before any model is loaded, as one line naming the argument and what was expected.
+# ``bad`` lists the classes of bad value each type refuses; tests/test_cli_corpus.py feeds one value of
+# each class to every argument of every subcommand (an argument without a rule fails that test).
+
+
+class UsageError(Exception):
+    """A command line argparse refuses: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage block) and leaves the decision to exit to main."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _argtype(expected: str, bad: tuple[str, ...]):
+    """Decorate a type function: its ``__name__`` for argparse, what it expects, the bad classes it refuses."""
+
+    def wrap(fn):
+        fn.expected = expected
+        fn.bad = bad
+        return fn
+
+    return wrap
+
+
+def _fail(expected: str, text: str):
+    return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+
+
+def _number(text: str, expected: str, integer: bool):
+    import math
+
+    try:
+        value = int(text.strip()) if integer else float(text)
+    except (ValueError, AttributeError):
+        raise _fail(expected, text) from None
+    if not integer and not math.isfinite(value):
+        raise _fail(expected, text)
+    return value
+
+
+@_argtype("a positive integer (>= 1)", ("zero", "negative", "nan", "inf", "text", "fraction", "empty"))
+def positive_int(text: str) -> int:
+    value = _number(text, positive_int.expected, integer=True)
+    if value < 1:
+        raise _fail(positive_int.expected, text)
+    return value
+
+
+@_argtype("an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty"))
+def seed_int(text: str) -> int:
+    value = _number(text, seed_int.expected, integer=True)
+    if not 0 <= value < 2**63:
+        raise _fail(seed_int.expected, text)
+    return value
+
+
+def _sampling(text: str, expected: str, which: str) -> float:
+    """A sampling setting by the library's one rule (modeling_eagle31_mla.check_sampling_settings)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _fail(expected, text) from None
+    from .modeling_eagle31_mla import check_sampling_settings
+
+    try:
+        check_sampling_settings(value, 1.0) if which == "temperature" else check_sampling_settings(0.0, value)
+    except ValueError:
+        raise _fail(expected, text) from None
+    return value
+
+
+@_argtype("a finite number >= 0 (0 = greedy)", ("negative", "nan", "inf", "text", "empty"))
+def temperature(text: str) -> float:
+    return _sampling(text, temperature.expected, "temperature")
+
+
+@_argtype("a finite number > 0", ("zero", "negative", "nan", "inf", "text", "empty"))
+def positive_float(text: str) -> float:
+    value = _number(text, positive_float.expected, integer=False)
+    if value <= 0:
+        raise _fail(positive_float.expected, text)
+    return value
+
+
+@_argtype("a probability in (0, 1] (1 = no truncation)", ("zero", "negative", "nan", "inf", "text", "above_one", "empty"))
+def top_p(text: str) -> float:
+    return _sampling(text, top_p.expected, "top_p")
+
+
+@_argtype("an existing, non-empty file", ("missing", "folder", "empty_file", "empty"))
+def existing_file(text: str) -> str:
+    path = Path(text).expanduser()
+    if not text.strip() or not path.exists():
+        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: no such file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: not a file")
+    if path.stat().st_size == 0:
+        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: the file is empty")
+    return text
+
+
+def _writable_ancestor(path: Path, text: str, expected: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a folder this process can write into."""
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {parent} is not writable")
+
+
+@_argtype("a file path in an existing, writable folder ('-' for stdout)",
+          ("folder", "unwritable", "missing_parent", "empty"))  # fmt: skip
+def output_file(text: str) -> str:
+    if text == "-":
+        return text
+    path = Path(text).expanduser()
+    expected = output_file.expected
+    if not text.strip():
+        raise _fail(expected, text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a folder")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {path.absolute().parent} is not a folder")
+    _writable_ancestor(path, text, expected)
+    return text
+
+
+@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty"))
+def output_folder(text: str) -> str:
+    path = Path(text).expanduser()
+    expected = output_folder.expected
+    if not text.strip():
+        raise _fail(expected, text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a file")
+    _writable_ancestor(path, text, expected)
+    return text
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
+    """A local path (must exist; a folder with config.json when ``folder``) or a Hub repo id ('org/name')."""
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise _fail(expected, text)
+    if path.exists():
+        if folder and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a file, not a folder")
+        if path.is_dir() and not (path / "config.json").is_file():
+            dangling = (path / "config.json").is_symlink()
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: " + (
+                "its config.json is a symlink to nothing (a dangling link)" if dangling else "the folder has no config.json"))
+        return text
+    # modeling_eagle31_mla.looks_like_a_local_path's rule, here without importing torch
+    if text.startswith(("/", ".", "~")) or text.count("/") > 1 or not _HUB_ID.match(text):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: no such folder or file")
+    return text
+
+
+@_argtype("a model folder (with config.json) or a Hub repo id like org/name", ("missing", "file", "empty"))
+def model_ref(text: str) -> str:
+    return _local_or_hub(text, model_ref.expected, folder=True)
+
+
+@_argtype("a model folder, its config.json, or a Hub repo id like org/name", ("missing", "empty"))
+def config_ref(text: str) -> str:
+    return _local_or_hub(text, config_ref.expected, folder=False)
+
+
+@_argtype("a Hub repo id like org/name", ("slashes", "empty"))
+def repo_id(text: str) -> str:
+    if not _HUB_ID.match(text):
+        raise _fail(repo_id.expected, text)
+    return text
+
+
+@_argtype("a non-empty value", ("empty",))
+def nonempty(text: str) -> str:
+    if not text.strip():
+        raise _fail(nonempty.expected, text)
+    return text
+
+
+def _ids(text: str, expected: str, minimum: int) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise _fail(expected, text) from None
+    if not ids or min(ids) < minimum or ids != sorted(set(ids)):
+        raise _fail(expected, text)
+    return ids
+
+
+@_argtype("comma-separated ints: one-based layer ids, ascending, each >= 1 (e.g. 2,46,90)",
+          ("zero", "negative", "nan", "text", "fraction", "empty"))  # fmt: skip
+def one_based_ids(text: str) -> list[int]:
+    return _ids(text, one_based_ids.expected, 1)
+
+
+@_argtype("comma-separated ints: layer ids in the target's convention, ascending, each >= 0 (e.g. 2,46,90)",
+          ("negative", "nan", "text", "fraction", "empty"))  # fmt: skip
+def layer_ids(text: str) -> list[int]:
+    return _ids(text, layer_ids.expected, 0)
+
+
+@_argtype("a release like 0.30 or 0.22.1", ("negative", "nan", "text", "empty"))
+def version(text: str) -> str:
+    if not re.match(r"^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.]+)?$", text):
+        raise _fail(version.expected, text)
+    return text
+
+
+@_argtype("a size like 10GB, 512MiB or a number of bytes (> 0)", ("zero", "negative", "nan", "inf", "text", "empty"))
+def size(text: str) -> int:
+    from .convert import parse_size
+    from .engines import InputError
+
+    try:
+        return parse_size(text)
+    except InputError:
+        raise _fail(size.expected, text) from None
+
+
+@_argtype("NAME=VALUE with NAME an environment variable name", ("text", "empty"))
+def env_assignment(text: str) -> str:
+    name, sep, _ = text.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise _fail(env_assignment.expected, text)
+    return text
+
+
+@_argtype("auto, cpu, cuda, cuda:N, mps or xpu:N", ("text", "negative", "empty"))
+def device(text: str) -> str:
+    if not re.match(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu)(:\d+)?)$", text):
+        raise _fail(device.expected, text)
+    return text
 
 
 def _roster(args: argparse.Namespace) -> int:
@@ -68,8 +321,14 @@ def _demo(args: argparse.Namespace) -> int:
     """Speculative decoding on the embedded tiny pair (a Kimi-K3-style MLA target and an EAGLE-3.1
     drafter trained against it): the generated text, the accept length and the acceptance at each
     draft position, on held-out prompts. No download."""
-    from .demo import run_demo
+    from .demo import demo_prompts, run_demo
 
+    try:
+        available = len(demo_prompts())
+    except (OSError, ValueError) as err:
+        return _error(f"the embedded demo pair is unreadable ({err}); rebuild it with `python scripts/build_demo_pair.py`")
+    if args.prompts > available:
+        return _error(f"argument --prompts: expected at most {available} (the held-out prompts shipped), got {args.prompts}")
     try:
         result = run_demo(args.engine, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                           num_steps=args.num_steps)  # fmt: skip
@@ -81,28 +340,29 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _add_acceptance_arguments(parser) -> None:
     """The ``acceptance`` command's arguments (an ``argparse`` parser or sub-parser)."""
-    parser.add_argument("--target", required=True, help="target model: Hub id or folder (a Transformers causal LM)")
-    parser.add_argument("--draft", required=True, help="drafter: Hub id or folder")
-    parser.add_argument("--prompts", required=True,
+    parser.add_argument("--target", required=True, type=model_ref, help="target model: Hub id or folder (a Transformers causal LM)")
+    parser.add_argument("--draft", required=True, type=model_ref, help="drafter: Hub id or folder")
+    parser.add_argument("--prompts", required=True, type=existing_file,
                         help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line")  # fmt: skip
-    parser.add_argument("--num-steps", type=int, default=3, help="draft steps per round (default 3)")
-    parser.add_argument("--topk", type=int, default=1, help="1: chain drafting; > 1: EAGLE tree (default 1)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="tree size, root included (chain: num_steps + 1)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round (default 3)")
+    parser.add_argument("--topk", type=positive_int, default=1, help="1: chain drafting; > 1: EAGLE tree (default 1)")
+    parser.add_argument("--num-draft-tokens", type=positive_int, default=None, help="tree size, root included (chain: num_steps + 1)")
+    parser.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-p", type=top_p, default=1.0, help="in (0, 1] (default 1: no truncation)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
+    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     parser.add_argument("--chat-template", action="store_true",
                         help="wrap text prompts as one user message of the tokenizer's chat template")  # fmt: skip
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    parser.add_argument("--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights dtype of both models (auto: each checkpoint's)")  # fmt: skip
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the target's own modeling code")
-    parser.add_argument("--revision", default=None, help="target revision (branch, tag or commit)")
-    parser.add_argument("--draft-revision", default=None, help="drafter revision (branch, tag or commit)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON ('-' for stdout)")
+    parser.add_argument("--revision", default=None, type=nonempty, help="target revision (branch, tag or commit)")
+    parser.add_argument("--draft-revision", default=None, type=nonempty, help="drafter revision (branch, tag or commit)")
+    parser.add_argument("--json", default=None, type=output_file, metavar="PATH",
+                        help="also write the report as JSON ('-' for stdout); its folder must exist")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -110,18 +370,31 @@ def _acceptance(args: argparse.Namespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
     speculative-decoding loop (eagle31_mla.speculative): mean accept length, per-position acceptance,
     histogram, drafts per generated token; a table, and JSON with --json."""
-    from pathlib import Path
+    from types import SimpleNamespace
+
+    from .speculative import _check_settings, read_prompts
+
+    # everything that can be checked without the models, before loading them (minutes for a real pair)
+    try:
+        _check_settings(SimpleNamespace(config=SimpleNamespace(draft_vocab_size=2**62)), args.num_steps, args.topk,
+                        args.num_draft_tokens, args.temperature, args.top_p, None)  # fmt: skip
+        prompts = read_prompts(args.prompts)[: args.limit]
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return _error(str(err))
+    if not prompts:
+        return _error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .speculative import AcceptanceStats, measure_acceptance, read_prompts
+    from .speculative import AcceptanceStats, measure_acceptance
 
     device = _device(args.device)
-    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    from .configuration_eagle31_mla import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
     try:  # what the user named must exist and load; a failure here is input, not a bug
-        prompts = read_prompts(args.prompts)[: args.limit]
         if args.chat_template:
             prompts = [{"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p for p in prompts]
         needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for p in prompts)
@@ -150,7 +423,7 @@ def _acceptance(args: argparse.Namespace) -> int:
         if args.json == "-":
             print(text)
         else:
-            Path(args.json).write_text(text + "\n")
+            Path(args.json).expanduser().write_text(text + "\n")
             print(f"report written to {args.json}")
     return 0
 
@@ -158,22 +431,41 @@ def _acceptance(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     """Train a drafter against a Transformers target with test-time training on a local text file
     (one document per line, or JSONL with a "text" field). Resumes from OUT when it holds a checkpoint."""
+    if args.seq_len <= args.depth:
+        return _error(f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
+                      f"a next token to predict), got {args.seq_len}")  # fmt: skip
+    from .speculative import read_prompts
+
+    try:  # everything that can be checked before the target's weights are loaded
+        texts = [t if isinstance(t, str) else t.get("text", "") for t in read_prompts(args.text)]
+        texts = [t for t in texts if isinstance(t, str) and t.strip()]
+        if not texts:
+            return _error(f"argument --text: expected at least one non-empty document, {args.text} has none")
+        device = _device(args.device)
+        from transformers import AutoConfig
+
+        target_config = AutoConfig.from_pretrained(args.target).get_text_config()
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return _error(str(err))
+    depth = getattr(target_config, "num_hidden_layers", None)
+    if args.aux_layers and isinstance(depth, int) and max(args.aux_layers) > depth:
+        return _error(f"argument --aux-layers: expected one-based ids <= {depth} (the target's depth), got "
+                      f"{','.join(map(str, args.aux_layers))}")  # fmt: skip
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .speculative import read_prompts
     from .training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
     try:  # what the user named must exist and load; a failure here is input, not a bug
-        texts = [t if isinstance(t, str) else t.get("text", "") for t in read_prompts(args.text)]
-        ids = _parse_ids(args.aux_layers, "--aux-layers")
         tokenizer = AutoTokenizer.from_pretrained(args.target)
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(_device(args.device)).eval()
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     except (OSError, ValueError) as err:
         return _error(str(err))
     sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
     if sequences.shape[0] < args.batch_size:
         return _error(f"{args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens; need >= batch size")
+    ids = args.aux_layers
     drafter = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=ids or None, fc_norm=not args.eagle3,
                                  norm_output=not args.eagle3)  # fmt: skip
     config = TrainingConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, depth=args.depth,
@@ -187,12 +479,26 @@ def _train(args: argparse.Namespace) -> int:
 def _device(name: str) -> str:
     import torch
 
-    return name if name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, index = name.partition(":")
+    backend = getattr(torch, kind, None)
+    available = kind == "cpu" or bool(backend is not None and hasattr(backend, "is_available") and backend.is_available())
+    if available and index and hasattr(backend, "device_count") and int(index) >= backend.device_count():
+        available = False
+    if not available:
+        raise ValueError(f"argument --device: {name} is not available on this machine")
+    return name
 
 
-def _error(message: str) -> int:
-    print(f"eagle31-mla: error: {message}", file=sys.stderr)
-    return 2
+def _one_line(message: str) -> str:
+    """A message on one line: a multi-line library message (a list of problems) joined with '; '."""
+    return "; ".join(part.strip() for part in str(message).splitlines() if part.strip()) or "failed"
+
+
+def _error(message: str, code: int = 2) -> int:
+    print(f"eagle31-mla: error: {_one_line(message)}", file=sys.stderr)
+    return code
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -224,7 +530,7 @@ def _convert(args: argparse.Namespace) -> int:
     except InputError as err:
         return _error(str(err))
     except ConvertError as err:
-        print(f"eagle31-mla: the source is refused: {err}", file=sys.stderr)
+        print(f"eagle31-mla: the source is refused: {_one_line(err)}", file=sys.stderr)
         return 1
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -239,15 +545,6 @@ def _convert(args: argparse.Namespace) -> int:
         for name in result.files:
             print(f"  {name}")
     return 0
-
-
-def _parse_ids(text: str | None, flag: str = "--eagle3-layers-to-capture") -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{flag}: expected comma-separated ints like 2,46,90, got {text!r}") from None
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -272,7 +569,7 @@ def _doctor(args: argparse.Namespace) -> int:
         name, value = item.split("=", 1)
         environ[name] = value
     try:
-        layers = _parse_ids(args.eagle3_layers_to_capture)
+        layers = args.eagle3_layers_to_capture
         if layers is not None and args.engine != "tokenspeed":
             raise ValueError("--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)")
         draft, _ = read_config_json(args.draft)
@@ -333,8 +630,9 @@ def _serve_command(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle31-mla", description="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, "
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (tests/test_cli_corpus.py enumerates its arguments)."""
+    parser = _Parser(prog="eagle31-mla", description="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, "
                                      "roster, acceptance, train, inspect, convert, doctor, serve-command.",
                                      epilog=EXIT_CODES)  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
@@ -347,9 +645,9 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = add("demo", _demo, "speculative decoding on the embedded tiny pair: text, accept length, acceptance")
     demo.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="hf: the reference loop (default); vllm: vLLM with the plugin")
-    demo.add_argument("--prompts", type=int, default=8, metavar="N", help="held-out prompts to run (default 8)")
-    demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
-    demo.add_argument("--num-steps", type=int, default=3, help="draft steps per round (default 3)")
+    demo.add_argument("--prompts", type=positive_int, default=8, metavar="N", help="held-out prompts to run (default 8)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
+    demo.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round (default 3)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
 
     add("roster", _roster, "check the default (Kimi-K3) drafter against the published checkpoint's tensor roster")
@@ -358,64 +656,93 @@ def main(argv: list[str] | None = None) -> int:
     _add_acceptance_arguments(acceptance)
 
     train = add("train", _train, "train a drafter against a target with test-time training")
-    train.add_argument("--target", required=True, help="the target: a Transformers causal LM folder or Hub id")
-    train.add_argument("--text", required=True, help="training text: one document per line, or JSONL with \"text\"")
-    train.add_argument("--out", required=True, help="output folder (published layout); resumes from it")
-    train.add_argument("--aux-layers", metavar="IDS", help="one-based aux layer ids, e.g. 2,46,90 (default: Kimi-K3's)")
+    train.add_argument("--target", required=True, type=model_ref, help="the target: a Transformers causal LM folder or Hub id")
+    train.add_argument("--text", required=True, type=existing_file,
+                       help="training text: one document per line, or JSONL with \"text\"")  # fmt: skip
+    train.add_argument("--out", required=True, type=output_folder, help="output folder (published layout); resumes from it")
+    train.add_argument("--aux-layers", type=one_based_ids, metavar="IDS",
+                       help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)")  # fmt: skip
     train.add_argument("--eagle3", action="store_true", help="plain EAGLE-3 (no fc_norm, no norm_output)")
-    train.add_argument("--steps", type=int, default=1000)
-    train.add_argument("--batch-size", type=int, default=16)
-    train.add_argument("--seq-len", type=int, default=128)
-    train.add_argument("--depth", type=int, default=4, help="TTT unroll depth (default 4)")
-    train.add_argument("--anchors", type=int, default=None, help="anchored TTT: unroll depths >= 1 at N positions")
-    train.add_argument("--lr", type=float, default=3e-3)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    train.add_argument("--steps", type=positive_int, default=1000)
+    train.add_argument("--batch-size", type=positive_int, default=16)
+    train.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence, > --depth (default 128)")
+    train.add_argument("--depth", type=positive_int, default=4, help="TTT unroll depth (default 4)")
+    train.add_argument("--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions")
+    train.add_argument("--lr", type=positive_float, default=3e-3)
+    train.add_argument("--seed", type=seed_int, default=0)
+    train.add_argument("--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
     inspect_ = add("inspect", _inspect, "describe a drafter: config, size, KV bytes, tensors, which engines serve it")
-    inspect_.add_argument("path", metavar="PATH_OR_ID", help="a drafter folder, its config.json, or a Hub repo id")
+    inspect_.add_argument("path", metavar="PATH_OR_ID", type=config_ref, help="a drafter folder, its config.json, or a Hub repo id")
     inspect_.add_argument("--json", action="store_true", help="machine-readable output")
 
     convert = add("convert", _convert, "convert a drafter checkpoint into a Hub-ready folder")
-    convert.add_argument("src", metavar="SRC", help="the source drafter: a folder (or a Hub repo id)")
-    convert.add_argument("dst", metavar="DST", help="the folder to write (new or empty; see --force)")
-    convert.add_argument("--prune-vocab", type=int, metavar="N", help="keep the N most frequent target tokens (with bos/eos/pad)")
-    convert.add_argument("--token-counts", metavar="FILE", help="token frequencies over the target vocabulary: JSON "
+    convert.add_argument("src", metavar="SRC", type=model_ref, help="the source drafter: a folder (or a Hub repo id)")
+    convert.add_argument("dst", metavar="DST", type=output_folder, help="the folder to write (new or empty; see --force)")
+    convert.add_argument("--prune-vocab", type=positive_int, metavar="N", help="keep the N most frequent target tokens (with bos/eos/pad)")
+    convert.add_argument("--token-counts", type=existing_file, metavar="FILE", help="token frequencies over the target vocabulary: JSON "
                          '{"token_id": count} or a list of counts, or text lines "token_id count"')  # fmt: skip
-    convert.add_argument("--max-shard-size", default="10GB", metavar="SIZE", help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; also 512MiB, bytes)")
+    convert.add_argument("--max-shard-size", default="10GB", type=size, metavar="SIZE", help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; also 512MiB, bytes)")
     convert.add_argument("--dtype", default="keep", choices=["keep", "bfloat16", "float16", "float32"], help="weights dtype (default: keep the source's)")
-    convert.add_argument("--repo-id", metavar="ORG/NAME", help="the Hub id the model card names (default: DST's folder name)")
-    convert.add_argument("--target", default=DEFAULT_TARGET, metavar="ID", help=f"the target the model card's commands serve (default {DEFAULT_TARGET})")
-    convert.add_argument("--force", action="store_true", help="overwrite what convert writes in a non-empty DST")
+    convert.add_argument("--repo-id", type=repo_id, metavar="ORG/NAME", help="the Hub id the model card names (default: DST's folder name)")
+    convert.add_argument("--target", default=DEFAULT_TARGET, type=nonempty, metavar="ID", help=f"the target the model card's commands serve (default {DEFAULT_TARGET})")
+    convert.add_argument("--force", action="store_true",
+                         help="replace what an earlier convert wrote in DST (its manifest says which files; others are kept)")  # fmt: skip
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.add_argument("--json", action="store_true", help="machine-readable summary")
 
     doctor = add("doctor", _doctor, "find silent misconfigurations of a draft + target + engine, with fixes")
-    doctor.add_argument("--draft", metavar="PATH_OR_ID", help="the drafter: folder, config.json, or Hub repo id")
-    doctor.add_argument("--target", metavar="PATH_OR_ID", help="the target model: folder, config.json, or Hub repo id")
+    doctor.add_argument("--draft", type=config_ref, metavar="PATH_OR_ID", help="the drafter: folder, config.json, or Hub repo id")
+    doctor.add_argument("--target", type=config_ref, metavar="PATH_OR_ID", help="the target model: folder, config.json, or Hub repo id")
     doctor.add_argument("--engine", choices=["vllm", "sglang", "tokenspeed"])
-    doctor.add_argument("--engine-version", metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)")
+    doctor.add_argument("--engine-version", type=version, metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)")
     doctor.add_argument("--with-plugin", action="store_true", help="assume this project's plugin is installed where the engine runs")
-    doctor.add_argument("--eagle3-layers-to-capture", metavar="IDS", help="TokenSpeed: the flag value you will pass, e.g. 2,46,90")
-    doctor.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+    doctor.add_argument("--eagle3-layers-to-capture", type=layer_ids, metavar="IDS", help="TokenSpeed: the flag value you will pass, e.g. 2,46,90")
+    doctor.add_argument("--env", action="append", default=[], type=env_assignment, metavar="NAME=VALUE",
                         help="the serving environment (default: this shell's), e.g. VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0")  # fmt: skip
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--list-checks", action="store_true", help="list every check id and what it catches")
 
     serve = add("serve-command", _serve_command, "print the launch command for vLLM, SGLang or TokenSpeed")
     serve.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"])
-    serve.add_argument("--target", default=DEFAULT_TARGET, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
-    serve.add_argument("--draft", default=DEFAULT_DRAFT, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
-    serve.add_argument("--num-steps", type=int, default=3, help="draft steps per verification (default 3)")
-    serve.add_argument("--topk", type=int, default=1, help="draft branches per step (default 1: a chain)")
-    serve.add_argument("--num-draft-tokens", type=int, help="tokens verified per step (default: num-steps + 1)")
-    serve.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
-    serve.add_argument("--engine-version", metavar="V", help="check against this release (default: the newest known)")
+    serve.add_argument("--target", default=DEFAULT_TARGET, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
+    serve.add_argument("--draft", default=DEFAULT_DRAFT, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
+    serve.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per verification (default 3)")
+    serve.add_argument("--topk", type=positive_int, default=1, help="draft branches per step (default 1: a chain)")
+    serve.add_argument("--num-draft-tokens", type=positive_int, help="tokens verified per step (default: num-steps + 1)")
+    serve.add_argument("--tp", type=positive_int, metavar="N", help="tensor-parallel size")
+    serve.add_argument("--engine-version", type=version, metavar="V", help="check against this release (default: the newest known)")
     serve.add_argument("--json", action="store_true", help="machine-readable output")
 
-    args = parser.parse_args(argv)
-    return args.run(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Whatever goes wrong is one line on stderr and an exit code (see EXIT_CODES);
+    set EAGLE31_MLA_TRACEBACK=1 to see the traceback of an unexpected failure."""
+    from .engines import InputError
+
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:
+        return _error(err)
+    except SystemExit as err:  # --help, --version: argparse printed what was asked
+        return err.code if isinstance(err.code, int) else 0
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(f"eagle31-mla {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (InputError, OSError, UnicodeDecodeError) as err:  # unreadable input
+        return _error(err if str(err) else type(err).__name__)
+    except ValueError as err:  # a refused drafter (ConfigError, CheckpointError) or an unusable value
+        refused = type(err).__name__ in ("ConfigError", "CheckpointError", "ConvertError")
+        return _error(err, 1 if refused else 2)
+    except Exception as err:  # a bug, most likely: still one line, with the way to see more
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            raise
+        return _error(f"unexpected {type(err).__name__}: {err} (set {TRACEBACK_ENV}=1 for the traceback)", 1)
 
 
 if __name__ == "__main__":

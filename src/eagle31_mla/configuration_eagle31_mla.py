@@ -13,9 +13,14 @@ absent aux-layer ids are an error (see :mod:`aux_layers`).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from typing import Any
+import os
+import reprlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from transformers import PretrainedConfig
@@ -54,10 +59,265 @@ class ConfigError(ValueError):
     """A drafter config that cannot describe a correct drafter; the message names the key."""
 
 
-def _positive_number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ConfigError(f"`{key}` must be a positive number, got {value!r}")
-    return float(value)
+# ------------------------------------------------------------------------------------------------
+# The settings a config.json may give, and what each must be
+# ------------------------------------------------------------------------------------------------
+
+#: The largest size, position or token id a config may give: what fits int32, the index dtype the
+#: engines use for token ids and positions (int64 ids hold it too). Larger is never a real drafter.
+MAX_INDEX = 2**31 - 1
+
+#: How deeply a config.json may nest objects and lists (the published one nests 2 levels). Deeper
+#: nesting is refused by name instead of exhausting Python's recursion limit in a JSON reader or copy.
+MAX_CONFIG_DEPTH = 32
+
+#: Domain name -> (test, the words saying what is expected).
+DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "size": (lambda v: 1 <= v <= MAX_INDEX, f">= 1 and <= {MAX_INDEX}"),
+    "token_id": (lambda v: 0 <= v <= MAX_INDEX, f">= 0 and <= {MAX_INDEX}"),
+    "positive": (lambda v: v > 0, "> 0"),
+    "non_negative": (lambda v: v >= 0, ">= 0"),
+    "at_least_1": (lambda v: v >= 1, ">= 1"),
+    "unit_open": (lambda v: 0 < v < 1, "> 0 and < 1"),
+    "": (lambda v: True, ""),
+}
+
+#: Floating-point dtypes a drafter can be built in, by every name accepted for them.
+FLOAT_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+    "float": torch.float32, "half": torch.float16, "double": torch.float64,
+}  # fmt: skip
+_DTYPE_SPELLINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64", "f32": "float32",
+                    "f16": "float16", "bfloat": "bfloat16", "float8": None, "int8": None}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One setting of ``config.json`` and what it must be. ``name`` is the key; ``rope_parameters.<key>``
+    names a key of the rope dict (``rope_scaling`` in the legacy form). ``kind``: int, float (finite),
+    bool, str, dtype (a floating torch dtype), token_id (an int id), token_ids (an id or a list of ids).
+    ``domain``: a key of :data:`DOMAINS`. ``optional``: absent or null is accepted (the default
+    applies). ``rope_type``: a rope key needed by that rope type (checked wherever present)."""
+
+    name: str
+    kind: str
+    domain: str = ""
+    optional: bool = False
+    rope_type: str = ""
+    hint: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.name.rpartition(".")[2]
+
+    @property
+    def nested(self) -> bool:
+        return self.name.startswith("rope_parameters.")
+
+    def expected(self) -> str:
+        """What a value must be, in words (the clause of every refusal)."""
+        phrase = DOMAINS[self.domain][1]
+        text = {
+            "int": f"an int {phrase}",
+            "float": f"a finite number {phrase}",
+            "bool": "true or false",
+            "str": "a string",
+            "dtype": f"one of {_dtype_names()} (a floating-point torch dtype)",
+            "token_id": f"an int {phrase}",
+            "token_ids": f"an int {phrase} or a list of such ints",
+        }[self.kind].strip()
+        return text + (" or null" if self.optional and self.kind != "dtype" else "")
+
+    def check(self, value: Any, shown_name: str | None = None) -> Any:
+        """``value`` if it is right for this field (a dtype name resolved); else :class:`ConfigError`
+        naming the field, the value given and what was expected."""
+        name = shown_name or self.name
+        if value is None and self.optional:
+            return None
+        if self.kind == "dtype" and value is not None:
+            return resolve_dtype(value, name)
+        if not self._fits(value):
+            raise ConfigError(f"`{name}` must be {self.expected()}, got {_show(value)}{self.hint}")
+        return value
+
+    def _fits(self, value: Any) -> bool:
+        test = DOMAINS[self.domain][0]
+        if self.kind in ("int", "token_id"):
+            return _is_int(value) and test(value)
+        if self.kind == "token_ids":
+            values = value if isinstance(value, (list, tuple)) and value else [value]
+            return all(_is_int(v) and test(v) for v in values)
+        if self.kind == "float":
+            return _is_number(value) and _finite(value) and test(value)
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "str":
+            return isinstance(value, str)
+        return False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # bool is not an int
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)  # an int too large for a float raises OverflowError
+    except OverflowError:
+        return False
+
+
+def _size(name: str, hint: str = "", optional: bool = False) -> ConfigField:
+    return ConfigField(name, "int", "size", optional=optional, hint=hint)
+
+
+#: Every setting the drafter reads from a config.json, checked at construction for type, finiteness and
+#: domain (cross-field rules live in :meth:`Eagle31MLAConfig._check`). The tests generate their
+#: malformed configs from this table, so a field added here is covered by them automatically.
+CONFIG_FIELDS: tuple[ConfigField, ...] = (
+    _size("vocab_size"),
+    _size("draft_vocab_size", optional=True),
+    _size("hidden_size"),
+    _size("target_hidden_size", optional=True),
+    _size("intermediate_size"),
+    _size("num_hidden_layers"),
+    _size("num_attention_heads"),
+    _size("num_key_value_heads", optional=True),
+    _size("q_lora_rank", hint=" (this drafter needs the low-rank q path, q_a_proj/q_b_proj)"),
+    _size("kv_lora_rank"),
+    _size("qk_nope_head_dim"),
+    _size("qk_rope_head_dim"),
+    _size("v_head_dim"),
+    _size("max_position_embeddings"),
+    _size("target_num_hidden_layers", optional=True),
+    _size("num_aux_hidden_states", optional=True),
+    _size("qk_head_dim", optional=True),  # derived: a file's value is checked, then recomputed
+    _size("head_dim", optional=True),
+    ConfigField("rms_norm_eps", "float", "unit_open"),
+    ConfigField("initializer_range", "float", "non_negative"),
+    ConfigField("hidden_act", "str"),
+    ConfigField("fc_norm", "bool"),
+    ConfigField("norm_output", "bool"),
+    ConfigField("norm_before_residual", "bool"),
+    ConfigField("tie_word_embeddings", "bool"),
+    ConfigField("use_cache", "bool"),
+    ConfigField("mla_use_nope", "bool", optional=True),
+    ConfigField("bos_token_id", "token_id", "token_id", optional=True),
+    ConfigField("eos_token_id", "token_ids", "token_id", optional=True),
+    ConfigField("pad_token_id", "token_id", "token_id", optional=True),
+    ConfigField("dtype", "dtype", optional=True),
+    ConfigField("torch_dtype", "dtype", optional=True),
+    ConfigField("rope_theta", "float", "positive", optional=True),  # legacy form: beside rope_scaling
+    ConfigField("rope_parameters.rope_theta", "float", "positive", optional=True),
+    ConfigField("rope_parameters.factor", "float", "at_least_1", rope_type="yarn"),
+    ConfigField("rope_parameters.original_max_position_embeddings", "int", "size", rope_type="yarn"),
+    ConfigField("rope_parameters.beta_fast", "float", "positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.beta_slow", "float", "positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.mscale", "float", "non_negative", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.mscale_all_dim", "float", "non_negative", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.attention_factor", "float", "positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.truncate", "bool", optional=True, rope_type="yarn"),
+)
+TOP_LEVEL_FIELDS = tuple(f for f in CONFIG_FIELDS if not f.nested)
+ROPE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.nested)
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlevel, _SHOW.maxlong = 60, 60, 3, 60
+
+
+def _show(value: Any) -> str:
+    """A short repr, safe for any value a JSON file can hold (huge, deep or long)."""
+    return _SHOW.repr(value)
+
+
+def _dtype_names(allow_auto: bool = False) -> str:
+    return ", ".join(repr(n) for n in FLOAT_DTYPES) + (", 'auto'" if allow_auto else "")
+
+
+def resolve_dtype(value: Any, field: str = "dtype", *, allow_auto: bool = False) -> torch.dtype | None:
+    """The floating-point ``torch.dtype`` that ``value`` names (a ``torch.dtype``, or a name such as
+    ``"bfloat16"``, ``"float32"``, ``"half"``, ``"torch.float16"``); ``None`` for ``None`` and, with
+    ``allow_auto``, for ``"auto"`` (meaning: the config's or checkpoint's own dtype).
+
+    Anything else -- an integer or bool dtype (``int32``), an unknown or misspelt name (``fp16``,
+    ``fp32``), a non-string -- raises :class:`ConfigError` naming ``field`` (``"torch_dtype"``,
+    ``"--dtype"``, ...) and listing the accepted names. One helper for the config's ``dtype`` /
+    ``torch_dtype``, ``from_pretrained(dtype=..., torch_dtype=...)`` and the CLI's ``--dtype``."""
+    if value is None:
+        return None
+    if isinstance(value, torch.dtype):
+        if value in FLOAT_DTYPES.values():
+            return value
+        why = " (not a floating-point dtype)" if not value.is_floating_point else " (not supported for a drafter)"
+    elif isinstance(value, str):
+        name = value.strip().lower().removeprefix("torch.")
+        if allow_auto and name == "auto":
+            return None
+        if name in FLOAT_DTYPES:
+            return FLOAT_DTYPES[name]
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            dtype = getattr(torch, name)
+            why = " (not a floating-point dtype)" if not dtype.is_floating_point else " (not supported for a drafter)"
+        elif _DTYPE_SPELLINGS.get(name):
+            why = f" (write {_DTYPE_SPELLINGS[name]!r})"
+        else:
+            why = " (not a torch dtype name)"
+    else:
+        why = ""
+    raise ConfigError(
+        f"`{field}` must be one of {_dtype_names(allow_auto)} (a floating-point torch dtype), got {_show(value)}{why}"
+    )
+
+
+def check_config_dict(data: Any, where: str = "config.json") -> dict:
+    """``data`` if it can be a config (a JSON object nested at most :data:`MAX_CONFIG_DEPTH` levels);
+    else :class:`ConfigError`. Walks iteratively: no recursion, whatever the depth."""
+    if data is None:
+        raise ConfigError(f"{where} holds null; expected a JSON object (a dict of settings)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a JSON object (a dict of settings), got {type(data).__name__}")
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"{where} nests objects/lists more than {MAX_CONFIG_DEPTH} levels deep (at `{path[:200]}`); "
+                f"expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
+            )
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
+    return data
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """The settings in a ``config.json``, or :class:`ConfigError` saying what is wrong with the file:
+    a dangling symlink, not UTF-8, not JSON, ``null`` or not an object, nested too deeply (Python's JSON
+    reader raises ``RecursionError`` from about 1,000 levels), or a number too long to read."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(
+            f"{path} is a symlink to {os.readlink(path)}, which does not resolve (a dangling link: an interrupted "
+            "download or a moved cache?); expected the drafter's config.json"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not readable ({err}); expected a UTF-8 JSON file") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(
+            f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
+        ) from None
+    except ValueError as err:  # JSONDecodeError, and a number of more than 4300 digits
+        raise ConfigError(f"{path} is not valid JSON ({err}); expected a JSON object of settings") from None
+    return check_config_dict(data, str(path))
 
 
 def _yarn_mscale(factor: float, mscale: float) -> float:
@@ -68,43 +328,52 @@ def _normalise_rope(
     rope_parameters: dict | None, rope_scaling: dict | None, rope_theta: float | None
 ) -> dict[str, Any]:
     """One rope dict in Transformers-5 form, from either the v5 ``rope_parameters`` or the legacy
-    ``rope_scaling`` + ``rope_theta`` pair."""
+    ``rope_scaling`` + ``rope_theta`` pair; every key of :data:`ROPE_FIELDS` checked."""
     if rope_parameters is not None and rope_scaling is not None:
         raise ConfigError("config has both `rope_parameters` and `rope_scaling`; keep one (they may disagree)")
     given = rope_parameters if rope_parameters is not None else rope_scaling
+    source = "rope_parameters" if rope_parameters is not None else "rope_scaling"
     if rope_theta is not None:
-        rope_theta = _positive_number("rope_theta", rope_theta)
+        rope_theta = float(rope_theta)  # checked with the top-level fields
     if given is None:
         return dict(KIMI_K3_ROPE_PARAMETERS, **({"rope_theta": rope_theta} if rope_theta else {}))
     if not isinstance(given, dict):
-        raise ConfigError(f"`rope_scaling`/`rope_parameters`: expected a dict, got {given!r}")
+        raise ConfigError(f"`rope_scaling`/`rope_parameters`: expected a dict, got {_show(given)}")
     params = dict(given)
     if params.get("rope_type") and params.get("type") and params["rope_type"] != params["type"]:
         raise ConfigError(
-            f"rope settings name two types: `rope_type` {params['rope_type']!r} and `type` {params['type']!r}; keep one"
+            f"rope settings name two types: `rope_type` {_show(params['rope_type'])} and `type` "
+            f"{_show(params['type'])}; keep one"
         )
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if rope_type == "deepseek_yarn":  # vLLM's name for the same schedule
         rope_type = "yarn"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if not isinstance(rope_type, str) or rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
-            f"`rope_scaling.type` / `rope_parameters.rope_type` is {rope_type!r}; this drafter supports "
+            f"`{source}.type` / `rope_parameters.rope_type` is {_show(rope_type)}; this drafter supports "
             f"{SUPPORTED_ROPE_TYPES} (the published Kimi-K3 drafter uses yarn)"
         )
+    for field in ROPE_FIELDS:
+        if field.key in params:
+            field.check(params[field.key], f"{source}.{field.key}")
+        elif field.rope_type == rope_type and not field.optional:
+            raise ConfigError(
+                f"`{source}.{field.key}` must be {field.expected()} ({rope_type} rope needs it), got nothing"
+            )
     theta = params.get("rope_theta", rope_theta)
-    if theta is not None and rope_theta is not None and _positive_number("rope_theta", theta) != rope_theta:
+    if theta is not None and rope_theta is not None and float(theta) != rope_theta:
         raise ConfigError(
             f"config has top-level `rope_theta` {rope_theta:g} but its rope dict says `rope_theta` {theta}; "
             "they must agree (keep one)"
         )
-    params["rope_theta"] = _positive_number("rope_theta", theta if theta is not None else DEFAULT_ROPE_THETA)
-    if rope_type == "yarn":
-        for key in ("factor", "original_max_position_embeddings"):
-            if not isinstance(params.get(key), (int, float)) or params[key] <= 0:
-                raise ConfigError(f"yarn rope needs a positive `{key}`, got {params.get(key)!r}")
-        if params["factor"] < 1:
-            raise ConfigError(f"yarn rope `factor` must be >= 1, got {params['factor']}")
+    params["rope_theta"] = float(theta if theta is not None else DEFAULT_ROPE_THETA)
+    if rope_type == "yarn" and params.get("beta_fast") is not None and params.get("beta_slow") is not None:
+        if not params["beta_fast"] > params["beta_slow"]:
+            raise ConfigError(
+                f"`{source}.beta_fast` ({params['beta_fast']}) must be greater than `{source}.beta_slow` "
+                f"({params['beta_slow']}): YaRN ramps from the fast to the slow rotation count"
+            )
     return {"rope_type": rope_type, **params}
 
 
@@ -167,6 +436,7 @@ class Eagle31MLAConfig(PretrainedConfig):
     pad_token_id: int | None = 0
 
     def __post_init__(self, **kwargs):
+        self._check_fields(kwargs)
         model_type = kwargs.pop("model_type", None)
         if model_type is not None and model_type not in ACCEPTED_MODEL_TYPES:
             raise ConfigError(
@@ -186,7 +456,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         if num_aux is not None and num_aux != len(self.aux_layer_ids):
             raise ConfigError(
                 f"`num_aux_hidden_states` is {num_aux} but the config names {len(self.aux_layer_ids)} aux "
-                f"layers ({self.aux_layer_ids.describe()})"
+                f"layers ({self.aux_layer_ids.describe()}); it must equal the number of aux layers (or be left out)"
             )
         kwargs.pop("qk_head_dim", None)
         kwargs.pop("head_dim", None)
@@ -207,9 +477,7 @@ class Eagle31MLAConfig(PretrainedConfig):
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
         """Read a ``config.json`` dict: absent keys take their meaning in files (see module docstring)."""
-        if not isinstance(config_dict, dict):
-            raise ConfigError(f"config.json must hold a JSON object (a dict of settings), got {type(config_dict).__name__}")
-        config_dict = dict(config_dict)
+        config_dict = dict(check_config_dict(config_dict))
         config_dict.setdefault("fc_norm", False)
         config_dict.setdefault("norm_output", False)
         if config_dict.get("eagle_config") is None:
@@ -218,6 +486,12 @@ class Eagle31MLAConfig(PretrainedConfig):
             config_dict.pop("rope_scaling", None)
             config_dict["rope_parameters"] = {"rope_type": "default"}
         return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def _dict_from_json_file(cls, json_file: str | os.PathLike) -> dict:
+        """Transformers' reader of config.json, refusing by name what it would crash on (null, deep
+        nesting, a dangling link) instead of a TypeError or RecursionError."""
+        return cls._decode_special_floats(read_config_file(json_file))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``config.json`` form: engine-facing architecture name, derived sizes left out."""
@@ -258,6 +532,11 @@ class Eagle31MLAConfig(PretrainedConfig):
             except AuxLayerIdError as err:
                 raise ConfigError(str(err)) from None
             logger.info("aux layers: %s -> %s", how, ids.describe())
+        if max(ids.one_based) > MAX_INDEX:
+            raise ConfigError(
+                f"aux-layer ids {_show(list(ids.one_based))}: every id must be <= {MAX_INDEX} (a target layer), got "
+                f"{_show(max(ids.one_based))}"
+            )
         entries = aux_layer_ids_config_entries(ids)
         self.eagle_aux_hidden_state_layer_ids = entries["eagle_aux_hidden_state_layer_ids"]
         self.aux_layer_ids_convention = entries["aux_layer_ids_convention"]
@@ -294,21 +573,23 @@ class Eagle31MLAConfig(PretrainedConfig):
 
     # -- validation ---------------------------------------------------------------------------------
 
+    def _check_fields(self, kwargs: dict) -> None:
+        """Every setting of :data:`CONFIG_FIELDS` given here (as a field or a legacy keyword), checked for
+        type, finiteness and domain before anything reads it; dtype names resolved; nesting bounded."""
+        own = _field_names(type(self))
+        check_config_dict({**{name: getattr(self, name, None) for name in own}, **kwargs}, "config")
+        for field in TOP_LEVEL_FIELDS:
+            if field.name in kwargs:
+                kwargs[field.name] = field.check(kwargs[field.name])
+            elif field.name in own:
+                checked = field.check(getattr(self, field.name, None))
+                if field.kind == "dtype":
+                    self.dtype = checked
+
     def _check(self) -> None:
-        positive = (
-            "vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "intermediate_size",
-            "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-            "max_position_embeddings",
-        )  # fmt: skip
-        for key in positive:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        """Rules across fields (each field's own type and domain: :meth:`_check_fields`)."""
         if self.num_hidden_layers != 1:
             raise ConfigError(f"`num_hidden_layers` is {self.num_hidden_layers}; this drafter has exactly 1 layer")
-        if isinstance(self.q_lora_rank, bool) or not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0:
-            raise ConfigError(f"`q_lora_rank` is {self.q_lora_rank!r}; expected a positive int (this drafter needs the low-rank q path, q_a/q_b)")
-        _positive_number("rms_norm_eps", self.rms_norm_eps)
         if self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError(
                 f"`num_key_value_heads` ({self.num_key_value_heads}) must equal `num_attention_heads` "
@@ -318,24 +599,34 @@ class Eagle31MLAConfig(PretrainedConfig):
             raise ConfigError(f"`qk_rope_head_dim` must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
         if self.draft_vocab_size > self.vocab_size:
             raise ConfigError(
-                f"`draft_vocab_size` ({self.draft_vocab_size}) exceeds `vocab_size` ({self.vocab_size})"
+                f"`draft_vocab_size` ({self.draft_vocab_size}) exceeds `vocab_size` ({self.vocab_size}); it must be "
+                "<= vocab_size (the draft vocabulary is a subset of the target's)"
             )
         if self.tie_word_embeddings:
-            raise ConfigError("`tie_word_embeddings: true` is not supported: the drafter has its own `lm_head`")
+            raise ConfigError(
+                "`tie_word_embeddings: true` is not supported: expected false (the drafter has its own `lm_head`)"
+            )
         from transformers.activations import ACT2FN
 
         if self.hidden_act not in ACT2FN:
-            raise ConfigError(f"`hidden_act` {self.hidden_act!r} is not a known activation")
-        for key in ("fc_norm", "norm_output", "norm_before_residual"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"`{key}` must be true or false, got {getattr(self, key)!r}")
+            raise ConfigError(
+                f"`hidden_act` {_show(self.hidden_act)} is not a known activation; expected one of Transformers' "
+                "ACT2FN names (the published drafter: 'silu')"
+            )
         if self.rope_parameters["rope_type"] == "yarn":
             original = self.rope_parameters["original_max_position_embeddings"]
             if original > self.max_position_embeddings:
                 raise ConfigError(
                     f"yarn `original_max_position_embeddings` ({original}) exceeds `max_position_embeddings` "
-                    f"({self.max_position_embeddings})"
+                    f"({self.max_position_embeddings}); it must be <= max_position_embeddings"
                 )
 
 
-__all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS"]
+def _field_names(cls: type) -> frozenset[str]:
+    import dataclasses
+
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+__all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS", "CONFIG_FIELDS", "ConfigField", "resolve_dtype",
+            "read_config_file", "check_config_dict", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]

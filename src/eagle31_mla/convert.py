@@ -22,17 +22,30 @@ reads (no memory map, whose pages would stay resident) and written straight into
 memory holds one chunk, never a tensor, let alone a second copy of the model (the 6 GB Kimi-K3
 drafter converts in well under 1 GB of RSS). Output is deterministic: fixed tensor order, no
 timestamps, sorted JSON keys; converting twice gives byte-identical folders.
+
+Safety: nothing is written into the destination itself; the new folder is built beside it and swapped
+in whole at the end (see "the destination" below), so a convert stopped at any moment -- an error,
+Ctrl-C, SIGKILL -- leaves the destination as it was or complete and new, and ``--force`` replaces only
+the files an earlier convert listed in its manifest.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import logging
 import math
+import os
 import re
+import secrets
+import shutil
+import signal
+import socket
 import struct
 import sys
-from contextlib import ExitStack
+import threading
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -201,6 +214,7 @@ class _Planned:
     dtype: Any  # torch.dtype
     shape: tuple[int, ...]
     chunks: Callable[[], Iterator[Any]]  # buffers, in order
+    source_dtype: Any = None  # torch.dtype of the source tensor (None: made here)
 
     @property
     def nbytes(self) -> int:
@@ -291,19 +305,208 @@ def _json_bytes(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _prepare_destination(dst: Path, src: Path, force: bool) -> None:
-    if dst.resolve() == src.resolve():
+# ---- the destination: written beside it, swapped in whole ------------------------------------------------
+#
+# Nothing is written into DST itself. The new folder is built in a temporary sibling
+# (``.<DST>.eagle31-convert-new-<pid>-<token>``, with a MARKER file naming its writer and the files it plans)
+# and moved into place at the end in one step: a rename when DST does not exist, an atomic exchange of the
+# two folders (Linux ``renameat2(RENAME_EXCHANGE)``) when it does. So a convert killed at any moment, even
+# by SIGKILL, leaves DST as it was or complete and new; a leftover temporary folder has a hidden name and no
+# config.json until its last step, so nothing loads it by mistake, and the next convert into the same DST
+# removes it (only its own: the MARKER must name a dead process, and only files it lists, or hard links of
+# files still in DST, are deleted). ``MANIFEST`` in DST lists the files convert wrote: ``--force`` replaces
+# those; anything else in DST (a user's notes, another *.safetensors, .git) is carried into the new folder
+# as hard links and kept.
+
+#: In a converted folder: the files convert wrote there (what a later ``--force`` may replace).
+MANIFEST = ".eagle31-convert-manifest.json"
+#: In a temporary folder: who is writing it (pid, host) and the files it plans.
+MARKER = ".eagle31-convert-partial.json"
+_TMP = ".eagle31-convert-"
+_WRITER = "eagle31-mla convert"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _listed(folder: Path) -> set[str]:
+    """The names convert wrote in ``folder`` (its manifest, its marker), plus those two files."""
+    names: set[str] = set()
+    for file in (MANIFEST, MARKER):
+        data = _read_json(folder / file)
+        if isinstance(data, dict) and data.get("written_by") == _WRITER and isinstance(data.get("files"), list):
+            names |= {n for n in data["files"] if isinstance(n, str) and n and "/" not in n and n not in (".", "..")}
+            names.add(file)
+    return names
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    """``a`` is a hard-linked copy of ``b`` (same inodes; symlinks with the same target)."""
+    try:
+        if a.is_symlink() or b.is_symlink():
+            return a.is_symlink() and b.is_symlink() and os.readlink(a) == os.readlink(b)
+        if a.is_dir():
+            return b.is_dir() and all(_same_tree(entry, b / entry.name) for entry in a.iterdir())
+        return a.is_file() and b.is_file() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _remove_ours(folder: Path, dst: Path) -> list[str]:
+    """Delete what convert wrote in ``folder`` (listed in its manifest or marker) and hard-linked copies of
+    what is in ``dst``; then the folder, if empty. Returns the names kept (anything else)."""
+    ours = _listed(folder)
+    kept = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name in (MANIFEST, MARKER)):  # the lists go last
+        if entry.name in ours and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+        elif _same_tree(entry, dst / entry.name):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        else:
+            kept.append(entry.name)
+    if not kept:
+        folder.rmdir()
+    return kept
+
+
+def _alive(marker: Any) -> bool:
+    """Whether the convert that wrote ``marker`` may still be running (then its folder is left alone)."""
+    if not isinstance(marker, dict) or not isinstance(marker.get("pid"), int) or marker.get("host") != socket.gethostname():
+        return True  # not ours to judge
+    if marker["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(marker["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _clean_leftovers(dst: Path) -> list[str]:
+    """Finish what an interrupted convert into ``dst`` left beside it; returns notes on what was done."""
+    notes = []
+    if not dst.parent.is_dir():
+        return notes
+    for leftover in sorted(dst.parent.glob(f".{glob.escape(dst.name)}{_TMP}*")):
+        if not leftover.is_dir() or leftover.is_symlink():
+            continue
+        if leftover.name.startswith(f".{dst.name}{_TMP}old-"):
+            # the DST of an interrupted non-atomic swap (filesystems without renameat2): restore it if
+            # the new folder never arrived; remove it (its files are in DST) if it did
+            if not dst.exists():
+                os.rename(leftover, dst)
+                notes.append(f"restored {dst} from an interrupted conversion ({leftover.name})")
+                continue
+        elif (leftover / MARKER).is_file() and _alive(_read_json(leftover / MARKER)):
+            continue  # another convert is writing it
+        # without a marker: finished (its last step removes the marker) and never swapped in, or the old
+        # DST after a swap; either way _remove_ours deletes only listed files and hard links of DST's
+        kept = _remove_ours(leftover, dst)
+        notes.append(f"removed the leftovers of an interrupted conversion ({leftover.name})"
+                     + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else ""))  # fmt: skip
+    return notes
+
+
+def _check_destination(dst: Path, src: Path, force: bool, outputs: Sequence[str]) -> list[str]:
+    """Refuse a DST convert cannot write without losing data; return the entries of DST to keep."""
+    if dst.exists() and dst.resolve() == src.resolve():
         raise InputError(f"the destination {dst} is the source folder; convert into a new folder")
     if dst.exists() and not dst.is_dir():
         raise InputError(f"the destination {dst} is a file")
-    if dst.is_dir() and any(dst.iterdir()):
-        if not force:
-            raise InputError(f"the destination {dst} is not empty; pass --force to overwrite what convert writes there")
-        ours = {"config.json", "README.md", INDEX_FILE, *REMOTE_CODE_FILES}
-        for path in dst.iterdir():
-            if path.is_file() and (path.name in ours or (path.name.startswith("model") and path.suffix == ".safetensors")):
-                path.unlink()
-    dst.mkdir(parents=True, exist_ok=True)
+    if not dst.exists():
+        return []
+    entries = sorted(p.name for p in dst.iterdir())
+    if not entries:
+        return []
+    if not force:
+        raise InputError(f"the destination {dst} is not empty; pass --force to replace what an earlier convert wrote there")
+    ours = _listed(dst) - {MARKER}
+    foreign = [name for name in entries if name not in ours]
+    clash = sorted(set(foreign) & {*outputs, MANIFEST, MARKER})
+    if clash:
+        raise InputError(f"the destination {dst} holds {', '.join(clash)}, which convert would write but did not "
+                         f"write there (no {MANIFEST} lists them); move them away or convert into a new folder")  # fmt: skip
+    return foreign
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst``: a copy of ``src`` made of hard links (same files, no data copied)."""
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        dst.mkdir()
+        for entry in src.iterdir():
+            _link_tree(entry, dst / entry.name)
+    elif src.is_file():
+        os.link(src, dst)
+    else:
+        raise InputError(f"{src} is neither a file, a folder nor a link; move it out of the destination first")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@contextmanager
+def _sigint_deferred():
+    """Ctrl-C waits until the block is done (the swap must not stop half way); then it is dropped, since
+    the conversion has finished."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _commit(tmp: Path, dst: Path) -> list[str]:
+    """Put the finished ``tmp`` at ``dst`` in one step; returns notes."""
+    with _sigint_deferred():
+        if not dst.exists():
+            os.rename(tmp, dst)
+            return []
+        if _exchange(tmp, dst):  # tmp now holds the old DST
+            kept = _remove_ours(tmp, dst)
+        else:  # two renames; an interruption between them is repaired by the next convert (_clean_leftovers)
+            old = tmp.with_name(tmp.name.replace(f"{_TMP}new-", f"{_TMP}old-"))
+            os.rename(dst, old)
+            os.rename(tmp, dst)
+            kept, tmp = _remove_ours(old, dst), old
+    return [f"kept {tmp}: it holds {', '.join(kept)}, which appeared in {dst} during the conversion"] if kept else []
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot sync a folder; the rename is still atomic
+    finally:
+        os.close(fd)
 
 
 def _source_layout(originals: Iterable[str], config) -> str:
@@ -334,8 +537,14 @@ def convert(
 ) -> ConvertResult:
     """Convert the drafter at ``src`` (folder or Hub id) into a Hub-ready folder ``dst``.
 
-    Raises :class:`ConvertError` when the source is refused (nothing is written) and
-    :class:`~eagle31_mla.engines.InputError` for unusable arguments."""
+    Every input (arguments, token counts, the source, the model card's inputs, what ``dst`` holds) is
+    checked before anything is written; the folder is built beside ``dst`` and swapped in whole, so an
+    error or an interruption leaves ``dst`` as it was. ``force``: replace what an earlier convert wrote
+    in a non-empty ``dst`` (its manifest lists it); the user's other files there are kept.
+
+    Raises :class:`ConvertError` when the source is refused and :class:`~eagle31_mla.engines.InputError`
+    for unusable arguments (including ``dtype="float16"`` on values float16 cannot hold); in both
+    cases ``dst`` is untouched."""
     import torch
 
     from .configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
@@ -350,16 +559,27 @@ def convert(
     max_shard_size = parse_size(max_shard_size)
     if (prune_vocab is None) != (token_counts is None):
         raise InputError("--prune-vocab N and --token-counts FILE go together")
+    if prune_vocab is not None and (isinstance(prune_vocab, bool) or not isinstance(prune_vocab, int) or prune_vocab < 1):
+        raise InputError(f"--prune-vocab: expected a positive integer, got {prune_vocab!r}")
     out_dtype = None
-    if dtype not in (None, "keep"):
-        out_dtype = getattr(torch, str(dtype), None)
-        if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
-            raise InputError(f"--dtype {dtype!r}: expected keep, bfloat16, float16 or float32")
+    if not (dtype is None or dtype == "keep"):
+        from .configuration_eagle31_mla import resolve_dtype
+
+        try:
+            out_dtype = resolve_dtype(dtype, "--dtype")
+        except ConfigError as err:
+            raise InputError(str(err)) from None
+    for flag, value in (("--repo-id", repo_id), ("--target", target_name)):
+        if value is not None and (not isinstance(value, str) or not value.strip() or "\n" in value):
+            raise InputError(f"{flag}: expected a non-empty name on one line, got {value!r}")
+    dst = Path(dst).expanduser()
+    if dst.is_symlink():
+        dst = dst.resolve()  # write where the link points; the link itself stays
+    counts = read_token_counts(token_counts) if token_counts is not None else None  # read before the model
     try:
         folder = resolve_model_folder(src)
     except Exception as err:
         raise InputError(f"cannot find the source {src} ({err})") from None
-    dst = Path(dst)
 
     # 1. The source, checked by the loader's own rules before anything is written.
     if not (folder / "config.json").is_file():
@@ -407,7 +627,6 @@ def convert(
         notes: list[str] = []
         kept_targets = rows = None
         if prune_vocab is not None:
-            counts = read_token_counts(token_counts)
             specials = [t for t in (config.bos_token_id, config.pad_token_id) if t is not None]
             specials += list(token_ids(config.eos_token_id))
             candidates = source_targets if source_targets is not None else range(config.vocab_size)
@@ -431,7 +650,7 @@ def convert(
             else:
                 ranges = lambda begin=begin, length=length: _ranges(begin, length, CHUNK_BYTES)  # noqa: E731
             chunks = lambda f=f, ranges=ranges, src=src, out=out: (_cast(_read_bytes(f, a, n), src, out) for a, n in ranges())  # noqa: E731
-            planned.append(_Planned(name, out, expected[name], chunks))
+            planned.append(_Planned(name, out, expected[name], chunks, src))
         if "d2t" in expected:
             targets = torch.tensor(kept_targets if kept_targets is not None else source_targets, dtype=torch.long)
             new_d2t = (targets - torch.arange(targets.numel())).numpy()
@@ -442,44 +661,95 @@ def convert(
             planned.append(_Planned("t2d", torch.bool, expected["t2d"], lambda: iter([new_t2d])))
         planned.sort(key=lambda p: (-p.dtype.itemsize, p.name))  # safetensors' own order: aligned, then by name
 
-        # 4. Shards, written chunk by chunk (the destination is touched only now: every check has passed).
-        _prepare_destination(dst, folder, force)
+        # 4. Everything the folder will hold, worked out before a byte is written: shard names, index,
+        #    config.json, model card (its inputs are checked here too), and what DST must keep.
         shards = _shards(planned, max_shard_size)
         names = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
         total = sum(p.nbytes for p in planned)
-        bar = _progress(total, progress)
+        small: dict[str, bytes] = {}  # everything but the weights, in the order it is written
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": {p.name: f for f, s in zip(names, shards) for p in s}}
+            small[INDEX_FILE] = _json_bytes(index)
+        from importlib import resources
+
+        for name in REMOTE_CODE_FILES:
+            small[name] = resources.files("eagle31_mla").joinpath(name).read_bytes()
+        config_dict = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
+        config_dict.pop("_name_or_path", None)
+        config_dict["auto_map"] = {
+            "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+            "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+        }
+        written = [*names, *([INDEX_FILE] if len(shards) > 1 else []), "config.json", *REMOTE_CODE_FILES, "README.md"]
         try:
-            for file, shard in zip(names, shards):
-                _write_safetensors(dst / file, shard, st_names, bar.update)
-        finally:
-            bar.close()
-    written = list(names)
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": {p.name: f for f, s in zip(names, shards) for p in s}}
-        (dst / INDEX_FILE).write_bytes(_json_bytes(index))
-        written.append(INDEX_FILE)
+            card = model_card(config_dict, repo_id=repo_id or dst.resolve().name, target_name=target_name,
+                              source_layout=layout, files=written, kept_targets=kept_targets)  # fmt: skip
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConvertError(f"cannot write the model card for this config ({type(err).__name__}: {err})") from None
+        small["README.md"] = card.encode()
+        small["config.json"] = _json_bytes(config_dict)  # last: a folder without it is not a model
+        manifest = _json_bytes({"written_by": _WRITER, "files": sorted(written)})
+        notes += _clean_leftovers(dst)
+        keep = _check_destination(dst, folder, force, written)
 
-    # 5. config.json, remote code, model card.
-    config_dict = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
-    config_dict.pop("_name_or_path", None)
-    config_dict["auto_map"] = {
-        "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-        "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
-    }
-    (dst / "config.json").write_bytes(_json_bytes(config_dict))
-    from importlib import resources
-
-    for name in REMOTE_CODE_FILES:
-        (dst / name).write_bytes(resources.files("eagle31_mla").joinpath(name).read_bytes())
-    written += ["config.json", *REMOTE_CODE_FILES, "README.md"]
-    repo_id = repo_id or dst.resolve().name
-    card = model_card(config_dict, repo_id=repo_id, target_name=target_name, source_layout=layout,
-                      files=written, kept_targets=kept_targets)  # fmt: skip
-    (dst / "README.md").write_bytes(card.encode())
-
-    # 6. Self-check: the folder reads back under the same rules (headers only).
-    validate_checkpoint(dst, Eagle31MLAForCausalLM.on_meta_device(Eagle31MLAConfig.from_pretrained(dst)))
+        # 5. The new folder, beside DST; swapped in whole once complete and read back.
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.parent / f".{dst.name}{_TMP}new-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        committed = False
+        try:
+            (tmp / MARKER).write_bytes(_json_bytes({"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname(),
+                                                   "files": sorted({*written, MANIFEST})}))  # fmt: skip
+            overflow: dict[str, int] = {}
+            bar = _progress(total, progress)
+            try:
+                for file, shard in zip(names, shards):
+                    _write_safetensors(tmp / file, _watch_overflow(shard, overflow), st_names, bar.update)
+            finally:
+                bar.close()
+            if overflow:
+                count = sum(overflow.values())
+                raise InputError(f"--dtype float16: {count:,} value(s) in {len(overflow)} tensor(s) exceed float16's range "
+                                 f"(+-65504) and would become inf (first: {next(iter(overflow))}); keep the source "
+                                 "dtype or use bfloat16. Nothing was written")  # fmt: skip
+            for name, data in small.items():
+                (tmp / name).write_bytes(data)
+            # 6. Self-check: the folder reads back under the same rules (headers only).
+            validate_checkpoint(tmp, Eagle31MLAForCausalLM.on_meta_device(Eagle31MLAConfig.from_pretrained(tmp)))
+            (tmp / MANIFEST).write_bytes(manifest)
+            for entry in keep:
+                _link_tree(dst / entry, tmp / entry)
+            for file in tmp.iterdir():
+                if file.is_file() and not file.is_symlink() and file.name not in keep:
+                    _fsync(file)
+            (tmp / MARKER).unlink()
+            _fsync(tmp)
+            notes += _commit(tmp, dst)
+            committed = True
+        except BaseException:  # KeyboardInterrupt included: remove what this run wrote, then stop
+            if not committed and tmp.exists():
+                _remove_ours(tmp, dst)
+            raise
+        _fsync(dst.parent)
     return ConvertResult(dst, written, len(planned), total, layout, config.vocab_size, config.draft_vocab_size, notes)
+
+
+def _watch_overflow(shard: list[_Planned], overflow: dict[str, int]) -> list[_Planned]:
+    """The shard's tensors, each float16 one counting (into ``overflow``) source values beyond float16's range."""
+    import torch
+
+    def watched(p: _Planned) -> _Planned:
+        def chunks():
+            for chunk in p.chunks():
+                values = torch.frombuffer(bytearray(chunk if isinstance(chunk, bytes) else chunk.tobytes()), dtype=p.dtype)
+                count = int(torch.isinf(values).sum())
+                if count:
+                    overflow[p.name] = overflow.get(p.name, 0) + count
+                yield chunk
+
+        return replace(p, chunks=chunks)
+
+    return [watched(p) if p.dtype == torch.float16 and p.source_dtype not in (None, torch.float16) else p for p in shard]
 
 
 def _progress(total: int, enabled: bool):

@@ -100,6 +100,9 @@ def _check_built() -> None:
 def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 48, num_steps: int = 3) -> DemoResult:
     """Greedy speculative decoding (chain, topk 1) of the held-out prompts, every prompt generating
     exactly ``max_new_tokens`` tokens."""
+    for name, value in (("num_prompts", num_prompts), ("max_new_tokens", max_new_tokens), ("num_steps", num_steps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     _check_built()
     prompts = demo_prompts(num_prompts)
     if engine == "hf":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from .aux_layers import IDS_KEY, AuxLayerIdError, AuxLayerIds, aux_layer_ids_config_entries, aux_layer_ids_from_config
@@ -58,6 +58,12 @@ CHECKS: dict[str, str] = {
         "aux ids beyond the target's depth (or its last layer, which before-layer capture cannot reach)"
     ),
     "draft-config-invalid": "a draft config.json this library refuses (the message names the key)",
+    "target-depth-unknown": (
+        "the target's config.json has no readable num_hidden_layers: which layers any engine captures cannot be checked"
+    ),
+    "target-sizes-unknown": (
+        "the target's config.json has no readable hidden_size or vocab_size: the draft cannot be checked against them"
+    ),
     "mla-architecture-name": (
         "a draft architecture name the engine does not serve as the MLA drafter (MHA cache or wrong class)"
     ),
@@ -308,10 +314,14 @@ def diagnose(
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     environ = os.environ if environ is None else environ
     releases = engine_releases(engine, version)
+    # a size that is not a positive integer is as unreadable as a missing one (reported by _check_target)
+    target = replace(target, **{key: None for key in ("num_layers", "hidden_size", "vocab_size")
+                                if getattr(target, key) is not None and getattr(target, key) < 1})  # fmt: skip
     findings: list[Finding] = []
     add = findings.append
     ids, how, ids_error = _read_ids(draft, add, draft_name)
     facts = _read_draft(draft, add, draft_name, ids_error)
+    _check_target(target, add)
     _check_common(facts, ids, target, engine, add, draft_name)
 
     per_version: dict[str, Finding] = {}
@@ -335,6 +345,22 @@ def diagnose(
         findings.append(Finding(f.id, f.problem, f.fix, f.severity, f.plugin_fixes,
                                 () if set(f.versions) == set(labels) else f.versions))  # fmt: skip
     return Report(engine, tuple(labels), with_plugin, draft_name, target.describe(), ids, how, findings)
+
+
+def _check_target(target: Target, add) -> None:
+    """What the other checks need from the target's config.json: missing, they would pass by default."""
+    where = "the target's config.json (or its text_config)"
+    if target.num_layers is None:
+        add(Finding("target-depth-unknown", f"{where} for {target.name} has no num_hidden_layers that is a positive "
+                    "integer: which layers the engine captures, and whether the draft's aux ids exist in this target, "
+                    "cannot be checked", f"point --target at the target model itself (its folder, config.json or Hub "
+                    f'id); if that is what it is, set "num_hidden_layers" in {where} to its layer count (Kimi-K3: 93)'))  # fmt: skip
+    missing = [key for key, value in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)) if value is None]
+    if missing:
+        add(Finding("target-sizes-unknown", f"{where} for {target.name} has no {' or '.join(missing)} that is a positive "
+                    "integer: the draft's target_hidden_size and vocabulary cannot be checked against it",
+                    f"point --target at the target model itself; if that is what it is, set {', '.join(missing)} in "
+                    f"{where}"))  # fmt: skip
 
 
 def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: str, add, draft_name: str) -> None:

@@ -115,8 +115,10 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
             raise InputError(f"{path_or_id}: cannot read its config.json ({type(err).__name__}: {err})") from None
     try:
         config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{file}: not a readable JSON file ({err})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
+        # RecursionError: nesting deeper than Python's json reader goes; ValueError: an int too long to read
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise InputError(f"{file}: not a readable JSON file ({reason}); expected a config.json object") from None
     if not isinstance(config, dict):
         raise InputError(f"{file}: expected a JSON object, got {type(config).__name__}")
     return config, str(file)

@@ -17,11 +17,52 @@ from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, read_config_json, to
 __all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
 
 
+def _local_config_file(path_or_id: str) -> Path | None:
+    path = Path(path_or_id)
+    file = path / "config.json" if path.is_dir() else path
+    return file if file.is_file() or file.is_symlink() else None
+
+
+def _read_config(path_or_id: str) -> tuple[dict, str]:
+    """The config dict and its file. :class:`ConfigError` for a config.json that is JSON but cannot be a
+    config (null, not an object, nested too deeply, a dangling link): the drafter is refused. Unreadable
+    input (no such folder, not JSON) stays an :class:`InputError`."""
+    from .configuration_eagle31_mla import MAX_CONFIG_DEPTH, ConfigError, check_config_dict, read_config_file
+    from .engines import InputError
+
+    try:
+        raw, file = read_config_json(path_or_id)
+    except InputError:
+        local = _local_config_file(path_or_id)
+        if local is not None and (local.is_symlink() and not local.exists() or _is_json(local)):
+            read_config_file(local)  # raises the ConfigError that names what is wrong
+        raise
+    except RecursionError:  # Python's JSON reader, from about 1,000 levels
+        raise ConfigError(
+            f"{path_or_id}: config.json nests objects/lists too deeply to read; expected at most "
+            f"{MAX_CONFIG_DEPTH} levels (a config nests 2)"
+        ) from None
+    return check_config_dict(raw, file), file
+
+
+def _is_json(file: Path) -> bool:
+    import json
+
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except RecursionError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _locate(path_or_id: str) -> tuple[dict, Path | None, str]:
     """config dict, the folder that may hold the safetensors (None if there is none), where it came from."""
-    config, file = read_config_json(path_or_id)
+    config, file = _read_config(path_or_id)
     folder = Path(file).parent
-    has_weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    has_weights = any((folder / name).is_file() or (folder / name).is_symlink()  # a dangling link is reported
+                      for name in ("model.safetensors", "model.safetensors.index.json"))  # fmt: skip
     return config, folder if has_weights else None, file
 
 
@@ -30,7 +71,12 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
     from .configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
 
-    raw, folder, source = _locate(path_or_id)
+    try:
+        raw, folder, source = _locate(path_or_id)
+    except ConfigError as err:  # config.json is JSON but no config: refused, one line
+        local = _local_config_file(path_or_id)
+        return {"name": str(path_or_id), "config_file": str(local) if local else str(path_or_id),
+                "errors": [f"config.json: {err}"], "tensors": {"checked": False, "why": "the config is refused"}}  # fmt: skip
     info: dict[str, Any] = {"name": str(path_or_id), "config_file": source, "errors": []}
     try:
         ids, how = aux_layer_ids_from_config(raw)
@@ -41,7 +87,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
         info["errors"].append(f"aux layers: {err}")
     try:
         config = Eagle31MLAConfig.from_dict(dict(raw))
-    except (ConfigError, ValueError, TypeError, KeyError) as err:
+    except (ConfigError, ValueError, TypeError, KeyError, RecursionError) as err:
         if not any(str(err) in e for e in info["errors"]):
             info["errors"].append(f"config.json: {err}")
         info["tensors"] = {"checked": False, "why": "the config is refused"}

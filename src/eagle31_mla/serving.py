@@ -73,8 +73,14 @@ def serve_command(
     Raises ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
-    if num_steps < 1 or topk < 1:
-        raise ValueError(f"--num-steps and --topk must be >= 1, got {num_steps} and {topk}")
+    def positive(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    if not positive(num_steps) or not positive(topk):
+        raise ValueError(f"--num-steps and --topk must be integers >= 1, got {num_steps!r} and {topk!r}")
+    for flag, value in (("--num-draft-tokens", num_draft_tokens), ("--tp", tensor_parallel_size)):
+        if value is not None and not positive(value):
+            raise ValueError(f"{flag} must be an integer >= 1 when given, got {value!r}")
     if topk == 1:
         chain = num_steps + 1  # the verified token plus one draft token per step
         if num_draft_tokens not in (None, chain):

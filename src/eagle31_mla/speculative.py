@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import numbers
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from .aux_layers import AuxLayerIds
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache, sampling_probs
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM, DraftInputError, LatentKVCache, check_sampling_settings, sampling_probs
 
 __all__ = [
     "AcceptanceStats",
@@ -491,13 +492,23 @@ def _draft_tree(
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree) -> tuple[bool, int]:
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens=1) -> tuple[bool, int]:
+    """Settings of the loop, checked before any compute (sampling ones by the library-wide rule,
+    :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`)."""
+    for name, value, low in (("num_steps", num_steps, 1), ("topk", topk, 1), ("max_new_tokens", max_new_tokens, 1)):
+        if not _is_int(value) or value < low:
+            raise DraftInputError(f"`{name}` is {value!r}; expected an int >= {low}")
+    if num_draft_tokens is not None and not _is_int(num_draft_tokens):
+        raise DraftInputError(f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int (root included) or None")
+    if tree is not None and not isinstance(tree, bool):
+        raise DraftInputError(f"`tree` is {tree!r}; expected a bool or None (None: topk > 1)")
     if not 1 <= topk <= drafter.config.draft_vocab_size:
         raise ValueError(f"topk must be in [1, draft_vocab_size={drafter.config.draft_vocab_size}], got {topk}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+    check_sampling_settings(temperature, top_p)
     tree = topk > 1 if tree is None else tree
     if not tree:
         if topk != 1:
@@ -518,6 +529,31 @@ def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top
             f"got {num_draft_tokens}"
         )
     return True, num_draft_tokens
+
+
+def _prompt_tensor(input_ids, vocab_size: int) -> torch.Tensor:
+    """The prompt as a [1, n] int64 tensor: a tensor of integer dtype ([n] or [1, n]) or a sequence of
+    ints (a list, a tuple or a 1-D integer numpy array); floats, bools and ids outside the vocabulary
+    are refused, never cast."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise DraftInputError(f"`input_ids` has dtype {input_ids.dtype}; expected integer token ids")
+        if input_ids.dim() > 2 or (input_ids.dim() == 2 and input_ids.shape[0] != 1):
+            raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected one prompt: [n] or [1, n]")
+        ids = input_ids.reshape(-1).tolist()
+    else:
+        try:
+            ids = list(input_ids)
+        except TypeError:
+            raise DraftInputError(f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of token ids") from None
+        if not all(_is_int(i) for i in ids):
+            bad = next(i for i in ids if not _is_int(i))
+            raise DraftInputError(f"`input_ids` holds {bad!r} ({type(bad).__name__}); expected int token ids")
+    if not ids:
+        raise DraftInputError("`input_ids` is empty; expected a prompt of at least one token")
+    if not all(0 <= i < vocab_size for i in ids):
+        raise DraftInputError(f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) (the target's vocabulary)")
+    return torch.tensor([ids], dtype=torch.long)
 
 
 def _check_pair(target, drafter) -> None:
@@ -557,11 +593,9 @@ def speculative_generate(
     speculative decoding; stops after any of ``eos_token_id``. ``tree`` defaults to ``topk > 1``;
     ``tree=True`` with ``topk=1`` runs the tree code on a chain (it equals chain drafting when greedy).
     ``num_draft_tokens`` counts the root, as SGLang's flag does (chain: num_steps + 1)."""
-    tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree)
+    tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens)
     _check_pair(target, drafter)
-    prompt = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
-    if prompt.shape[1] < 1:
-        raise ValueError("the prompt is empty")
+    prompt = _prompt_tensor(input_ids, target.config.get_text_config().vocab_size)
     if tree and getattr(target.config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
         raise ValueError(
             f"tree verification passes a custom 4-D attention mask, which {target.config._attn_implementation!r} "
@@ -716,6 +750,7 @@ def measure_acceptance(
     EOS defaults to the target's ``generation_config``; ``ignore_eos`` generates ``max_new_tokens`` always."""
     from tqdm.auto import tqdm
 
+    _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens)
     prompts = list(prompts)
     eos = [] if ignore_eos else (_default_eos(target) if eos_token_id is None else eos_token_id)
     device = next(target.parameters()).device

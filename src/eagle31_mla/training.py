@@ -30,18 +30,20 @@ import torch
 import torch.nn.functional as F
 
 from .aux_layers import AuxLayerIds
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 
 __all__ = ["TrainingConfig", "capture_target_states", "ttt_forward", "ttt_loss", "train_drafter", "drafter_for_target"]
 
 logger = logging.getLogger(__name__)
 
 
-class ConcatKVCache:
-    """The drafter cache for training: appends by concatenation, so autograd sees no in-place writes."""
+class ConcatKVCache(LatentKVCache):
+    """The drafter cache for training: appends by concatenation, so autograd sees no in-place writes.
+    A LatentKVCache (same layout, so the drafter's cache checks apply) that allocates on first use."""
 
     def __init__(self):
         self.latent = None
+        self.kv_lora_rank = self.rope_dim = None  # read from the first update's widths
 
     def get_seq_length(self) -> int:
         return 0 if self.latent is None else self.latent.shape[1]
