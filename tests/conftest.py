@@ -36,9 +36,133 @@ netguard.install()
 GOLDEN = Path(__file__).parent / "golden"
 
 
+# ---- engines an environment must provide: their tests fail instead of skipping -----------------------
+#
+# scripts/test.sh sets EAGLE31_REQUIRE_ENGINES per environment ("vllm==0.32.0", "sglang==0.5.23"; empty for
+# the engine-free one). In a run that requires an engine: the engine must import at exactly that version
+# (else the session stops before any test); a skip of a test marked with the engine, or any skip or
+# collection skip whose reason names the engine (an importorskip, "needs vllm"), is a failure; and at
+# least one test marked with the engine must be selected. The only skips kept are those raised by
+# `engine_version_skip`, which say which engine version makes the test inapplicable.
+REQUIRE_ENGINES_ENV = "EAGLE31_REQUIRE_ENGINES"
+ENGINE_VERSION_SKIP = "inapplicable to this engine version: "
+ENGINES = ("vllm", "sglang")  # each is also a pytest marker
+
+
+def required_engines(environ=os.environ) -> dict[str, str | None]:
+    """{engine: exact version or None} from EAGLE31_REQUIRE_ENGINES ("vllm==0.32.0 sglang", comma or space)."""
+    required = {}
+    for entry in environ.get(REQUIRE_ENGINES_ENV, "").replace(",", " ").split():
+        name, _, version = entry.partition("==")
+        if name not in ENGINES:
+            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV}: unknown engine {name!r} (expected one of {ENGINES})")
+        required[name] = version or None
+    return required
+
+
+def engine_version_skip(engine: str, reason: str):
+    """Skip a test that cannot apply to the installed release of ``engine`` (named in the reason, with
+    its version): the one kind of skip a run that requires the engine accepts."""
+    import importlib
+
+    version = getattr(importlib.import_module(engine), "__version__", "?")
+    pytest.skip(f"{ENGINE_VERSION_SKIP}{engine} {version}: {reason}")
+
+
+def _names_engine(text: str, engine: str) -> bool:
+    import re
+
+    return re.search(rf"(?<![a-z]){engine}(?![a-z])", text, re.IGNORECASE) is not None
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _forbidden_skip(report, markers=()) -> str | None:
+    """The required engine a skip report stands in for, or None if the skip is acceptable."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return None
+    reason = _skip_reason(report)
+    if ENGINE_VERSION_SKIP in reason:
+        return None
+    for engine in _REQUIRED:
+        if engine in markers or _names_engine(reason, engine):
+            return engine
+    return None
+
+
+_REQUIRED: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    _REQUIRED.clear()
+    _REQUIRED.update(required_engines())
+    for engine, version in _REQUIRED.items():
+        import importlib
+
+        try:
+            module = importlib.import_module(engine)
+        except Exception as err:  # noqa: BLE001 - any failure to import a required engine stops the run
+            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV} requires {engine}, which cannot be imported here: "
+                                    f"{type(err).__name__}: {err}") from err  # fmt: skip
+        found = getattr(module, "__version__", None)
+        if version is not None and found != version:
+            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV} requires {engine}=={version}, but {engine} {found} is installed "
+                                    f"({module.__file__}); rerun scripts/setup.sh for this environment")  # fmt: skip
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    engine = _forbidden_skip(report)
+    if engine:
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid} was skipped at collection ({_skip_reason(report)}), but this run requires "
+                           f"{engine} ({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)})")  # fmt: skip
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    engine = _forbidden_skip(report, {m.name for m in item.iter_markers()})
+    if engine:
+        report.outcome = "failed"
+        report.longrepr = (f"skipped ({_skip_reason(report)}), but this run requires {engine} "
+                           f"({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)}): a test of a required "
+                           "engine may only skip through conftest.engine_version_skip")  # fmt: skip
+
+
+_SELECTED_BY_ENGINE: dict[str, int] = {}
+
+
+def pytest_collection_finish(session):
+    _SELECTED_BY_ENGINE.clear()
+    for engine in _REQUIRED:
+        _SELECTED_BY_ENGINE[engine] = sum(1 for item in session.items if item.get_closest_marker(engine))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if getattr(session.config.option, "collectonly", False):
+        return
+    missing = [engine for engine in _REQUIRED if not _SELECTED_BY_ENGINE.get(engine)]
+    if missing:
+        session.config.get_terminal_writer().line(
+            f"\nFAILED: this run requires {', '.join(missing)} ({REQUIRE_ENGINES_ENV}), but no test marked with it "
+            "was selected", red=True)  # fmt: skip
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_network():
     yield  # netguard is installed at import, above
     # the log has every process's attempts, this one's included
     attempts = _NETGUARD_LOG.read_text().splitlines() if _NETGUARD_LOG.exists() else list(netguard.ATTEMPTS)
+    unguarded = [line for line in attempts if "network guard NOT installed" in line]
+    assert not unguarded, "a subprocess of the test suite ran without the network guard:\n  " + "\n  ".join(unguarded)
     assert not attempts, "the test suite tried to reach the network:\n  " + "\n  ".join(attempts)

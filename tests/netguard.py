@@ -12,7 +12,12 @@ It is an ``OSError``, so libraries take their ordinary offline path; because suc
 every attempt is also recorded (in :data:`ATTEMPTS`, and appended to the file named by
 ``EAGLE31_NETGUARD_LOG`` when set, which is how subprocesses report), and the suite fails at the end if
 any was made (``tests/conftest.py``). Subprocesses get the guard through ``tests/netguard_site/
-sitecustomize.py`` on ``PYTHONPATH``. Sockets opened by C libraries directly (ZMQ, gloo) are not seen.
+sitecustomize.py`` on ``PYTHONPATH``; one in which the guard cannot be installed says so in the log,
+which fails the session too.
+
+Not seen: sockets opened by C/C++ code directly (ZMQ, gloo, NCCL, libcurl), ``sendto`` on an unconnected
+UDP socket, ``gethostbyname_ex`` / ``gethostbyaddr``, non-Python subprocesses, and Python started with
+``-I``, ``-E`` or ``-S`` (which ignore ``PYTHONPATH`` or ``sitecustomize``).
 """
 
 from __future__ import annotations

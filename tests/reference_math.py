@@ -10,7 +10,9 @@ with no cache, so cached multi-step drafting can be compared against recomputing
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -125,22 +127,43 @@ def forward(
 
 
 def config_dict(config) -> dict:
-    """The numbers the reference needs, read off a library config object or a config.json dict."""
-    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
-    ids = get("eagle_aux_hidden_state_layer_ids") or (get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    rope = get("rope_parameters") or dict(get("rope_scaling") or {"type": "default"}, rope_theta=get("rope_theta"))
-    rope = dict(rope)
-    rope.setdefault("rope_type", rope.pop("type", "default"))
-    rope.setdefault("rope_theta", get("rope_theta") or 10000.0)
+    """The numbers the reference needs, read from a drafter's raw ``config.json`` (a dict, or the folder
+    or file path) by the file rules of SPEC §2, independently of the library's config class: absent
+    ``fc_norm`` / ``norm_output`` mean off, ``rope_parameters`` or else ``rope_scaling`` plus the top-level
+    ``rope_theta``, absent rope settings mean plain RoPE, aux ids at the top level or in ``eagle_config``.
+
+    A library config object is refused: sharing the library's parsing would hide its mistakes."""
+    if isinstance(config, (str, Path)) and str(config):
+        path = Path(config)
+        config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    if not isinstance(config, dict):
+        raise TypeError(f"pass a raw config.json (a dict, or the folder or file path), got {type(config).__name__}")
+    return _from_raw(config)
+
+
+def _from_raw(raw: dict) -> dict:
+    nested = raw.get("eagle_config") or {}
+    ids = raw.get("eagle_aux_hidden_state_layer_ids") or nested.get("eagle_aux_hidden_state_layer_ids") or raw.get("target_layer_ids")
+    if not ids:
+        raise KeyError("config.json names no aux layers (eagle_aux_hidden_state_layer_ids, top level or in eagle_config)")
+    if raw.get("rope_parameters"):
+        rope = dict(raw["rope_parameters"])
+    elif raw.get("rope_scaling"):
+        rope = dict(raw["rope_scaling"])
+        rope["rope_type"] = rope.pop("rope_type", None) or rope.pop("type")
+        rope.pop("type", None)
+    else:
+        rope = {"rope_type": "default"}
+    rope.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
     return {
-        "eps": get("rms_norm_eps"),
-        "heads": get("num_attention_heads"),
-        "nope": get("qk_nope_head_dim"),
-        "rope": get("qk_rope_head_dim"),
-        "v": get("v_head_dim"),
-        "kv_lora": get("kv_lora_rank"),
+        "eps": raw["rms_norm_eps"],  # no default: the reference reads only what the file says
+        "heads": raw["num_attention_heads"],
+        "nope": raw["qk_nope_head_dim"],
+        "rope": raw["qk_rope_head_dim"],
+        "v": raw["v_head_dim"],
+        "kv_lora": raw["kv_lora_rank"],
         "num_aux": len(ids),
-        "fc_norm": bool(get("fc_norm", False)),
-        "norm_output": bool(get("norm_output", False)),
+        "fc_norm": bool(raw.get("fc_norm", False)),
+        "norm_output": bool(raw.get("norm_output", False)),
         "rope_parameters": rope,
     }

@@ -36,7 +36,10 @@ def test_vllm_runners_read_what_the_table_says(form):
 
     raw = RAW[form]
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**raw)))
-    default = tuple(sorted({2, 61 // 2, 61 - 3}))  # the DeepSeek target's get_eagle3_default_aux_hidden_state_layers
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    # what vLLM's own DeepSeek target captures when the draft names no ids (asked of vLLM, not restated)
+    default = tuple(DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers(SimpleNamespace(model=SimpleNamespace(layers=[None] * 61))))
     v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) or default
     v2 = get_eagle3_aux_layers_from_config(spec) or default
     engine = features((0, 32, 0))

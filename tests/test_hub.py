@@ -31,6 +31,7 @@ def test_load_by_repo_id_offline(tmp_path):
     add_snapshot(cache, REPO, "b" * 40, write_checkpoint(tmp_path / "v1", published_style_config(older), older.state_dict()), ref="v1")
 
     ids, aux = aux_inputs(model.config, 1, 5)
+    # Exact on purpose: the same weights (a copy through the file), the same kernels on the same shapes.
     latest = Eagle31MLAForCausalLM.from_pretrained(REPO)
     assert torch.equal(latest(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
     pinned = Eagle31MLAForCausalLM.from_pretrained(REPO, revision="b" * 40)

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 import reference_math as ref
 from conftest import GOLDEN
 from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
-from tiny import PLAIN_ROPE, YARN, aux_inputs, tiny_drafter
+from tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 TOL = 1e-5
 
@@ -21,9 +21,19 @@ FORMS = {
 }
 
 
+def drafter_from_file(folder, seed, form):
+    """A tiny drafter written as config.json + safetensors and loaded back: the library and the
+    reference then each read that raw file their own way (the reference never sees the library's parse)."""
+    model = tiny_drafter(seed=seed, **FORMS[form])
+    write_checkpoint(folder, published_style_config(model), model.state_dict())
+    return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
 def reference(model, input_ids, aux=None, h=None, positions=None, variant="exact"):
+    """The reference's outputs for ``model``, a drafter loaded from a folder: its numbers come from that
+    folder's raw config.json (reference_math.config_dict), its weights from the model."""
     w = {k: v.detach() for k, v in model.state_dict().items()}
-    cfg = ref.config_dict(model.config)
+    cfg = ref.config_dict(model.config.name_or_path)
     if h is None:
         h = ref.combine(w, cfg, aux, variant)
     if positions is None:
@@ -32,8 +42,8 @@ def reference(model, input_ids, aux=None, h=None, positions=None, variant="exact
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_first_step_equals_reference(form):
-    model = tiny_drafter(seed=3, **FORMS[form])
+def test_first_step_equals_reference(form, tmp_path):
+    model = drafter_from_file(tmp_path, seed=3, form=form)
     ids, aux = aux_inputs(model.config, batch=2, length=9)
     out = model(ids, aux_hidden_states=aux)
     logits, state = reference(model, ids, aux)
@@ -43,9 +53,9 @@ def test_first_step_equals_reference(form):
 
 
 @pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
-def test_reference_catches_each_silent_bug(form):
+def test_reference_catches_each_silent_bug(form, tmp_path):
     """The comparison above can fail: every deliberate bug moves the outputs far beyond TOL."""
-    model = tiny_drafter(seed=3, **FORMS[form])
+    model = drafter_from_file(tmp_path, seed=3, form=form)
     ids, aux = aux_inputs(model.config, batch=1, length=9)
     out = model(ids, aux_hidden_states=aux)
     applicable = ["neox_rope", "no_rope", "wrong_state", "hidden_first"]
@@ -78,9 +88,9 @@ def test_golden_vectors(name):
 
 @pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
 @pytest.mark.parametrize("absorb", [True, False])
-def test_cached_chain_equals_recompute_from_scratch(form, absorb):
+def test_cached_chain_equals_recompute_from_scratch(form, absorb, tmp_path):
     """Three chained draft steps through the latent cache == one uncached pass over all positions."""
-    model = tiny_drafter(seed=5, **FORMS[form])
+    model = drafter_from_file(tmp_path, seed=5, form=form)
     ids, aux = aux_inputs(model.config, batch=2, length=6)
     out = model(ids, aux_hidden_states=aux)
     cache = out.past_key_values

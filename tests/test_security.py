@@ -223,6 +223,23 @@ def test_the_suite_guard_refuses_other_hosts_and_keeps_loopback(monkeypatch):
     a.close(), b.close()
 
 
+def test_a_subprocess_the_guard_cannot_enter_is_reported(tmp_path):
+    """Were the guard to fail to install in a subprocess, that subprocess would be unguarded: it says
+    so in the guard's log, which fails the session (conftest.no_network)."""
+    import shutil
+
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(Path(netguard.__file__).parent / "netguard_site" / "sitecustomize.py", site)
+    (tmp_path / "netguard.py").write_text("raise ImportError('a broken guard')\n")  # what sitecustomize loads
+    log = tmp_path / "log"
+    out = subprocess.run([sys.executable, "-c", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(site), netguard.LOG_ENV: str(log)})  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "False"
+    assert "network guard NOT installed" in log.read_text() and "a broken guard" in log.read_text()
+
+
 def test_subprocesses_of_the_suite_are_guarded_too():
     out = subprocess.run([sys.executable, "-c", "import socket, netguard; print(netguard.is_installed())"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -167,6 +167,76 @@ def test_without_the_plugin_sglang_reads_only_the_raw_nested_ids(folders):
         module._resolve_eagle_aux_hidden_state = saved
 
 
+# ---- SGLang only logs a hook it could not apply: the plugin checks its hooks itself ---------------
+
+
+def drafter_class():
+    from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+
+    return Eagle3DeepseekV2ForCausalLM
+
+
+@pytest.mark.parametrize("how", ["renamed", "not hooked"])
+@pytest.mark.parametrize("which", ["resolve", "configure"])
+def test_a_hook_that_is_not_in_place_stops_serving(folders, plugins_loaded, monkeypatch, which, how):
+    """As if this SGLang had renamed the function (SGLang would log the failure and go on) or had not
+    applied the hook: building the drafter raises, naming the symbol and the supported releases, and so
+    does resolving the draft's ids where that still runs."""
+    import eagle31_mla_sglang as plugin
+    from sglang.srt.model_executor.model_runner_components import attention_backend_setup, spec_aux_hidden_state
+
+    module, name = {"resolve": (spec_aux_hidden_state, "_resolve_eagle_aux_hidden_state"),
+                    "configure": (attention_backend_setup, "configure_aux_hidden_state_capture")}[which]  # fmt: skip
+    assert plugin.hook_problems() == []
+    if how == "renamed":
+        monkeypatch.delattr(module, name)
+    else:
+        monkeypatch.setattr(module, name, getattr(module, name).__wrapped__)
+    message = rf"`sglang\.srt\.model_executor\.model_runner_components\.\w+\.{name}` " + (
+        "does not exist" if how == "renamed" else "exists but the plugin's hook was not applied")
+    cls = drafter_class()
+    with pytest.raises(plugin.PluginHookError, match=message + r".*supports SGLang 0\.5\.23"):
+        cls.__init__(cls.__new__(cls), config=None)  # the guard runs before SGLang's own __init__
+    if which == "configure":  # the id resolution still runs, and refuses too
+        with pytest.raises(plugin.PluginHookError, match=message):
+            resolve(folders, folders.drafts["published"])
+
+
+def test_a_resolve_function_without_model_config(folders, plugins_loaded):
+    """Other SGLang releases' `_resolve_eagle_aux_hidden_state` takes no `model_config`: the ids are
+    still made canonical (the target's depth is then checked when the capture is configured)."""
+    import inspect
+
+    from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as module
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+    from eagle31_mla_sglang import CanonicalAuxLayerIds, resolve_eagle_aux_hidden_state
+
+    current = inspect.unwrap(module._resolve_eagle_aux_hidden_state)
+
+    def without_model_config(*, config, server_args, spec_algorithm, is_draft_worker):
+        return current(config=config, server_args=server_args, model_config=None, spec_algorithm=spec_algorithm,
+                       is_draft_worker=is_draft_worker)  # fmt: skip
+
+    hooked = _wrap_fn(without_model_config, resolve_eagle_aux_hidden_state, HookType.AROUND)  # as SGLang hooks it
+
+    def caller_adapter(*, model_config, **kwargs):  # 0.5.23's caller passes model_config; that release's would not
+        return hooked(**kwargs)
+
+    caller_adapter.__wrapped__ = hooked
+    real = module._resolve_eagle_aux_hidden_state
+    module._resolve_eagle_aux_hidden_state = caller_adapter
+    try:
+        ids = resolve(folders, folders.drafts["training"])
+    finally:
+        module._resolve_eagle_aux_hidden_state = real
+    assert isinstance(ids, CanonicalAuxLayerIds) and ids.aux_layer_ids.one_based == (2, 46, 90)
+    shallow = deepseek()
+    shallow.config.num_hidden_layers = 61
+    with pytest.raises(ValueError, match="beyond the target's depth of 61"):
+        configure(shallow, ids)
+
+
 def test_contradictory_and_out_of_range_ids_are_refused(folders, plugins_loaded, tmp_path):
     import json
 
@@ -350,7 +420,7 @@ def test_k3_capture_runs_in_the_real_model_forward(plugins_loaded):
             stream = stream + torch.tanh(layer.w(stream))
             after.append(stream)
     assert len(aux) == 3
-    for captured, k in zip(aux, [2, 3, 5]):
+    for captured, k in zip(aux, [2, 3, 5]):  # the same fp32 ops, summed in SGLang's order: fp32 default tolerances
         torch.testing.assert_close(captured, after[k])
     assert not torch.allclose(aux[0], after[1])  # and not one layer early
 

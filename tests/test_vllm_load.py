@@ -24,6 +24,7 @@ pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --tes
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from conftest import engine_version_skip  # noqa: E402
 from vllm_harness import (  # noqa: E402
     VOCAB, build_target, early_exit_draft, make_llm, mixed_load, run_load, spec_metrics, write_draft,
 )  # fmt: skip
@@ -62,22 +63,25 @@ def of_kind(load, *kinds):
     return [r for r in load.requests.values() if r.kind in kinds]
 
 
-def test_the_mix(load):
-    kinds = [r.kind for r in load.requests.values()]
-    assert len(kinds) == NUM_REQUESTS
-    assert kinds.count("greedy") >= 8 and kinds.count("sampled") >= 4 and kinds.count("aborted") >= 2
-    lengths = [len(r.prompt_ids) for r in load.requests.values()]
-    assert min(lengths) < 16 and max(lengths) > 80
+def test_the_engine_served_the_mix(load):
+    """Every request of the mix reached the engine and got an outcome (with speculation: all of them;
+    without: the greedy ones), and the plugin's drafter served them."""
+    assert set(load.spec.finish) == set(load.requests)
+    assert set(load.baseline.finish) == {r.id for r in load.requests.values() if r.temperature == 0}
     assert load.drafter_type == "Eagle31MLAEagle3ForCausalLM"
 
 
 def test_every_request_ends_as_expected(load):
-    expected = {r.id: "aborted" if r.kind == "aborted" else "length" for r in load.requests.values()}
-    expected["over-long"] = load.spec.finish["over-long"]  # checked below
-    assert load.spec.finish == expected
+    expected = {r.id: "aborted" if r.kind == "aborted" else "length" for r in load.requests.values() if r.kind != "over-long"}
+    finish = dict(load.spec.finish)
+    assert finish.pop("over-long").startswith("refused: ")  # its message is checked in test_context_limit
+    assert finish == expected
 
 
 def test_greedy_outputs_equal_outputs_without_speculation(load):
+    # Exact on purpose (lossless is the contract): the target runs the same kernels in both engines; the
+    # batches differ (more tokens per request when verifying), but a greedy fp32 argmax does not flip on
+    # reduction-order rounding at these logit margins, and the drafter can only change speed, not tokens.
     greedy = of_kind(load, "greedy", "context-limit")
     for r in greedy:
         assert load.spec.tokens[r.id] == load.baseline.tokens[r.id], r.id
@@ -133,7 +137,7 @@ def test_cpu_sampling_fix():
     from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE
 
     if HAS_TRITON or not current_platform.is_cpu():
-        pytest.skip("the C++ stand-in is used only on CPU without Triton-CPU")
+        engine_version_skip("vllm", "the C++ stand-in is used only on CPU without Triton-CPU")
     import eagle31_mla_vllm
 
     eagle31_mla_vllm.register()
@@ -142,6 +146,7 @@ def test_cpu_sampling_fix():
     expected = torch.tensor([1.0, 1.0, 1.0, 0.8, 0.8, 0.8, 1.0, 1.0, 1.0])
     fixed = rejection_sampler.expand_batch_to_tokens
     assert fixed._eagle31_fixed
+    # Exact on purpose: the expansion only copies (gathers) values, it computes nothing.
     assert torch.equal(fixed(temperature, cu_num_draft_tokens, 9, GREEDY_TEMPERATURE, 1), expected)
     top_p = torch.tensor([0.95, 1.0, 0.5])
     assert torch.equal(fixed(top_p, torch.tensor([1, 1, 4]), 4), torch.tensor([0.95, 0.5, 0.5, 0.5]))

@@ -171,7 +171,8 @@ def acceptance_report(metrics: dict) -> dict:
 
 class DrafterProbe:
     """Records, in-process, what vLLM hands the drafter class: every ``combine_hidden_states`` input
-    (the concatenated aux states) and every forward's ids, positions and draft logits at all rows."""
+    (the concatenated aux states) and every forward's ids, positions, input state and draft logits at
+    all rows."""
 
     def __init__(self, cls):
         self.cls, self.calls = cls, []
@@ -186,7 +187,8 @@ class DrafterProbe:
             out = probe._forward(model, input_ids, positions, hidden_states, inputs_embeds)
             with torch.no_grad():
                 logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
-            probe.calls.append(("forward", input_ids.clone(), positions.clone(), logits.detach().clone()))
+            probe.calls.append(("forward", input_ids.clone(), positions.clone(), logits.detach().clone(),
+                                hidden_states.detach().clone()))  # fmt: skip
             return out
 
         cls.combine_hidden_states, cls.forward = combine, forward
@@ -197,8 +199,17 @@ class DrafterProbe:
         j = next(j for j in range(i + 1, len(self.calls)) if self.calls[j][0] == "forward")
         aux = self.calls[i][1]
         T = aux.shape[0]
-        _, ids, pos, logits = self.calls[j]
+        _, ids, pos, logits, _ = self.calls[j]
         return aux, ids[:T], pos[:T], logits[:T]
+
+    def second_step(self):
+        """(input state [1, H], input_ids [1], positions [1], logits [1, V]) of the draft step right after
+        the first prefill: the state is what the first step handed on (post-norm under norm_output)."""
+        i = next(i for i, c in enumerate(self.calls) if c[0] == "combine")
+        j = next(j for j in range(i + 1, len(self.calls)) if self.calls[j][0] == "forward")
+        k = next(k for k in range(j + 1, len(self.calls)) if self.calls[k][0] == "forward")
+        _, ids, pos, logits, state = self.calls[k]
+        return state[:1], ids[:1], pos[:1], logits[:1]
 
     def restore(self):
         self.cls.combine_hidden_states, self.cls.forward = self._combine, self._forward
