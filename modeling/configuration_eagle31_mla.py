@@ -15,6 +15,8 @@ absent aux-layer ids are an error (see :mod:`aux_layers`).
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import logging
 import math
@@ -99,7 +101,8 @@ class ConfigField:
     names a key of the rope dict (``rope_scaling`` in the legacy form). ``kind``: int, float (finite),
     bool, str, dtype (a floating torch dtype), token_id (an int id), token_ids (an id or a list of ids).
     ``domain``: a key of :data:`DOMAINS`. ``optional``: absent or null is accepted (the default
-    applies). ``rope_type``: a rope key needed by that rope type (checked wherever present)."""
+    applies). ``rope_type``: a rope key needed by that rope type (checked wherever present).
+    ``derived``: computed from other fields; a config may carry it, but only with the derived value."""
 
     name: str
     kind: str
@@ -107,6 +110,7 @@ class ConfigField:
     optional: bool = False
     rope_type: str = ""
     hint: str = ""
+    derived: bool = False  # computed from other fields: a value given must agree with them (Eagle31MLAConfig._check_derived)
 
     @property
     def key(self) -> str:
@@ -197,8 +201,8 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
     _size("max_position_embeddings"),
     _size("target_num_hidden_layers", optional=True),
     _size("num_aux_hidden_states", optional=True),
-    _size("qk_head_dim", optional=True),  # derived: a file's value is checked, then recomputed
-    _size("head_dim", optional=True),
+    ConfigField("qk_head_dim", "int", "size", optional=True, derived=True),  # = qk_nope + qk_rope
+    ConfigField("head_dim", "int", "size", optional=True, derived=True),  # = qk_rope (Transformers' form) or qk_nope + qk_rope
     ConfigField("rms_norm_eps", "float", "unit_open"),
     ConfigField("initializer_range", "float", "non_negative"),
     ConfigField("hidden_act", "str"),
@@ -297,6 +301,54 @@ def check_config_dict(data: Any, where: str = "config.json") -> dict:
     return data
 
 
+class DuplicateKeyError(Exception):
+    """A JSON object names one key twice (Python's reader would keep the last value without a word).
+    Not a ValueError on purpose: a JSON reader's own errors are ValueErrors."""
+
+    def __init__(self, key: str, first: Any, second: Any):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+    def describe(self) -> str:
+        return (f"gives key {self.key[:100]!r} twice in one object (first {_show(self.first)}, then "
+                f"{_show(self.second)}); expected each key once (a JSON reader keeps the last one silently)")  # fmt: skip
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key, out[key], value)
+        out[key] = value
+    return out
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` refusing duplicate keys (:class:`DuplicateKeyError`); every JSON file the loader
+    reads (config.json, the weight index) goes through it."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (``"a folder"``, ``"a FIFO (named pipe)"``,
+    ``"a symlink to /dev/zero, which is a character device"``); None for a regular file or nothing. Never opens it:
+    a FIFO would block the reader, a device would never end."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode  # follows symlinks; stat never blocks, not even on a FIFO
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")  # fmt: skip
+    if path.is_symlink():
+        return f"a symlink to {os.path.realpath(path)}, which is {kind}"
+    return kind
+
+
 def read_config_file(path: str | os.PathLike) -> dict:
     """The settings in a ``config.json``, or :class:`ConfigError` saying what is wrong with the file:
     a dangling symlink, not UTF-8, not JSON, ``null`` or not an object, nested too deeply (Python's JSON
@@ -307,12 +359,17 @@ def read_config_file(path: str | os.PathLike) -> dict:
             f"{path} is a symlink to {os.readlink(path)}, which does not resolve (a dangling link: an interrupted "
             "download or a moved cache?); expected the drafter's config.json"
         )
+    kind = not_a_regular_file(path)
+    if kind:
+        raise ConfigError(f"{path} is {kind}; expected a regular file (the drafter's config.json)")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path} is not readable ({err}); expected a UTF-8 JSON file") from None
     try:
-        data = json.loads(text)
+        data = loads_json(text)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{path} {err.describe()}") from None
     except RecursionError:
         raise ConfigError(
             f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
@@ -324,6 +381,29 @@ def read_config_file(path: str | os.PathLike) -> dict:
 
 def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+#: Keys of rope types this drafter does not support, by type: named when one turns up in a dict of another type.
+_OTHER_ROPE_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
+                    "longrope": ("short_factor", "long_factor", "short_mscale", "long_mscale"),
+                    "llama3": ("low_freq_factor", "high_freq_factor")}  # fmt: skip
+
+
+def _foreign_rope_key(source: str, key: Any, rope_type: str, given: dict) -> str:
+    """The refusal of rope key ``key`` that has no meaning for ``rope_type`` (a plain rope with a
+    ``factor`` is a contradiction: the scaling would be dropped without a word)."""
+    named = "rope_type" in given or "type" in given
+    type_key = "type" if source == "rope_scaling" else "rope_type"
+    yarn_keys = {f.key for f in ROPE_FIELDS if f.rope_type == "yarn"}
+    allowed = sorted({"rope_theta"} | {f.key for f in ROPE_FIELDS if f.rope_type == rope_type})
+    what = f"{rope_type} rope" + ("" if named else f" (the dict names no `{type_key}`)")
+    if rope_type != "yarn" and key in yarn_keys:
+        return (f"`{source}.{key}` is a yarn setting, but the rope dict is {what}, which has no `{key}`: "
+                f"set `{type_key}: yarn` to use it (the published drafter's rope), or remove `{key}`")  # fmt: skip
+    others = [t for t, keys in _OTHER_ROPE_KEYS.items() if key in keys]
+    belongs = f" (a setting of {'/'.join(others)} rope, which this drafter does not support)" if others else ""
+    return (f"`{source}.{str(key)[:80]}` is not a setting of {what}{belongs}; expected only "
+            f"{', '.join(f'`{k}`' for k in allowed)} besides `{type_key}`")
 
 
 def _normalise_rope(
@@ -356,6 +436,10 @@ def _normalise_rope(
             f"`{source}.type` / `rope_parameters.rope_type` is {_show(rope_type)}; this drafter supports "
             f"{SUPPORTED_ROPE_TYPES} (the published Kimi-K3 drafter uses yarn)"
         )
+    allowed = {"rope_theta"} | {f.key for f in ROPE_FIELDS if f.rope_type == rope_type}
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(_foreign_rope_key(source, key, rope_type, given))
     for field in ROPE_FIELDS:
         if field.key in params:
             field.check(params[field.key], f"{source}.{field.key}")
@@ -450,9 +534,9 @@ class Eagle31MLAConfig(PretrainedConfig):
                 "config sets `mla_use_nope: true`; ignored on purpose: this drafter applies RoPE to the "
                 "rope slice, as its training code and every serving engine do"
             )
-        self.rope_parameters = _normalise_rope(
-            self.rope_parameters, kwargs.pop("rope_scaling", None), kwargs.pop("rope_theta", None)
-        )
+        rope_scaling = kwargs.pop("rope_scaling", None)
+        rope_defaulted = self.rope_parameters is None and rope_scaling is None
+        self.rope_parameters = _normalise_rope(self.rope_parameters, rope_scaling, kwargs.pop("rope_theta", None))
         self._set_aux_layer_ids(kwargs)
         num_aux = kwargs.pop("num_aux_hidden_states", None)
         if num_aux is not None and num_aux != len(self.aux_layer_ids):
@@ -460,8 +544,7 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"`num_aux_hidden_states` is {num_aux} but the config names {len(self.aux_layer_ids)} aux "
                 f"layers ({self.aux_layer_ids.describe()}); it must equal the number of aux layers (or be left out)"
             )
-        kwargs.pop("qk_head_dim", None)
-        kwargs.pop("head_dim", None)
+        derived = {key: kwargs.pop(key, None) for key in ("qk_head_dim", "head_dim")}
         super().__post_init__(**kwargs)
         if self.dtype is None:
             self.dtype = torch.bfloat16  # the published checkpoint's dtype
@@ -474,7 +557,8 @@ class Eagle31MLAConfig(PretrainedConfig):
         # Derived once. `head_dim` is the rotary width, which Transformers' rope helpers read.
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.head_dim = self.qk_rope_head_dim
-        self._check()
+        self._check_derived(derived)
+        self._check(rope_defaulted)
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
@@ -484,7 +568,8 @@ class Eagle31MLAConfig(PretrainedConfig):
         config_dict.setdefault("norm_output", False)
         if config_dict.get("eagle_config") is None:
             config_dict["eagle_config"] = {}  # a file must name its aux layers: no Kimi-K3 default
-        if "rope_parameters" not in config_dict and config_dict.get("rope_scaling") is None:
+        if config_dict.get("rope_parameters") is None and config_dict.get("rope_scaling") is None:
+            # absent and null mean the same in a file: plain RoPE (never the constructor's Kimi-K3 YaRN)
             config_dict.pop("rope_scaling", None)
             config_dict["rope_parameters"] = {"rope_type": "default"}
         return super().from_dict(config_dict, **kwargs)
@@ -587,8 +672,51 @@ class Eagle31MLAConfig(PretrainedConfig):
                 checked = field.check(getattr(self, field.name, None))
                 if field.kind == "dtype":
                     self.dtype = checked
+        legacy = kwargs.get("torch_dtype")
+        if self.dtype is not None and legacy is not None and legacy != self.dtype:
+            raise ConfigError(
+                f"config gives two dtypes: `dtype` {str(self.dtype).removeprefix('torch.')!r} and `torch_dtype` "
+                f"{str(legacy).removeprefix('torch.')!r}; they must agree (keep one: `dtype`, the Transformers-5 name)"
+            )
 
-    def _check(self) -> None:
+    def _check_token_ids(self) -> None:
+        """Every special token id must be a row of the vocabulary: in [0, vocab_size). Kimi-K3's ids, the
+        constructor's defaults, are dropped (with a note) when not given and beyond a smaller vocabulary."""
+        given = _GIVEN_KEYS.get()
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            beyond = [v for v in values if v is not None and not 0 <= v < self.vocab_size]
+            if not beyond:
+                continue
+            if given is not None and name not in given and value == getattr(type(self), name, None):
+                logger.info("%s: Kimi-K3's default %s is beyond vocab_size %s; left unset", name, value, self.vocab_size)
+                setattr(self, name, None)
+                continue
+            raise ConfigError(
+                f"`{name}` is {_show(value)}: id {beyond[0]} is beyond the vocabulary; expected every special token "
+                f"id in [0, {self.vocab_size}) (`vocab_size` is {self.vocab_size})"
+            )
+
+    def _check_derived(self, given: dict) -> None:
+        """``qk_head_dim`` / ``head_dim`` are derived from the MLA dims; a config may carry them (Transformers'
+        DeepSeek configs write both), but a value that contradicts the dims is refused, never overwritten."""
+        qk = given.get("qk_head_dim")
+        if qk is not None and qk != self.qk_head_dim:
+            raise ConfigError(
+                f"`qk_head_dim` is {qk}, but `qk_nope_head_dim` + `qk_rope_head_dim` = {self.qk_nope_head_dim} + "
+                f"{self.qk_rope_head_dim} = {self.qk_head_dim}; expected {self.qk_head_dim} (it is derived: or leave it out)"
+            )
+        head = given.get("head_dim")
+        accepted = (self.qk_rope_head_dim, self.qk_head_dim)  # Transformers' DeepSeek form; q/k's full head width
+        if head is not None and head not in accepted:
+            raise ConfigError(
+                f"`head_dim` is {head}, which contradicts the MLA dims; expected `qk_rope_head_dim` "
+                f"({self.qk_rope_head_dim}, as Transformers' DeepSeek configs write it) or `qk_nope_head_dim` + "
+                f"`qk_rope_head_dim` ({self.qk_head_dim}); it is derived: or leave it out"
+            )
+
+    def _check(self, rope_defaulted: bool = False) -> None:
         """Rules across fields (each field's own type and domain: :meth:`_check_fields`)."""
         if self.num_hidden_layers != 1:
             raise ConfigError(f"`num_hidden_layers` is {self.num_hidden_layers}; this drafter has exactly 1 layer")
@@ -618,10 +746,34 @@ class Eagle31MLAConfig(PretrainedConfig):
         if self.rope_parameters["rope_type"] == "yarn":
             original = self.rope_parameters["original_max_position_embeddings"]
             if original > self.max_position_embeddings:
+                whose = (" (the constructor's default rope, Kimi-K3's YaRN, as no rope settings were given: pass "
+                         "`rope_parameters`, e.g. {'rope_type': 'default'}, or a larger max_position_embeddings)")  # fmt: skip
                 raise ConfigError(
                     f"yarn `original_max_position_embeddings` ({original}) exceeds `max_position_embeddings` "
                     f"({self.max_position_embeddings}); it must be <= max_position_embeddings"
+                    + (whose if rope_defaulted else "")
                 )
+        self._check_token_ids()
+
+
+#: The keyword names the constructor was called with (from_dict passes a file's keys), so that a default
+#: the caller never wrote is told apart from a value given. None outside a constructor call.
+_GIVEN_KEYS: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("eagle31_mla_given_keys", default=None)
+
+
+def _recording_given_keys(init: Callable) -> Callable:
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        token = _GIVEN_KEYS.set(frozenset(kwargs))
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            _GIVEN_KEYS.reset(token)
+
+    return __init__
+
+
+Eagle31MLAConfig.__init__ = _recording_given_keys(Eagle31MLAConfig.__init__)
 
 
 def _field_names(cls: type) -> frozenset[str]:
@@ -631,4 +783,4 @@ def _field_names(cls: type) -> frozenset[str]:
 
 
 __all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS", "CONFIG_FIELDS", "ConfigField", "resolve_dtype",
-            "read_config_file", "check_config_dict", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]
+            "read_config_file", "check_config_dict", "loads_json", "DuplicateKeyError", "not_a_regular_file", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM, LatentKVCache
+from eagle31_mla.modeling_eagle31_mla import DraftInputError
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 
@@ -222,6 +223,7 @@ def test_implicit_positions_beyond_the_limit():
     model = tiny_drafter()
     ids, aux = aux_inputs(model.config, 1, 4)
     cache = model(ids, aux_hidden_states=aux).past_key_values
+    cache.latent = cache.latent.new_zeros(1, model.config.max_position_embeddings, cache.latent.shape[-1])
     cache.length = model.config.max_position_embeddings - 2  # as if the context had grown that long
     with pytest.raises(ValueError, match=r"cache holds 4094 tokens, so these 4 new token\(s\) take positions up to 4097"):
         model(ids, hidden_states=torch.zeros(1, 4, 64), past_key_values=cache)
@@ -257,3 +259,39 @@ def test_cache_of_another_kind_or_drafter_is_refused():
     bf16 = LatentKVCache.for_model(model.config, 1, dtype=torch.bfloat16, device="cpu")
     with pytest.raises(ValueError, match=r"dtype torch.bfloat16 \(this drafter: torch.float32\)"):
         model(ids, aux_hidden_states=aux, past_key_values=bf16)
+
+
+def test_crop_outside_the_cache_is_refused_by_name():
+    """crop can only drop tokens: a length beyond the cache or below 0 is the library's DraftInputError
+    (a ValueError), naming the argument and the range it must be in; the cache is left as it was."""
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    cache = model(ids, aux_hidden_states=aux).past_key_values
+    for bad in (7, 5, -1, -5):
+        with pytest.raises(DraftInputError, match=rf"`length` is {bad}; expected an int in \[0, 4\] \(the cache holds 4 tokens"):
+            cache.crop(bad)
+        assert cache.get_seq_length() == 4
+    for bad in (2.0, "2", None, True):
+        with pytest.raises(DraftInputError, match=r"`length` is a \w+; expected an int number of tokens to keep"):
+            cache.crop(bad)
+    cache.crop(4)
+    cache.crop(0)
+    assert cache.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("length", [-2, -1, 257, 10**6])
+def test_cache_length_outside_its_capacity_is_refused(length):
+    """A cache whose length was set by hand outside [0, capacity] is refused before it is read or written,
+    with its length and capacity (never a nonsense count of tokens that would fit)."""
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, 1, 4)
+    out = model(ids, aux_hidden_states=aux)
+    cache = out.past_key_values
+    cache.length = length
+    before = cache.latent.detach().clone().view(torch.uint8)  # bytes: the unused capacity may hold NaN
+    message = rf"`past_key_values` has length {length}, outside \[0, 256\] \(its capacity\); expected a cache whose length"
+    with pytest.raises(DraftInputError, match=message):
+        model(ids[:, :1], hidden_states=out.hidden_states[:, -1:], past_key_values=cache)
+    with pytest.raises(DraftInputError, match=message):
+        model.draft(ids, aux, 2, past_key_values=cache)
+    assert torch.equal(cache.latent.detach().view(torch.uint8), before) and cache.length == length

@@ -229,3 +229,23 @@ def test_dtype_arguments_go_through_resolve_dtype(tmp_path):
     for kwargs in ({"dtype": "fp16"}, {"torch_dtype": "int32"}, {"dtype": torch.int8}):
         with pytest.raises(ConfigError, match="must be one of 'float32', 'bfloat16', 'float16', 'float64'"):
             Eagle31MLAForCausalLM.from_pretrained(tmp_path / "not-even-looked-at", **kwargs)  # before any file is read
+
+
+def test_inspect_refuses_duplicate_keys_and_irregular_config_files(tmp_path):
+    """inspect reads config.json through the same checks: a key given twice, or a config.json that is a
+    FIFO (never opened: reading it would block) or a folder, is named in the report's errors."""
+    import os
+
+    from eagle31_mla.inspection import inspect_drafter
+
+    dup = tmp_path / "dup"
+    dup.mkdir()
+    (dup / "config.json").write_text('{"vocab_size": 300, "vocab_size": 301}')
+    assert any("gives key 'vocab_size' twice" in e and "expected each key once" in e for e in inspect_drafter(str(dup))["errors"])
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "config.json")
+    assert any("is a FIFO (named pipe); expected a regular file" in e for e in inspect_drafter(str(fifo))["errors"])
+    folder = tmp_path / "folder"
+    (folder / "config.json").mkdir(parents=True)
+    assert any("is a folder; expected a regular file" in e for e in inspect_drafter(str(folder))["errors"])

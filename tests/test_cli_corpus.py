@@ -66,6 +66,7 @@ def files(tmp_path_factory):
     (root / "a-file.txt").write_text("x")
     (root / "empty.txt").write_text("")
     (root / "a-folder").mkdir()
+    (root / "binary.txt").write_bytes(b"\xff\xfe\x00\x01garbage\n")
     return root
 
 
@@ -79,6 +80,9 @@ def class_value(cls: str, root: Path) -> str:
         "unwritable": str(root / "a-file.txt" / "out"),  # its parent is a file: nothing can be written there
         "missing_parent": str(root / "no-such-folder" / "report.json"),
         "empty_file": str(root / "empty.txt"),
+        "binary": str(root / "binary.txt"),  # not UTF-8 text: every file argument is read as text
+        "huge": "99999999999",  # a drafting count past its bound (speculative.DRAFTING_LIMITS)
+        "proc": "/proc/x/out",  # passes os.access (as root), yet no folder can be created there
     }[cls]  # fmt: skip
 
 

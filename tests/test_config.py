@@ -1,6 +1,7 @@
 """Eagle31MLAConfig reads every config form of SPEC §2 and refuses what cannot be right."""
 
 import json
+import re
 import logging
 
 import pytest
@@ -251,3 +252,73 @@ def test_nesting_is_checked_without_recursion():
         Eagle31MLAConfig.from_dict({**published_k3_config(), "x": deep})
     with pytest.raises(ConfigError, match="holds null"):
         Eagle31MLAConfig.from_dict(None)
+
+
+@pytest.mark.parametrize("nulls", [{"rope_parameters": None}, {"rope_scaling": None}, {"rope_parameters": None, "rope_scaling": None}])
+def test_null_rope_in_a_file_means_plain_rope_as_absent_does(tmp_path, nulls):
+    """In a file, null and absent mean the same: plain RoPE (never the constructor's Kimi-K3 YaRN, which
+    would be refused with values the file never wrote)."""
+    absent = read(tmp_path, published_k3_config(rope_scaling=DROP))
+    (tmp_path / "null").mkdir()
+    null = read(tmp_path / "null", published_k3_config(**{"rope_scaling": DROP, "max_position_embeddings": 4096, **nulls}))
+    assert null.rope_parameters == absent.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
+
+
+def test_default_rope_error_says_it_was_the_default():
+    with pytest.raises(ConfigError, match=r"\(32768\) exceeds `max_position_embeddings` \(4096\).*the constructor's default rope"):
+        Eagle31MLAConfig(max_position_embeddings=4096)
+
+
+@pytest.mark.parametrize("rope", [{"factor": 2.0}, {"type": "default", "factor": 2.0}, {"original_max_position_embeddings": 4096},
+                                  {"type": "default", "mscale_all_dim": 1.0}])  # fmt: skip
+def test_scaling_keys_in_a_plain_rope_dict_are_refused(tmp_path, rope):
+    with pytest.raises(ConfigError, match=r"`rope_scaling\.\w+` is a yarn setting, .* set `type: yarn` to use it"):
+        read(tmp_path, published_k3_config(rope_scaling=rope))
+    with pytest.raises(ConfigError, match=r"`rope_parameters\.\w+` is a yarn setting, .* set `rope_type: yarn` to use it"):
+        Eagle31MLAConfig(rope_parameters={"rope_type": "default", **{k: v for k, v in rope.items() if k != "type"}})
+
+
+@pytest.mark.parametrize("derived", [{"head_dim": 64}, {"head_dim": 192}, {"qk_head_dim": 192}, {"head_dim": 64, "qk_head_dim": 192}])
+def test_derived_dims_in_their_published_forms_load(tmp_path, derived):
+    """Transformers' DeepSeek configs write head_dim = qk_rope_head_dim and qk_head_dim = nope + rope."""
+    config = read(tmp_path, published_k3_config(**derived))
+    assert (config.head_dim, config.qk_head_dim) == (64, 192)
+
+
+@pytest.mark.parametrize("derived, message", [({"head_dim": 7}, "`head_dim` is 7"), ({"head_dim": 128}, "`head_dim` is 128"),
+                                              ({"qk_head_dim": 99}, "`qk_head_dim` is 99"), ({"qk_head_dim": 64}, "`qk_head_dim` is 64")])  # fmt: skip
+def test_contradicting_derived_dims_are_refused(tmp_path, derived, message):
+    with pytest.raises(ConfigError, match=re.escape(message) + ".*expected"):
+        read(tmp_path, published_k3_config(**derived))
+
+
+@pytest.mark.parametrize("changes", [{"bos_token_id": 163840}, {"eos_token_id": [163586, 200000]}, {"pad_token_id": 163840},
+                                     {"vocab_size": 1000, "draft_vocab_size": 1000}])  # fmt: skip
+def test_special_token_ids_beyond_the_vocabulary_are_refused(tmp_path, changes):
+    with pytest.raises(ConfigError, match=r"is beyond the vocabulary; expected every special token id in \[0, \d+\)"):
+        read(tmp_path, published_k3_config(**changes))
+
+
+def test_kimi_default_token_ids_are_dropped_for_a_smaller_vocabulary_when_not_given():
+    """The constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left
+    unset, not refused; given explicitly they are refused."""
+    small = Eagle31MLAConfig(vocab_size=300, rope_parameters={"rope_type": "default"})
+    assert (small.bos_token_id, small.eos_token_id, small.pad_token_id) == (None, None, 0)
+    assert Eagle31MLAConfig().bos_token_id == 163584
+    with pytest.raises(ConfigError, match=r"`bos_token_id` is 163584: id 163584 is beyond the vocabulary"):
+        Eagle31MLAConfig(vocab_size=300, bos_token_id=163584, rope_parameters={"rope_type": "default"})
+
+
+def test_duplicate_keys_are_refused_by_name(tmp_path):
+    text = json.dumps(published_k3_config()).replace('{"architectures"', '{"vocab_size": 1000, "architectures"', 1)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=r"gives key 'vocab_size' twice in one object \(first 1000, then 163840\); expected each key once"):
+        Eagle31MLAConfig.from_pretrained(tmp_path)
+
+
+def test_dtype_and_torch_dtype_must_agree(tmp_path):
+    assert read(tmp_path, published_k3_config(dtype="bfloat16")).dtype == torch.bfloat16  # the same, twice: fine
+    with pytest.raises(ConfigError, match=r"two dtypes: `dtype` 'float16' and `torch_dtype` 'bfloat16'; they must agree"):
+        read(tmp_path, published_k3_config(dtype="float16"))
+    with pytest.raises(ConfigError, match=r"two dtypes: `dtype` 'float32' and `torch_dtype` 'bfloat16'; they must agree"):
+        Eagle31MLAConfig(dtype=torch.float32, torch_dtype="bfloat16")

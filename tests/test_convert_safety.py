@@ -191,6 +191,47 @@ def test_float16_overflow_is_refused_with_its_count(tmp_path, old):
     assert Eagle31MLAForCausalLM.from_pretrained(fine).fc.weight.dtype == torch.float16
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", ["keep", "float16"])
+def test_non_finite_weights_are_refused_by_name_and_nothing_is_written(tmp_path, old, value, dtype):
+    """The loader refuses NaN / inf weights; convert refuses them too (in its one streaming pass), naming
+    the tensor, and DST keeps what it held."""
+    model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
+    with torch.no_grad():
+        model.fc.weight[1, 1] = value
+    src = write_checkpoint(tmp_path / "nan", published_style_config(model), model.state_dict())
+    before = snapshot(old)
+    with pytest.raises(ConvertError, match=r"1 NaN or inf value\(s\) in 1 tensor\(s\).*fc.weight"):
+        convert(src, old, force=True, dtype=dtype, progress=False)
+    assert snapshot(old) == before and leftovers(old) == []
+    with pytest.raises(ConvertError):
+        convert(src, tmp_path / "new", dtype=dtype, progress=False)
+    assert not (tmp_path / "new").exists()
+
+
+def test_float16_underflow_is_a_one_line_note_with_its_count(tmp_path):
+    model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
+    with torch.no_grad():
+        model.fc.weight[0, :3] = torch.tensor([1e-9, -1e-10, 1e-4])  # two below float16's smallest subnormal
+    src = write_checkpoint(tmp_path / "tiny", published_style_config(model), model.state_dict())
+    result = convert(src, tmp_path / "f16", dtype="float16", progress=False)
+    (note,) = [n for n in result.notes if "became 0" in n]
+    assert "2 nonzero value(s) in 1 tensor(s)" in note and "fc.weight" in note and "\n" not in note
+    assert not [n for n in convert(src, tmp_path / "f32", progress=False).notes if "became 0" in n]
+
+
+def test_a_destination_where_no_folder_can_be_created_fails_before_any_work(tmp_path, monkeypatch):
+    """/proc passes os.access as root, yet refuses new folders: refused up front, naming DST."""
+    reads = []
+    monkeypatch.setattr(module, "_read_bytes", lambda *a: reads.append(a) or (_ for _ in ()).throw(AssertionError))
+    with pytest.raises(InputError, match=r"^DST: cannot create /proc/x/out"):
+        convert(source(tmp_path), "/proc/x/out", progress=False)
+    assert not reads
+    from eagle31_mla.cli import main
+
+    assert main(["convert", str(source(tmp_path, "s2")), "/proc/x/out", "--quiet"]) == 2
+
+
 # ---- a real process, killed mid-write ---------------------------------------------------------------
 
 

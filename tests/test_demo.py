@@ -59,6 +59,7 @@ def test_demo_command(capsys):
     (["--prompts", "1000"], "argument --prompts: expected at most "),
     (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
     (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
+    (["--num-steps", "99999999999"], "argument --num-steps: expected a positive integer <= 64 (draft steps)"),
 ])  # fmt: skip
 def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
     from eagle31_mla.cli import main
@@ -105,3 +106,12 @@ def test_rebuild_script_is_deterministic(tmp_path):
         assert config(folders[0] / part / "config.json") == config(DEMO_DIR / part / "config.json"), part
     shipped = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
     assert {**json.loads((folders[0] / "draft" / "training.json").read_text()), "steps": shipped["steps"]} == shipped
+
+
+def test_demo_past_the_context_limit_stops_there_with_a_note(capsys):
+    """--max-new-tokens beyond the pair's 512 positions: generation stops at the limit, said in one note."""
+    from eagle31_mla.cli import main
+
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 prompt(s) stopped at the context limit of 512 positions" in out

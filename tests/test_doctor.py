@@ -137,6 +137,9 @@ CASES: dict[str, tuple[Case, Case]] = {
     "tokenspeed-unknown-target": (
         Case(draft(), UNKNOWN, "tokenspeed"),
         Case(draft(), K3, "tokenspeed")),
+    "target-depth-mismatch": (  # the draft records the depth it was trained for; the target is deeper
+        Case(draft([2, 30, 58], target_num_hidden_layers=93), DS, "vllm", "0.22", plugin=True),
+        Case(draft([2, 30, 58], target_num_hidden_layers=61), DS, "vllm", "0.22", plugin=True)),
 }
 
 
@@ -313,3 +316,14 @@ def test_cli_list_checks(capsys):
     assert main(["doctor", "--list-checks"]) == 0
     out = capsys.readouterr().out
     assert all(check in out for check in CHECKS)
+
+
+def test_the_demo_draft_on_a_deeper_target_is_not_ok(tmp_path, capsys):
+    """The demo draft records target_num_hidden_layers 4: on an 8-layer target doctor must not say ok."""
+    from eagle31_mla.demo import DEMO_DIR
+
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 8}))
+    code = main(["doctor", "--draft", str(DEMO_DIR / "draft"), "--target", str(tmp_path), "--engine", "vllm", "--with-plugin"])
+    out = capsys.readouterr().out
+    assert code == 1 and "target-depth-mismatch" in out and "ok: nothing is wrong" not in out

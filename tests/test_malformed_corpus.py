@@ -77,6 +77,7 @@ class Case:
     check: str = "load"  # "load": from_pretrained; "serving": the vLLM plugin's check_serving against a target
     serving: tuple = ()  # serving cases: (key, value) pairs changing the target, the vLLM version, the environment
     load_kwargs: tuple = ()  # load cases: (argument, value) pairs for from_pretrained
+    never: tuple[str, ...] = ()  # substrings the message must not hold (a wrong hint)
 
     @property
     def error_class(self) -> type:
@@ -524,7 +525,210 @@ HARDENING_CASES = [
 ]
 # fmt: on
 
+# -- the second battery: rope keys of another type, token ids beyond the vocabulary, contradicting derived
+# fields, duplicate JSON keys, dtypes given twice, files that are not regular files, d2t checked before use --
+
+
+def rope_dict(form: str, rope_type, **keys):
+    """The good draft's rope settings replaced by one dict of ``rope_type`` (None: the dict names no type)."""
+
+    def change(d):
+        theta = d.config.pop("rope_theta")
+        d.config.pop("rope_scaling")
+        type_key = "type" if form == "rope_scaling" else "rope_type"
+        d.config[form] = {**({type_key: rope_type} if rope_type else {}), **keys}
+        if form == "rope_parameters":
+            d.config[form]["rope_theta"] = theta
+        else:
+            d.config["rope_theta"] = theta
+
+    return change
+
+
+#: A valid value of every yarn key (the good draft's, or Transformers' neutral one).
+YARN_VALUES = {"factor": 32.0, "original_max_position_embeddings": 256, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+               "mscale_all_dim": 1.0, "attention_factor": 1.0, "truncate": True}  # fmt: skip
+#: Keys of rope types this drafter does not support.
+OTHER_ROPE_KEYS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "short_factor": [1.0], "long_factor": [1.0], "long_mscale": 1.0}
+
+
+def rope_key_cases() -> list[Case]:
+    """Every yarn key of CONFIG_FIELDS in a plain rope dict (no type, or type default), in both forms: the
+    scaling would be dropped without a word; and keys of other rope types in a yarn dict."""
+    cases = []
+    for field in CONFIG_FIELDS:
+        if field.rope_type != "yarn":
+            continue
+        assert field.key in YARN_VALUES, f"give YARN_VALUES a valid value of {field.key}"
+        for form in ("rope_scaling", "rope_parameters"):
+            type_key = "type" if form == "rope_scaling" else "rope_type"
+            for label, rope_type in (("no type", None), ("type default", "default")):
+                cases.append(Case(f"{form} with {label} and yarn key `{field.key}`", rope_dict(form, rope_type, **{field.key: YARN_VALUES[field.key]}),
+                                  (f"`{form}.{field.key}` is a yarn setting", f"set `{type_key}: yarn`"), error=ConfigError))  # fmt: skip
+    for key, value in OTHER_ROPE_KEYS.items():
+        for form in ("rope_scaling", "rope_parameters"):
+            yarn = {k: YARN_VALUES[k] for k in ("factor", "original_max_position_embeddings")}
+            cases.append(Case(f"{form} yarn with foreign key `{key}`", rope_dict(form, "yarn", **yarn, **{key: value}),
+                              (f"`{form}.{key}` is not a setting of yarn rope", "expected only `attention_factor`"), error=ConfigError))  # fmt: skip
+    return cases
+
+
+def token_id_cases() -> list[Case]:
+    """Every special-token field of CONFIG_FIELDS with an id beyond the vocabulary (vocab_size 300)."""
+    cases = []
+    for field in CONFIG_FIELDS:
+        if field.kind not in ("token_id", "token_ids"):
+            continue
+        values = [("vocab_size", 300, 300), ("vocab_size + 699", 999, 999)]
+        if field.kind == "token_ids":
+            values += [("a list with one id = vocab_size", [2, 300], 300), ("a list with one id far beyond", [999, 2], 999)]
+        for label, value, bad in values:
+            for base in ("full", "pruned"):  # the rule is the target vocabulary's, pruned or not
+                cases.append(Case(f"config `{field.name}` = {label} ({base} vocabulary)", cfg(**{field.name: value}),
+                                  (f"`{field.name}` is {value!r}", "expected every special token id in [0, 300)"), also=(f"id {bad} is beyond",),
+                                  error=ConfigError, base=base))  # fmt: skip
+    return cases
+
+
+def derived_field_cases() -> list[Case]:
+    """Every derived field of CONFIG_FIELDS given a value that contradicts the dims it is derived from
+    (tiny: qk_nope 16 + qk_rope 16 = 32; head_dim may be 16 or 32)."""
+    cases = []
+    for field in CONFIG_FIELDS:
+        if not field.derived:
+            continue
+        for value in (7, 99, 31, 48):
+            cases.append(Case(f"config `{field.name}` = {value} (contradicts the dims it is derived from)", cfg(**{field.name: value}),
+                              (f"`{field.name}` is {value}", "expected"), also=("leave it out",), error=ConfigError))  # fmt: skip
+    return cases
+
+
+def duplicate_key(key: str, value, inside: str | None = None):
+    """config.json with ``key`` given twice (first ``value``, then the good draft's), at the top level or in ``inside``."""
+
+    def change(folder):
+        text = (folder / "config.json").read_text()
+        opening = "{" if inside is None else f'"{inside}": {{'
+        assert opening in text
+        pair = f"{json.dumps(key)}: {json.dumps(value)}, "
+        text = text.replace(opening, opening + pair * 2, 1)  # twice: whether or not the good draft gives it too
+        (folder / "config.json").write_text(text)
+
+    return on_files(change)
+
+
+def duplicate_key_cases() -> list[Case]:
+    """Every top-level field of CONFIG_FIELDS that the good draft's config.json gives, given twice (a
+    different value first, then the same): the last would win silently. And nested and index keys."""
+    cases = []
+    good = {"vocab_size": 300, "hidden_size": 64, "rms_norm_eps": 1e-05, "fc_norm": True, "torch_dtype": "float32", "bos_token_id": 1,
+            "eos_token_id": 2, "pad_token_id": 0, "rope_theta": 50000.0}  # fmt: skip
+    for field in CONFIG_FIELDS:
+        if field.nested or field.derived or field.name == "dtype":
+            continue
+        for label, value in (("another value first", "first"), ("the same value twice", good.get(field.name, "same"))):
+            if label.startswith("the same") and field.name not in good:
+                continue
+            cases.append(Case(f"config.json gives `{field.name}` twice ({label})", duplicate_key(field.name, value),
+                              (f"gives key {field.name!r} twice", "expected each key once"), error=ConfigError))  # fmt: skip
+    cases += [
+        Case("config.json gives a rope key twice", duplicate_key("factor", 2.0, inside="rope_scaling"), ("gives key 'factor' twice", "expected each key once"), error=ConfigError),
+        Case("config.json gives the aux ids twice", duplicate_key("eagle_aux_hidden_state_layer_ids", [1, 2, 3], inside="eagle_config"),
+             ("gives key 'eagle_aux_hidden_state_layer_ids' twice", "expected each key once"), error=ConfigError),
+        Case("index gives a tensor twice in its weight_map", on_files(index_with_duplicate),
+             ("model.safetensors.index.json", "expected each key once"), also=("gives key 'norm.weight' twice",)),
+    ]
+    return cases
+
+
+def index_with_duplicate(folder):
+    from safetensors import safe_open
+
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        names = list(f.keys())
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    entries = [f'"{n}": "model-00001-of-00001.safetensors"' for n in names + ["norm.weight"]]
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {' + ", ".join(entries) + "}}")
+
+
+#: What a path that is not a regular file can be, and the words the refusal says it is.
+IRREGULAR = {"a folder": "a folder", "a FIFO": "a FIFO (named pipe)", "a symlink to /dev/zero": "a symlink to /dev/zero, which is a character device"}
+
+
+def make_irregular(path: Path, kind: str) -> None:
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "a folder":
+        path.mkdir()
+        (path / "inside.txt").write_text("x")
+    elif kind == "a FIFO":
+        os.mkfifo(path)  # opening it for reading would block the loader forever: it must never be opened
+    else:
+        os.symlink("/dev/zero", path)  # reading it would never end
+
+
+def irregular_file_cases() -> list[Case]:
+    """config.json, model.safetensors, the index and a shard, each a folder, a FIFO or a symlink to
+    /dev/zero: refused, saying what it is and that a regular file was expected (never opened)."""
+    cases = []
+    for kind, words in IRREGULAR.items():
+        cases += [
+            Case(f"config.json is {kind}", on_files(lambda f, k=kind: make_irregular(f / "config.json", k)),
+                 (f"config.json is {words}", "expected a regular file"), error=ConfigError),
+            Case(f"model.safetensors is {kind}", on_files(lambda f, k=kind: make_irregular(f / "model.safetensors", k)),
+                 (f"weight file 'model.safetensors' in", "expected a regular file"), also=(f"is {words}",)),
+            Case(f"model.safetensors.index.json is {kind}", on_files(lambda f, k=kind: make_irregular(f / "model.safetensors.index.json", k)),
+                 (f"weight index 'model.safetensors.index.json' in", "expected a regular file"), also=(f"is {words}",)),
+            Case(f"a shard is {kind}", both(index_naming(lambda f: "model-00001-of-00001.safetensors"),
+                                            on_files(lambda f, k=kind: make_irregular(f / "model-00001-of-00001.safetensors", k))),
+                 ("names shard 'model-00001-of-00001.safetensors'", "expected a regular file"), also=(f"is {words}",)),
+        ]  # fmt: skip
+    return cases
+
+
+def same_tensor_in_two_shards(name):
+    def change(folder):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        save_file(tensors, str(folder / "model-00001-of-00002.safetensors"))
+        save_file({name: tensors[name]}, str(folder / "model-00002-of-00002.safetensors"))
+        weight_map = {**dict.fromkeys(tensors, "model-00001-of-00002.safetensors"), name: "model-00002-of-00002.safetensors"}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    return on_files(change)
+
+
+# fmt: off
+REVIEW_CASES = [
+    Case("config dtype and torch_dtype disagree", cfg(dtype="bfloat16"), ("`dtype` 'bfloat16' and `torch_dtype` 'float32'", "they must agree"), error=ConfigError),
+    Case("config dtype and torch_dtype disagree (torch. prefix)", cfg(dtype="torch.float16"), ("`dtype` 'float16' and `torch_dtype` 'float32'", "they must agree"), error=ConfigError),
+    *[Case(f"from_pretrained(dtype={a}, torch_dtype={b})", lambda d: None, (f"`dtype` {a!r} and `torch_dtype` {b!r}", "they must agree"),
+           error=ConfigError, load_kwargs=(("dtype", a), ("torch_dtype", b)))
+      for a, b in (("float16", "bfloat16"), ("float32", "float16"), ("auto", "float16"), ("bfloat16", "auto"))],
+    Case("from_pretrained(dtype=torch.float16, torch_dtype=torch.bfloat16)", lambda d: None, ("`dtype` 'float16' and `torch_dtype` 'bfloat16'", "they must agree"),
+         error=ConfigError, load_kwargs=(("dtype", torch.float16), ("torch_dtype", torch.bfloat16))),
+    Case("fc_norm weights of three aux states, config names two", ids([5, 9]), ("unexpected tensor 'fc_norm.2.weight'", "expected as many aux-layer ids"),
+         also=("has 3 fc_norm weight(s)", "names 2 aux layers"), never=("set fc_norm: true",)),
+    Case("fc_norm weights of three aux states, config names four", ids([2, 5, 9, 12]), ("missing tensor 'fc_norm.3.weight'", "expected shape [48]"),
+         also=("has 3 fc_norm weight(s)", "names 4 aux layers", "expected as many aux-layer ids"), never=("needs fc_norm: false",)),
+    Case("one tensor in two shards", same_tensor_in_two_shards("norm.weight"),
+         ("'norm.weight' in model-00001-of-00002.safetensors, 'norm.weight' in model-00002-of-00002.safetensors", "expected one tensor per name")),
+    # d2t is range-checked before t2d is derived from it (no t2d in the checkpoint)
+    Case("d2t maps beyond the vocabulary, no t2d", both(drop("t2d"), d2t_edit(lambda d: d.fill_(250))),
+         ("'d2t' maps draft ids to target ids in [250, 349]", "expected every target id in [0, 300)"), base="pruned"),
+    Case("d2t maps below 0, no t2d", both(drop("t2d"), d2t_edit(lambda d: d.__setitem__(0, -5))),
+         ("'d2t' maps draft ids to target ids in [-5,", "expected every target id in [0, 300)"), base="pruned"),
+    Case("d2t maps far beyond the vocabulary, no t2d", both(drop("t2d"), d2t_edit(lambda d: d.__setitem__(-1, 10**12))),
+         ("'d2t' maps draft ids to target ids in", "expected every target id in [0, 300)"), base="pruned"),
+    Case("d2t maps two draft ids to one target id, no t2d", both(drop("t2d"), d2t_edit(lambda d: d.__setitem__(1, d[0] - 1))),
+         ("'d2t' maps two draft ids to the same target id", "expected distinct target ids"), base="pruned"),
+]
+# fmt: on
+
 CASES += field_cases() + argument_cases() + HARDENING_CASES
+CASES += rope_key_cases() + token_id_cases() + derived_field_cases() + duplicate_key_cases() + irregular_file_cases() + REVIEW_CASES
 
 TARGET = dict(hidden_size=48, vocab_size=300, num_hidden_layers=12)  # the serving cases' target: the good drafts fit it
 
@@ -583,6 +787,7 @@ def refusal_problems(case: Case, err: BaseException) -> list[str]:
     if expected not in message:
         problems.append(f"message lacks the expectation {expected!r}")
     problems += [f"message lacks {s!r}" for s in case.also if s not in message]
+    problems += [f"message holds {s!r}, a wrong hint" for s in case.never if s in message]
     problems += [f"message is a raw low-level one ({s!r})" for s in RAW_MESSAGES if s in message]
     if err.__cause__ is not None or (err.__context__ is not None and not err.__suppress_context__):
         problems.append(f"chained to {type(err.__cause__ or err.__context__).__name__}: the user sees two tracebacks")

@@ -91,6 +91,10 @@ def batch1_cache(c: Ctx) -> LatentKVCache:
         return c.model(c.ids[:1], aux_hidden_states=c.aux[:1]).past_key_values
 
 
+#: Cache lengths no drafter call or crop can produce: below 0, beyond the cache's capacity (256 here), not an int.
+LENGTHS = [("-2", -2), ("-1", -1), ("capacity + 1", 257), ("10**6", 10**6), ("2.0", 2.0), ("True", True), ("None", None)]
+
+
 # -- forward ---------------------------------------------------------------------------------------
 
 FORWARD_CASES = [
@@ -169,6 +173,8 @@ FORWARD_CASES = [
     Case("past_key_values", "device", "meta cache", lambda c: decode(c, past_key_values=LatentKVCache.for_model(c.model.config, B, dtype=torch.float32, device="meta"))),
     Case("past_key_values", "use_cache", "with use_cache=False", lambda c: decode(c, use_cache=False)),
     Case("past_key_values", "range", "full cache, implicit positions", lambda c: decode(c, past_key_values=full_cache(c)), ("input_ids",)),
+    *[Case("past_key_values", "length", f"length {label} (set by hand)", lambda c, n=n: decode(c, past_key_values=cache_of_length(c, n)))
+      for label, n in LENGTHS],
     # attention_mask
     Case("attention_mask", "type", "int", lambda c: first(c, attention_mask=1)),
     Case("attention_mask", "numpy", "int array", lambda c: first(c, attention_mask=np.ones((B, T), dtype=np.int64))),
@@ -210,6 +216,12 @@ FORWARD_CASES = [
     Case("kwargs", "unsupported", "output_hidden_states=True", lambda c: first(c, output_hidden_states=True), ("output_hidden_states",)),
     Case("kwargs", "unsupported", "return_dict=False", lambda c: first(c, return_dict=False), ("return_dict",)),
 ]
+
+
+def cache_of_length(c: Ctx, length) -> LatentKVCache:
+    cache = copy_cache(c.cache)
+    cache.length = length
+    return cache
 
 
 def full_cache(c: Ctx) -> LatentKVCache:
@@ -271,6 +283,8 @@ DRAFT_CASES = [
     Case("position_ids", "shape", "one position short", lambda c: drafting(c, position_ids=torch.arange(T - 1)[None])),
     Case("position_ids", "range", "drafting past the last position", lambda c: drafting(c, position_ids=torch.arange(MAX_POS - T, MAX_POS)[None])),
     Case("position_ids", "range", "implicit, cache nearly full", lambda c: drafting(c, past_key_values=nearly_full_cache(c)), ("position_ids", "input_ids")),
+    *[Case("past_key_values", "length", f"length {label} (set by hand)", lambda c, n=n: drafting(c, past_key_values=cache_of_length(c, n)))
+      for label, n in LENGTHS],
 ]
 
 
@@ -288,7 +302,7 @@ REQUIRED = {
         "aux_hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite", "device"},
         "hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite"},
         "position_ids": {"type", "numpy", "list", "dtype", "wrap", "shape", "empty", "range", "device"},
-        "past_key_values": {"kind", "numpy", "list", "batch", "drafter", "dtype", "device", "use_cache"},
+        "past_key_values": {"kind", "numpy", "list", "batch", "drafter", "dtype", "device", "use_cache", "length"},
         "attention_mask": {"type", "numpy", "list", "dtype", "shape", "empty", "range", "device"},
         "use_cache": {"type"}, "absorb": {"type", "numpy"}, "check_values": {"type"},
         "logits_to_keep": {"type", "range", "list", "numpy", "tensor"},

@@ -733,3 +733,111 @@ def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, messag
     args.update({k: str(tmp_path / v) for k, v in change.items()})
     argv = ["acceptance", "--no-progress", "--device", "cpu"] + [x for kv in args.items() for x in kv]
     assert message in usage_error_line(argv, capsys)
+
+
+# ---- bad prompts, drafting bounds and the context limit (the hardening battery's classes) -------------
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('{"input_ids": [1.9, 2.7, 3.5]}', "1.9 (float) at index 0"),
+    ('{"input_ids": ["12", "3"]}', "'12' (str) at index 0"),
+    ('{"input_ids": [true, false, true]}', "True (bool) at index 0"),
+    ('{"input_ids": []}', "an empty list"),
+    ('{"input_ids": 5}', '"input_ids" is a int'),
+    ('{"prompt": 5}', '"prompt" is 5'),
+    ('{"prompt": null}', '"prompt" is null'),
+    ('{"prompt": ""}', '"prompt" is ""'),
+    ('{"messages": "hi"}', '"messages" is "hi"'),
+    ('{"messages": [{"role": "user"}]}', '"messages"[0]'),
+    ('{"prompt": "a", "input_ids": [1]}', "both"),
+    ('{"other": "hello"}', "an object with keys ['other']"),
+    ("5", "5"),
+    ("null", "null"),
+    ("[1, 2.5]", "2.5 (float) at index 1"),
+])  # fmt: skip
+def test_every_prompt_line_is_checked_naming_file_and_line(tmp_path, line, expected):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(spec.PromptError) as info:
+        spec.read_prompts(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: ") and expected in message and "expected" in message and "\n" not in message
+
+
+def test_prompt_ids_are_checked_against_the_vocabulary_and_the_chat_template():
+    assert spec.prompt_token_ids({"input_ids": [1, 2]}, None, 8) == [1, 2]
+    with pytest.raises(spec.PromptError, match=r"p:3: .*token id 9 at index 1, outside the target's vocabulary \[0, 8\)"):
+        spec.prompt_token_ids([1, 9], None, 8, "p:3")
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(spec.PromptError, match="has no chat template; give `prompt` or `input_ids`"):
+        spec.prompt_token_ids({"messages": [{"role": "user", "content": "hi"}]}, NoTemplate(), 8)
+
+
+def test_drafting_counts_have_upper_bounds():
+    target = tiny_target("llama")
+    for name, value in (("num_steps", 99999999999), ("topk", 10**6), ("max_new_tokens", 10**12)):
+        with pytest.raises(spec.DraftInputError, match=rf"`{name}` is {value}; expected an int in \[1, "):
+            speculative_generate(target, drafter(), prompt(), **{"num_steps": 3, "max_new_tokens": 4, name: value})
+    with pytest.raises(spec.DraftInputError, match="`num_draft_tokens`"):
+        speculative_generate(target, drafter(), prompt(), topk=2, num_draft_tokens=10**9)
+
+
+@pytest.mark.parametrize("settings", [CHAIN, TREE], ids=["chain", "tree"])
+def test_generation_stops_at_the_context_limit_with_exact_statistics(settings):
+    """Like an engine at max_model_len: the sequence ends exactly at the limit (finish reason "length"),
+    the output is still the target's greedy stream, and the statistics count full rounds only."""
+    target = tiny_target("llama")
+    target.config.max_position_embeddings = 40
+    ids = prompt()
+    out = speculative_generate(target, echo_drafter(target), ids, max_new_tokens=1000, **settings)
+    assert len(ids) + len(out.tokens) == 40 and out.finish_reason == "length" and out.context_limited
+    assert_target_greedy(target, ids, out.tokens, 40 - len(ids))
+    stats = out.stats
+    assert stats.num_generated_tokens == len(out.tokens) and stats.num_rounds == len(out.accepted_per_round)
+    assert stats.num_accepted_tokens + stats.num_rounds <= len(out.tokens)  # the last few came from the target alone
+    short = speculative_generate(target, echo_drafter(target), ids, max_new_tokens=5, **settings)
+    assert short.finish_reason == "length" and not short.context_limited
+    with pytest.raises(spec.DraftInputError, match="the prompt has 40 tokens; expected fewer than the context limit of 40"):
+        speculative_generate(target, echo_drafter(target), prompt(40), max_new_tokens=5, **settings)
+
+
+def test_acceptance_refuses_bad_prompts_and_swapped_models_before_loading(tmp_path, capsys):
+    """Bad ids, a bad prompt shape, a drafter given as --target, a target given as --draft: one line, exit 2,
+    before any model loads (no progress bars, no transformers output on stderr)."""
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    T, D = str(DEMO_DIR / "target"), str(DEMO_DIR / "draft")
+    cases = {
+        '{"input_ids": [1.9, 2.7]}': (T, D, "prompts.jsonl:1: "),
+        '{"input_ids": [1, 2, 999999]}': (T, D, "outside the target's vocabulary [0, 512)"),
+        '{"prompt": null}': (T, D, "prompts.jsonl:1: "),
+        '{"messages": [{"role": "user", "content": "hi"}]}': (T, D, "has no chat template"),
+        '{"prompt": "hi"}': (D, D, "argument --target: "),
+        '{"input_ids": [5, 6]}': (T, T, "argument --draft: "),
+    }
+    for line, (target, draft_, message) in cases.items():
+        (tmp_path / "prompts.jsonl").write_text(line + "\n")
+        code = main(["acceptance", "--target", target, "--draft", draft_, "--prompts", str(tmp_path / "prompts.jsonl"),
+                     "--device", "cpu"])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (line, err)
+        assert "Loading" not in err and "%" not in err, err
+
+
+def test_acceptance_past_the_context_limit_stops_there_with_a_note(tmp_path, capsys):
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "p.jsonl").write_text('{"input_ids": [5, 6, 7]}\n')
+    report = tmp_path / "r.json"
+    assert main(["acceptance", "--target", str(DEMO_DIR / "target"), "--draft", str(DEMO_DIR / "draft"), "--prompts",
+                 str(tmp_path / "p.jsonl"), "--ignore-eos", "--max-new-tokens", "600", "--no-progress", "--device", "cpu",
+                 "--json", str(report)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "note: 1 request(s) stopped at the context limit of 512 positions" in err
+    (request,) = json.loads(report.read_text())["requests"]
+    assert request["num_prompt_tokens"] + request["num_generated_tokens"] == 512 and request["context_limited"]

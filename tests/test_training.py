@@ -1,5 +1,7 @@
 """Test-time training: the unrolled recurrence is exactly what drafting does, and training works."""
 
+import json
+
 import pytest
 import torch
 
@@ -149,3 +151,40 @@ def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
     argv = ["train", "--steps", "1", "--quiet", "--device", "cpu"] + [x for kv in args.items() for x in kv]
     assert message in usage_error_line(argv, capsys)
     assert not (tmp_path / "d").exists()  # nothing written
+
+
+def test_default_aux_ids_follow_the_target_depth():
+    from eagle31_mla.training import default_aux_layer_ids
+
+    assert default_aux_layer_ids(93) == [2, 46, 90] and default_aux_layer_ids(61) == [2, 30, 58]
+    assert default_aux_layer_ids(4) == [1, 2, 3] and default_aux_layer_ids(2) == [1, 2]
+    for depth in range(1, 100):
+        ids = default_aux_layer_ids(depth)
+        assert ids == sorted(set(ids)) and 1 <= ids[0] and ids[-1] <= depth
+
+
+def test_train_without_aux_layers_on_the_demo_target(tmp_path, capsys):
+    """No --aux-layers: the default follows the 4-layer target's depth (not Kimi-K3's [2, 46, 90])."""
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat who liked to eat fish every day.\n" * 20)
+    assert main(["train", "--target", str(DEMO_DIR / "target"), "--text", str(tmp_path / "corpus.txt"), "--out",
+                 str(tmp_path / "out"), "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--quiet",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    assert "aux layers" in capsys.readouterr().out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+
+
+def test_train_refuses_a_drafter_as_target_and_bad_text_before_loading(tmp_path, capsys):
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    (tmp_path / "ok.txt").write_text("hello there\n")
+    for target, text, message in ((DEMO_DIR / "draft", tmp_path / "ok.txt", "argument --target: "),
+                                  (DEMO_DIR / "target", tmp_path / "corpus.jsonl", "corpus.jsonl:2")):
+        code = main(["train", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "o"), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Loading" not in err, err

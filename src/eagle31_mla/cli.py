@@ -79,6 +79,23 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _bounded(name: str, what: str):
+    """A positive int with the upper bound speculative.DRAFTING_LIMITS[name] (the loop's own check)."""
+    from .speculative import DRAFTING_LIMITS
+
+    limit = DRAFTING_LIMITS[name]
+
+    @_argtype(f"a positive integer <= {limit:,} ({what})", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge"))
+    def bounded(text: str) -> int:
+        value = _number(text, bounded.expected, integer=True)
+        if not 1 <= value <= limit:
+            raise _fail(bounded.expected, text)
+        return value
+
+    bounded.__name__ = name
+    return bounded
+
+
 @_argtype("an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty"))
 def seed_int(text: str) -> int:
     value = _number(text, seed_int.expected, integer=True)
@@ -120,8 +137,10 @@ def top_p(text: str) -> float:
     return _sampling(text, top_p.expected, "top_p")
 
 
-@_argtype("an existing, non-empty file", ("missing", "folder", "empty_file", "empty"))
+@_argtype("an existing, non-empty UTF-8 text file", ("missing", "folder", "empty_file", "empty", "binary"))
 def existing_file(text: str) -> str:
+    import codecs
+
     path = Path(text).expanduser()
     if not text.strip() or not path.exists():
         raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: no such file")
@@ -129,6 +148,18 @@ def existing_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: not a file")
     if path.stat().st_size == 0:
         raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: the file is empty")
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0  # every file argument is read as UTF-8 text
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as err:
+        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: byte "
+                                         f"{err.object[err.start]:#04x} at offset {offset + err.start} is not UTF-8") from None  # fmt: skip
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: unreadable ({err.strerror or err})") from None
     return text
 
 
@@ -160,8 +191,10 @@ def output_file(text: str) -> str:
     return text
 
 
-@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty"))
+@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty", "proc"))
 def output_folder(text: str) -> str:
+    from .engines import InputError, probe_output_folder
+
     path = Path(text).expanduser()
     expected = output_folder.expected
     if not text.strip():
@@ -169,6 +202,10 @@ def output_folder(text: str) -> str:
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a file")
     _writable_ancestor(path, text, expected)
+    try:  # os.access says yes to /proc and read-only mounts: create (and remove) a probe folder there
+        probe_output_folder(path, "probe")
+    except InputError as err:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {str(err).removeprefix('probe: ')}") from None
     return text
 
 
@@ -344,12 +381,13 @@ def _add_acceptance_arguments(parser) -> None:
     parser.add_argument("--draft", required=True, type=model_ref, help="drafter: Hub id or folder")
     parser.add_argument("--prompts", required=True, type=existing_file,
                         help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line")  # fmt: skip
-    parser.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round (default 3)")
-    parser.add_argument("--topk", type=positive_int, default=1, help="1: chain drafting; > 1: EAGLE tree (default 1)")
-    parser.add_argument("--num-draft-tokens", type=positive_int, default=None, help="tree size, root included (chain: num_steps + 1)")
+    parser.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)")
+    parser.add_argument("--topk", type=_bounded("topk", "draft branches"), default=1, help="1: chain drafting; > 1: EAGLE tree (default 1)")
+    parser.add_argument("--num-draft-tokens", type=_bounded("num_draft_tokens", "tree size"), default=None, help="tree size, root included (chain: num_steps + 1)")
     parser.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top-p", type=top_p, default=1.0, help="in (0, 1] (default 1: no truncation)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
+    parser.add_argument("--max-new-tokens", type=_bounded("max_new_tokens", "new tokens"), default=256,
+                        help="new tokens per prompt (default 256; generation also stops at the context limit)")
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
@@ -372,19 +410,27 @@ def _acceptance(args: argparse.Namespace) -> int:
     histogram, drafts per generated token; a table, and JSON with --json."""
     from types import SimpleNamespace
 
-    from .speculative import _check_settings, read_prompts
+    from .engines import InputError, Target, check_roles, read_config_json
+    from .speculative import _check_settings, prompt_token_ids, read_prompt_lines
 
-    # everything that can be checked without the models, before loading them (minutes for a real pair)
+    # everything that can be checked without the models' weights, before loading them (minutes for a
+    # real pair): settings, the prompts file, both config.json files, the prompts' token ids
     try:
         _check_settings(SimpleNamespace(config=SimpleNamespace(draft_vocab_size=2**62)), args.num_steps, args.topk,
                         args.num_draft_tokens, args.temperature, args.top_p, None)  # fmt: skip
-        prompts = read_prompts(args.prompts)[: args.limit]
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        prompts = read_prompt_lines(args.prompts)[: args.limit]
+        if not prompts:
+            return _error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
+        target_config, _ = read_config_json(args.target)
+        draft_config, _ = read_config_json(args.draft)
+        check_roles(target_config, draft_config, args.target, args.draft)
+    except (InputError, OSError, ValueError) as err:
         return _error(str(err))
-    if not prompts:
-        return _error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
+    vocab = Target.from_config(target_config).vocab_size
+    limits = [c.get("max_position_embeddings") for c in (target_config.get("text_config") or target_config, draft_config)]
+    limits = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
 
-    import torch
+    import torch  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
@@ -396,12 +442,18 @@ def _acceptance(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
     try:  # what the user named must exist and load; a failure here is input, not a bug
         if args.chat_template:
-            prompts = [{"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p for p in prompts]
-        needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for p in prompts)
+            prompts = [(w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts]
+        needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts)
         tokenizer = (
             AutoTokenizer.from_pretrained(args.target, revision=args.revision, trust_remote_code=args.trust_remote_code)
             if needs_tokenizer else None
         )  # fmt: skip
+        ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
+        if limits:
+            longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+            if len(ids[longest]) >= min(limits):
+                return _error(f"{prompts[longest][0]}: the prompt has {len(ids[longest])} tokens; expected fewer than "
+                              f"the context limit of {min(limits)} positions (max_position_embeddings)")  # fmt: skip
         target = AutoModelForCausalLM.from_pretrained(
             args.target, revision=args.revision, dtype=dtype, trust_remote_code=args.trust_remote_code,
             attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
@@ -410,10 +462,16 @@ def _acceptance(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         return _error(str(err))
     result = measure_acceptance(
-        target, drafter, prompts, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+        target, drafter, ids, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
         tokenizer=tokenizer, ignore_eos=args.ignore_eos, progress=not args.no_progress,
     )  # fmt: skip
+    limited = sum(r["context_limited"] for r in result["requests"])
+    if limited:
+        from .speculative import context_limit
+
+        print(f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
+              "(max_position_embeddings) before --max-new-tokens (finish reason \"length\")", file=sys.stderr)  # fmt: skip
     result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
     mode = "chain" if args.topk == 1 else f"tree (topk {args.topk})"
     print(f"{args.target} + {args.draft}: {mode}, temperature {args.temperature:g}, top-p {args.top_p:g}")
@@ -434,39 +492,52 @@ def _train(args: argparse.Namespace) -> int:
     if args.seq_len <= args.depth:
         return _error(f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
                       f"a next token to predict), got {args.seq_len}")  # fmt: skip
-    from .speculative import read_prompts
+    from .engines import InputError, check_roles, probe_output_folder, read_config_json
+    from .speculative import read_prompt_lines
 
     try:  # everything that can be checked before the target's weights are loaded
-        texts = [t if isinstance(t, str) else t.get("text", "") for t in read_prompts(args.text)]
-        texts = [t for t in texts if isinstance(t, str) and t.strip()]
+        target_json, _ = read_config_json(args.target)
+        check_roles(target_json, None, args.target)
+        texts = []
+        for where, line in read_prompt_lines(args.text):
+            text = line.get("text") if isinstance(line, dict) else line
+            if not isinstance(text, str):
+                return _error(f"argument --text: {where}: expected a text line or a JSON object with a \"text\" string")
+            if text.strip():
+                texts.append(text)
         if not texts:
             return _error(f"argument --text: expected at least one non-empty document, {args.text} has none")
+        probe_output_folder(args.out, "argument --out")
         device = _device(args.device)
         from transformers import AutoConfig
 
         target_config = AutoConfig.from_pretrained(args.target).get_text_config()
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (InputError, OSError, UnicodeDecodeError, ValueError) as err:
         return _error(str(err))
     depth = getattr(target_config, "num_hidden_layers", None)
     if args.aux_layers and isinstance(depth, int) and max(args.aux_layers) > depth:
         return _error(f"argument --aux-layers: expected one-based ids <= {depth} (the target's depth), got "
                       f"{','.join(map(str, args.aux_layers))}")  # fmt: skip
+    limit = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(limit, int) and args.seq_len > limit:
+        return _error(f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
+    from .training import TrainingConfig, default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
 
+    ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
     try:  # what the user named must exist and load; a failure here is input, not a bug
         tokenizer = AutoTokenizer.from_pretrained(args.target)
+        sequences = tokenize_corpus(tokenizer, texts, args.seq_len)  # before the weights load
+        if sequences.shape[0] < args.batch_size:
+            return _error(f"argument --text: {args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens "
+                          f"(--seq-len); expected at least --batch-size {args.batch_size}")  # fmt: skip
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     except (OSError, ValueError) as err:
         return _error(str(err))
-    sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
-    if sequences.shape[0] < args.batch_size:
-        return _error(f"{args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens; need >= batch size")
-    ids = args.aux_layers
-    drafter = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=ids or None, fc_norm=not args.eagle3,
+    drafter = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3,
                                  norm_output=not args.eagle3)  # fmt: skip
     config = TrainingConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, depth=args.depth,
                             lr=args.lr, num_anchors=args.anchors, seed=args.seed)  # fmt: skip
@@ -646,8 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = add("demo", _demo, "speculative decoding on the embedded tiny pair: text, accept length, acceptance")
     demo.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="hf: the reference loop (default); vllm: vLLM with the plugin")
     demo.add_argument("--prompts", type=positive_int, default=8, metavar="N", help="held-out prompts to run (default 8)")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
-    demo.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round (default 3)")
+    demo.add_argument("--max-new-tokens", type=_bounded("max_new_tokens", "new tokens"), default=48, help="tokens per prompt (default 48)")
+    demo.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
 
     add("roster", _roster, "check the default (Kimi-K3) drafter against the published checkpoint's tensor roster")
@@ -708,9 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"])
     serve.add_argument("--target", default=DEFAULT_TARGET, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
     serve.add_argument("--draft", default=DEFAULT_DRAFT, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
-    serve.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per verification (default 3)")
-    serve.add_argument("--topk", type=positive_int, default=1, help="draft branches per step (default 1: a chain)")
-    serve.add_argument("--num-draft-tokens", type=positive_int, help="tokens verified per step (default: num-steps + 1)")
+    serve.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per verification (default 3)")
+    serve.add_argument("--topk", type=_bounded("topk", "draft branches"), default=1, help="draft branches per step (default 1: a chain)")
+    serve.add_argument("--num-draft-tokens", type=_bounded("num_draft_tokens", "tree size"), help="tokens verified per step (default: num-steps + 1)")
     serve.add_argument("--tp", type=positive_int, metavar="N", help="tensor-parallel size")
     serve.add_argument("--engine-version", type=version, metavar="V", help="check against this release (default: the newest known)")
     serve.add_argument("--json", action="store_true", help="machine-readable output")

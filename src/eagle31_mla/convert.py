@@ -575,6 +575,9 @@ def convert(
     dst = Path(dst).expanduser()
     if dst.is_symlink():
         dst = dst.resolve()  # write where the link points; the link itself stays
+    from .engines import probe_output_folder
+
+    probe_output_folder(dst, "DST")  # a destination that cannot be created fails before any work
     counts = read_token_counts(token_counts) if token_counts is not None else None  # read before the model
     try:
         folder = resolve_model_folder(src)
@@ -640,6 +643,7 @@ def convert(
         # 3. The plan: every output tensor with its dtype and shape, in a fixed order.
         expected = {name: tuple(t.shape) for name, t in Eagle31MLAForCausalLM.on_meta_device(config).state_dict().items()}
         planned = []
+        watch: dict[str, dict[str, int]] = {"nonfinite": {}, "overflow": {}, "underflow": {}}  # tensor -> count
         for name in expected:
             if name in ("d2t", "t2d"):
                 continue
@@ -649,7 +653,8 @@ def convert(
                 ranges = lambda begin=begin, length=length: _row_ranges(begin, length // entries["lm_head.weight"][2][0], rows)  # noqa: E731
             else:
                 ranges = lambda begin=begin, length=length: _ranges(begin, length, CHUNK_BYTES)  # noqa: E731
-            chunks = lambda f=f, ranges=ranges, src=src, out=out: (_cast(_read_bytes(f, a, n), src, out) for a, n in ranges())  # noqa: E731
+            chunks = lambda f=f, ranges=ranges, src=src, out=out, name=name: (  # noqa: E731
+                _cast_watched(name, _read_bytes(f, a, n), src, out, watch) for a, n in ranges())
             planned.append(_Planned(name, out, expected[name], chunks, src))
         if "d2t" in expected:
             targets = torch.tensor(kept_targets if kept_targets is not None else source_targets, dtype=torch.long)
@@ -693,20 +698,33 @@ def convert(
         keep = _check_destination(dst, folder, force, written)
 
         # 5. The new folder, beside DST; swapped in whole once complete and read back.
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.parent / f".{dst.name}{_TMP}new-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.parent / f".{dst.name}{_TMP}new-{os.getpid()}-{secrets.token_hex(4)}"
+            tmp.mkdir()
+        except OSError as err:
+            raise InputError(f"cannot write DST {dst}: {err.strerror or err}") from None
         committed = False
         try:
             (tmp / MARKER).write_bytes(_json_bytes({"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname(),
                                                    "files": sorted({*written, MANIFEST})}))  # fmt: skip
-            overflow: dict[str, int] = {}
             bar = _progress(total, progress)
             try:
                 for file, shard in zip(names, shards):
-                    _write_safetensors(tmp / file, _watch_overflow(shard, overflow), st_names, bar.update)
+                    _write_safetensors(tmp / file, shard, st_names, bar.update)
             finally:
                 bar.close()
+            if watch["nonfinite"]:  # the loader's rule (it refuses NaN / inf weights by name): refused here too
+                bad = watch["nonfinite"]
+                raise ConvertError(f"{sum(bad.values()):,} NaN or inf value(s) in {len(bad)} tensor(s) of the source: "
+                                   + ", ".join(f"{entries[n][1]!r} ({c:,})" for n, c in bad.items())
+                                   + f"; the converted drafter would not load. Nothing was written to {dst}")  # fmt: skip
+            overflow = watch["overflow"]
+            if watch["underflow"]:
+                under = watch["underflow"]
+                notes.append(f"--dtype {str(out_dtype).removeprefix('torch.')}: {sum(under.values()):,} nonzero value(s) in "
+                             f"{len(under)} tensor(s) are below its smallest subnormal (~6e-8) and became 0 "
+                             f"(first: {next(iter(under))})")  # fmt: skip
             if overflow:
                 count = sum(overflow.values())
                 raise InputError(f"--dtype float16: {count:,} value(s) in {len(overflow)} tensor(s) exceed float16's range "
@@ -734,22 +752,29 @@ def convert(
     return ConvertResult(dst, written, len(planned), total, layout, config.vocab_size, config.draft_vocab_size, notes)
 
 
-def _watch_overflow(shard: list[_Planned], overflow: dict[str, int]) -> list[_Planned]:
-    """The shard's tensors, each float16 one counting (into ``overflow``) source values beyond float16's range."""
+def _cast_watched(name: str, data: bytes, src, out, watch: dict[str, dict[str, int]]):
+    """:func:`_cast`, counting into ``watch`` (by tensor) the source's NaN / inf values (the loader's
+    finiteness probe, one fused min/max per chunk) and, casting to float16, values beyond its range
+    (overflow: they become inf) and nonzero values below its smallest subnormal (underflow: they become 0)."""
     import torch
 
-    def watched(p: _Planned) -> _Planned:
-        def chunks():
-            for chunk in p.chunks():
-                values = torch.frombuffer(bytearray(chunk if isinstance(chunk, bytes) else chunk.tobytes()), dtype=p.dtype)
-                count = int(torch.isinf(values).sum())
-                if count:
-                    overflow[p.name] = overflow.get(p.name, 0) + count
-                yield chunk
+    from .modeling_eagle31_mla import _finite_probe
 
-        return replace(p, chunks=chunks)
-
-    return [watched(p) if p.dtype == torch.float16 and p.source_dtype not in (None, torch.float16) else p for p in shard]
+    if not src.is_floating_point:
+        return _cast(data, src, out)
+    values = torch.frombuffer(bytearray(data), dtype=src)
+    if not bool(torch.isfinite(_finite_probe(values)).all()):
+        watch["nonfinite"][name] = watch["nonfinite"].get(name, 0) + int((~torch.isfinite(values)).sum())
+    if src == out:
+        return data
+    cast = values.to(out)
+    if out == torch.float16 and src != torch.float16:
+        over = int((torch.isinf(cast) & torch.isfinite(values)).sum())
+        under = int(((cast == 0) & (values != 0)).sum())
+        for key, count in (("overflow", over), ("underflow", under)):
+            if count:
+                watch[key][name] = watch[key].get(name, 0) + count
+    return cast.view(torch.uint8).numpy()
 
 
 def _progress(total: int, enabled: bool):

@@ -10,7 +10,7 @@ so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["DEMO_DIR", "DemoResult", "cpu_servable_target_config", "demo_prompts", "run_demo", "train_byte_level_bpe"]
@@ -28,6 +28,7 @@ class DemoResult:
     num_rounds: int
     num_generated_tokens: int
     seconds: float
+    notes: list[str] = field(default_factory=list)
 
     def report(self, show: int = 2) -> str:
         lines = [f"engine: {self.engine}, {len(self.prompts)} held-out prompts, {self.num_generated_tokens} tokens "
@@ -38,6 +39,7 @@ class DemoResult:
                       f"(ceiling {len(self.acceptance_per_position) + 1}; {self.num_rounds} rounds)",  # fmt: skip
                   "acceptance by draft position: "
                   + ", ".join(f"{j + 1}: {rate:.2f}" for j, rate in enumerate(self.acceptance_per_position))]  # fmt: skip
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -119,7 +121,7 @@ def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .speculative import AcceptanceStats, measure_acceptance
+    from .speculative import AcceptanceStats, context_limit, measure_acceptance
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
@@ -134,9 +136,12 @@ def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
         torch.set_num_threads(threads)
     stats = AcceptanceStats.from_dict(result["total"])
     outputs = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
+    limited = sum(r["context_limited"] for r in result["requests"])
+    notes = [f"{limited} prompt(s) stopped at the context limit of {context_limit(target, drafter)} positions "
+             "(max_position_embeddings) before --max-new-tokens"] if limited else []  # fmt: skip
     return DemoResult("hf (reference loop)", prompts, outputs, stats.mean_accept_length,
                       stats.acceptance_rate_per_position, stats.num_rounds, stats.num_generated_tokens,
-                      time.perf_counter() - start)  # fmt: skip
+                      time.perf_counter() - start, notes)  # fmt: skip
 
 
 def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:

@@ -37,6 +37,7 @@ from .engines import (
     sglang_capture,
     sglang_nested_form,
     tokenspeed_capture,
+    _int,
     token_ids,
     tokenspeed_flag_form,
     vllm_capture,
@@ -69,6 +70,7 @@ CHECKS: dict[str, str] = {
     ),
     "vocab-size-mismatch": "draft and target vocabularies differ",
     "hidden-size-mismatch": "the draft's target_hidden_size is not the target's hidden size",
+    "target-depth-mismatch": "the draft's recorded target_num_hidden_layers is not the target's depth",
     "bos-eos-mismatch": "draft and target disagree on bos/eos token ids",
     "vllm-ids-convention": "vLLM reads the draft's ids in the other convention: one layer off",
     "vllm-nested-ids-ignored": "vLLM 0.20/0.21 ignore nested eagle_config ids: the target's default is captured",
@@ -265,6 +267,7 @@ class _Draft:
     model_type: str | None
     vocab_size: int | None
     target_hidden_size: int | None
+    target_num_hidden_layers: int | None
     fc_norm: bool
     norm_output: bool
     bos_token_id: int | None
@@ -288,6 +291,7 @@ def _read_draft(draft: Mapping[str, Any], add, draft_name: str, ids_error: str |
         model_type=raw.get("model_type"),
         vocab_size=source.get("vocab_size"),
         target_hidden_size=source.get("target_hidden_size") or hidden,
+        target_num_hidden_layers=_int(source.get("target_num_hidden_layers")),
         fc_norm=bool(source.get("fc_norm", False)),
         norm_output=bool(source.get("norm_output", False)),
         bos_token_id=source.get("bos_token_id"),
@@ -390,6 +394,12 @@ def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: st
                     f"hidden_size is {target.hidden_size}: its fc takes n x {d.target_hidden_size} captured values",
                     "serve the drafter with the target it was trained for (if the draft config just lacks "
                     '"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
+    if d.target_num_hidden_layers is not None and target.num_layers is not None and d.target_num_hidden_layers != target.num_layers:
+        add(Finding("target-depth-mismatch", f"the draft records target_num_hidden_layers {d.target_num_hidden_layers} "
+                    f"(the target it was trained for), {target.name} has {target.num_layers} layers: its aux layers "
+                    "would be read at other depths of another model",
+                    "serve the drafter with the target it was trained for (if the draft config's "
+                    '"target_num_hidden_layers" is wrong, set it to the training target\'s layer count)'))  # fmt: skip
     wrong = []
     if d.bos_token_id is not None and target.bos_token_id is not None and d.bos_token_id != target.bos_token_id:
         wrong.append(f"bos {d.bos_token_id} vs {target.bos_token_id}")

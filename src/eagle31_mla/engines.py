@@ -124,6 +124,47 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
     return config, str(file)
 
 
+def looks_like_a_drafter(config: Mapping[str, Any]) -> bool:
+    """Whether a ``config.json`` describes an EAGLE drafter rather than a target model: an ``Eagle``
+    architecture (``Eagle3DeepseekV2ForCausalLM``, ``LlamaForCausalLMEagle3``, ...) or the EAGLE keys
+    (``eagle_aux_hidden_state_layer_ids``, ``eagle_config``). A drafter's ``model_type`` says nothing
+    (the published one says ``kimi_k2``)."""
+    architectures = config.get("architectures")
+    names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+    return any("eagle" in a.lower() for a in names) or "eagle_aux_hidden_state_layer_ids" in config or "eagle_config" in config
+
+
+def check_roles(target: Mapping[str, Any] | None, draft: Mapping[str, Any] | None, target_name: str = "",
+                draft_name: str = "") -> None:  # fmt: skip
+    """Refuse (InputError, one line) a drafter given as --target or a target model given as --draft,
+    from their config.json alone, before anything is loaded."""
+    if target is not None and looks_like_a_drafter(target):
+        raise InputError(f"argument --target: {target_name} is an EAGLE drafter (its config.json has EAGLE "
+                         "architectures / aux-layer keys); expected the target model it drafts for")  # fmt: skip
+    if draft is not None and not looks_like_a_drafter(draft):
+        arch = (draft.get("architectures") or ["?"]) if isinstance(draft.get("architectures"), list) else ["?"]
+        raise InputError(f"argument --draft: {draft_name} is not an EAGLE drafter (architectures {arch}, no "
+                         "eagle_aux_hidden_state_layer_ids); is it the target model?")  # fmt: skip
+
+
+def probe_output_folder(path: str | Path, what: str) -> None:
+    """Create (and remove) a probe folder where the output folder ``path`` will go (its nearest existing
+    ancestor), as the write will: some folders pass ``os.access`` and still refuse (/proc, read-only
+    mounts). Raises InputError naming ``what`` (e.g. "argument --out") before any work is done."""
+    import os
+    import tempfile
+
+    target = Path(path).expanduser().absolute()
+    parent = target if target.is_dir() else target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".eagle31-mla-probe-", dir=parent))
+    except OSError as err:
+        raise InputError(f"{what}: cannot create {target} ({parent} refuses new folders: {err.strerror or err}); "
+                         "expected a writable location") from None  # fmt: skip
+
+
 def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 

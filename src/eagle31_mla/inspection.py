@@ -20,16 +20,28 @@ __all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
 def _local_config_file(path_or_id: str) -> Path | None:
     path = Path(path_or_id)
     file = path / "config.json" if path.is_dir() else path
-    return file if file.is_file() or file.is_symlink() else None
+    return file if file.exists() or file.is_symlink() else None
 
 
 def _read_config(path_or_id: str) -> tuple[dict, str]:
     """The config dict and its file. :class:`ConfigError` for a config.json that is JSON but cannot be a
     config (null, not an object, nested too deeply, a dangling link): the drafter is refused. Unreadable
     input (no such folder, not JSON) stays an :class:`InputError`."""
-    from .configuration_eagle31_mla import MAX_CONFIG_DEPTH, ConfigError, check_config_dict, read_config_file
+    from .configuration_eagle31_mla import (MAX_CONFIG_DEPTH, ConfigError, DuplicateKeyError, check_config_dict, loads_json,
+                                            not_a_regular_file, read_config_file)
     from .engines import InputError
 
+    local = _local_config_file(path_or_id)
+    if local is not None:  # before any reader opens it: a FIFO would block, /dev/zero never end
+        kind = not_a_regular_file(local)
+        if kind:
+            raise ConfigError(f"{local} is {kind}; expected a regular file (the drafter's config.json)")
+        try:
+            loads_json(local.read_text(encoding="utf-8"))
+        except DuplicateKeyError as err:  # a JSON reader would keep the last value silently
+            raise ConfigError(f"{local} {err.describe()}") from None
+        except (OSError, ValueError, RecursionError):
+            pass  # reported below, as before
     try:
         raw, file = read_config_json(path_or_id)
     except InputError:

@@ -250,7 +250,10 @@ class LatentKVCache:
         if not isinstance(length, numbers.Integral) or isinstance(length, bool):
             raise DraftInputError(f"`length` is a {type(length).__name__}; expected an int number of tokens to keep")
         if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+            raise DraftInputError(
+                f"`length` is {length}; expected an int in [0, {self.length}] (the cache holds {self.length} tokens; "
+                "crop keeps the first `length` of them and cannot add any)"
+            )
         self.length = length
 
     def nbytes_per_token(self) -> int:
@@ -637,6 +640,13 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         latent = cache.latent
         if latent is None:  # an empty cache that allocates on first use (training's ConcatKVCache)
             return
+        length, capacity = cache.get_seq_length(), latent.shape[1] if latent.dim() == 3 else 0
+        if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 <= length <= capacity:
+            raise DraftInputError(
+                f"`past_key_values` has length {_describe(length) if not isinstance(length, numbers.Integral) else length}, "
+                f"outside [0, {capacity}] (its capacity); expected a cache whose length only the drafter's calls and "
+                "`crop` changed (a cache edited by hand would be read wrongly)"
+            )
         rank = cache.kv_lora_rank if cache.kv_lora_rank is not None else latent.shape[-1] - config.qk_rope_head_dim
         rope = latent.shape[-1] - rank
         problems = []
@@ -819,7 +829,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         ``allow_pickle=True`` reads a local folder's pickle weights with ``torch.load(weights_only=True)``
         (tensors only; anything else in the file is refused), converts them to safetensors in a temporary
         folder, and loads that through the same checks."""
-        from .configuration_eagle31_mla import ConfigError, read_config_file, resolve_dtype
+        from .configuration_eagle31_mla import ConfigError, not_a_regular_file, read_config_file, resolve_dtype
 
         if model_args:
             raise TypeError(f"unexpected positional arguments {model_args!r}")
@@ -834,12 +844,21 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         # checked before any download: a floating dtype by a known name, or "auto" (the config's)
         wanted = {"dtype": resolve_dtype(dtype, "dtype", allow_auto=True),
                   "torch_dtype": resolve_dtype(torch_dtype, "torch_dtype", allow_auto=True)}  # fmt: skip
+        if dtype is not None and torch_dtype is not None and wanted["dtype"] != wanted["torch_dtype"]:
+            shown = {k: str(v).removeprefix("torch.") if v is not None else "auto" for k, v in wanted.items()}
+            raise ConfigError(
+                f"from_pretrained got two dtypes: `dtype` {shown['dtype']!r} and `torch_dtype` {shown['torch_dtype']!r}; "
+                "they must agree (keep one: `dtype`, the Transformers-5 name)"
+            )
         folder = resolve_model_folder(
             pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
             local_files_only=local_files_only, token=token, allow_pickle=allow_pickle,
         )  # fmt: skip
         if config is None:
             config_file = folder / "config.json"
+            kind = not_a_regular_file(config_file)
+            if kind:  # never opened: a FIFO would block, a device would never end
+                raise ConfigError(f"{config_file} is {kind}; expected a regular file (the drafter's config.json)")
             if not config_file.is_file() and not config_file.is_symlink():
                 raise ConfigError(f"{folder} has no config.json (the drafter's settings; expected next to the weights)")
             read_config_file(config_file)  # null, not JSON, too deep, a dangling link: refused by name
@@ -995,10 +1014,20 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
     An index may only name files inside ``folder`` (no absolute path, no ``..``); a weight file that is
     a symlink to nothing (an interrupted download) is reported as such."""
 
+    from .configuration_eagle31_mla import DuplicateKeyError, loads_json, not_a_regular_file
+
+    def refuse_irregular(path: Path, what: str, expected: str, shown: str | None = None) -> None:
+        kind = not_a_regular_file(path)
+        if kind:  # never opened: a FIFO would block the loader, /dev/zero would never end
+            raise CheckpointError(f"{what} {shown or path.name!r} in {folder} is {kind}; expected a regular file ({expected})")
+
     def shards(index: Path) -> list[Path]:
         expected = f"{index.name} is not a valid index: expected JSON with a `weight_map` of tensor name -> file"
+        refuse_irregular(index, "weight index", "JSON with a `weight_map`")
         try:
-            data = json.loads(index.read_text())
+            data = loads_json(index.read_text())
+        except DuplicateKeyError as err:
+            raise CheckpointError(f"{index.name} in {folder} {err.describe()}") from None
         except (ValueError, RecursionError, OSError) as err:
             raise CheckpointError(f"{expected} ({type(err).__name__}: {str(err)[:200]})") from None
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -1023,6 +1052,8 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
         dangling = [f for f in files if _dangling(folder / f)]
         if dangling:
             raise _dangling_error(folder / dangling[0], f"{index.name} names shard")
+        for f in files:
+            refuse_irregular(folder / f, f"{index.name} names shard", "a safetensors file", f)
         absent = [f for f in files if not (folder / f).is_file()]
         if absent:
             raise CheckpointError(
@@ -1033,6 +1064,10 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
     for name in ("model.safetensors.index.json", "model.safetensors"):
         if _dangling(folder / name):
             raise _dangling_error(folder / name, "weight file")
+        if name.endswith(".json"):
+            refuse_irregular(folder / name, "weight index", "JSON with a `weight_map`")
+        else:
+            refuse_irregular(folder / name, "weight file", "the drafter's weights in safetensors format")
     if (folder / "model.safetensors.index.json").is_file():
         return shards(folder / "model.safetensors.index.json")
     if (folder / "model.safetensors").is_file():
@@ -1047,6 +1082,7 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
             file = folder / ("pytorch_model.bin" if "pytorch_model.bin" in pickles else pickles[0])
             if _dangling(file):
                 raise _dangling_error(file, "weight file")
+            refuse_irregular(file, "weight file", "a pickle state dict")
             return [file]
         raise CheckpointError(
             f"{folder} holds several pickle files ({', '.join(pickles)}) and no pytorch_model.bin.index.json "
@@ -1109,8 +1145,11 @@ def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int
                     sl = f.get_slice(name)
                     canonical = canonical_tensor_name(name)
                     if canonical in entries:
+                        first_file, first = entries[canonical][:2]
+                        where = (f"in {file.name}" if first_file == file else
+                                 f"in two files: {first!r} in {first_file.name}, {name!r} in {file.name}")  # fmt: skip
                         raise CheckpointError(
-                            f"tensors {entries[canonical][1]!r} and {name!r} both map to {canonical!r}; expected one "
+                            f"tensors {first!r} and {name!r} both map to {canonical!r} ({where}); expected one "
                             "tensor per name (keep one)"
                         )
                     entries[canonical] = (file, name, tuple(sl.get_shape()), sl.get_dtype())
@@ -1139,17 +1178,25 @@ def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
     if derive_t2d:  # t2d is a function of d2t; vLLM ignores it and many exports omit it
         logger.info("checkpoint has 'd2t' but no 't2d'; deriving t2d from d2t")
     problems = []
+    stored_norms = sum(1 for n in entries if n.startswith("fc_norm."))
+    aux_count = (f" (the checkpoint has {stored_norms} fc_norm weight(s), one per aux state, but the config names "
+                 f"{config.num_aux_hidden_states} aux layers, {config.aux_layer_ids.describe()}: expected as many "
+                 "aux-layer ids in config.json as the checkpoint was trained with)")  # fmt: skip
     for name in sorted(set(expected) - set(entries) - ({"t2d"} if derive_t2d else set())):
         hint = ""
-        if name.startswith("fc_norm."):
+        if name.startswith("fc_norm.") and stored_norms:
+            hint = aux_count
+        elif name.startswith("fc_norm."):
             hint = " (config says fc_norm: true, EAGLE-3.1; an EAGLE-3 checkpoint needs fc_norm: false)"
         elif name in ("d2t", "t2d"):
             hint = f" (draft_vocab_size {config.draft_vocab_size} < vocab_size {config.vocab_size} needs the vocab map)"
         problems.append(f"missing tensor {name!r}, expected shape {list(expected[name])}{hint}")
     for name in sorted(set(entries) - set(expected)):
         hint = ""
-        if name.startswith("fc_norm."):
+        if name.startswith("fc_norm.") and not config.fc_norm:
             hint = " (the checkpoint is EAGLE-3.1: set fc_norm: true in config.json)"
+        elif name.startswith("fc_norm."):
+            hint = aux_count
         elif name in ("d2t", "t2d"):
             hint = " (a vocab map, but config draft_vocab_size equals vocab_size)"
         problems.append(f"unexpected tensor {entries[name][1]!r}: the drafter this config describes has no such tensor{hint}")
@@ -1197,6 +1244,8 @@ def load_checkpoint_state(folder: Path, model: nn.Module, *, dtype: torch.dtype,
                     probes.append((name, _finite_probe(tensor)))
                 state[name] = tensor
     _check_finite(folder, probes, state, entries, dtype)
+    if "d2t" in state:  # before deriving t2d from it: an offset beyond the vocabulary is refused, not indexed
+        _check_vocab_range(state["d2t"], config)
     if derive_t2d:
         state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool, device=device)
         state["t2d"][torch.arange(config.draft_vocab_size, device=device) + state["d2t"]] = True
@@ -1247,14 +1296,20 @@ def _check_finite(folder: Path, probes: list[tuple[str, torch.Tensor]], state: d
 _ST_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
-def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, config: Eagle31MLAConfig) -> None:
+def _check_vocab_range(d2t: torch.Tensor, config: Eagle31MLAConfig) -> None:
     target = torch.arange(d2t.numel(), device=d2t.device) + d2t
     if target.numel() and (int(target.min()) < 0 or int(target.max()) >= config.vocab_size):
+        beyond = int(((target < 0) | (target >= config.vocab_size)).sum())
         raise CheckpointError(
-            f"tensor 'd2t' maps draft ids to target ids in [{int(target.min())}, {int(target.max())}], outside "
-            f"[0, {config.vocab_size}): expected every target id in [0, {config.vocab_size}) (d2t holds offsets: "
-            "target_id = draft_id + d2t[draft_id])"
+            f"tensor 'd2t' maps draft ids to target ids in [{int(target.min())}, {int(target.max())}] ({beyond} of "
+            f"{target.numel()} outside [0, {config.vocab_size})): expected every target id in [0, {config.vocab_size}) "
+            "(d2t holds offsets: target_id = draft_id + d2t[draft_id])"
         )
+
+
+def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, config: Eagle31MLAConfig) -> None:
+    _check_vocab_range(d2t, config)
+    target = torch.arange(d2t.numel(), device=d2t.device) + d2t
     if target.unique().numel() != target.numel():
         raise CheckpointError("tensor 'd2t' maps two draft ids to the same target id; expected distinct target ids")
     expected_t2d = torch.zeros(config.vocab_size, dtype=torch.bool, device=d2t.device)

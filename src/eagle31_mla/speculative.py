@@ -74,6 +74,12 @@ __all__ = [
     "accept_chain",
     "accept_tree",
     "read_prompts",
+    "read_prompt_lines",
+    "check_prompt_shape",
+    "prompt_token_ids",
+    "context_limit",
+    "PromptError",
+    "DRAFTING_LIMITS",
 ]
 
 
@@ -262,11 +268,25 @@ class AcceptanceStats:
 
 @dataclass
 class SpeculativeOutput:
-    """``tokens``: the new tokens; ``accepted_per_round``: drafts accepted at each verification."""
+    """``tokens``: the new tokens; ``accepted_per_round``: drafts accepted at each verification;
+    ``finish_reason``: "stop" (an EOS token) or "length" (``max_new_tokens``, or the context limit:
+    then ``context_limited`` is True)."""
 
     tokens: list[int]
     stats: AcceptanceStats
     accepted_per_round: list[int]
+    finish_reason: str = "length"
+    context_limited: bool = False
+
+
+def context_limit(target, drafter) -> int:
+    """The most tokens (prompt + generated) one sequence may hold: the smaller of the target's and the
+    drafter's ``max_position_embeddings`` (what an engine's ``max_model_len`` defaults to)."""
+    limits = [drafter.config.max_position_embeddings]
+    target_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if _is_int(target_limit) and target_limit > 0:
+        limits.append(target_limit)
+    return min(limits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -496,14 +516,21 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+#: Upper bounds of the drafting counts (the CLI's types and :func:`_check_settings` share them): far
+#: above any useful setting (engines draft <= ~10 steps, trees of <= a few hundred nodes), low enough
+#: that a typo fails at once instead of exhausting memory.
+DRAFTING_LIMITS = {"num_steps": 64, "topk": 64, "num_draft_tokens": 4096, "max_new_tokens": 10_000_000}
+
+
 def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens=1) -> tuple[bool, int]:
     """Settings of the loop, checked before any compute (sampling ones by the library-wide rule,
     :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`)."""
     for name, value, low in (("num_steps", num_steps, 1), ("topk", topk, 1), ("max_new_tokens", max_new_tokens, 1)):
-        if not _is_int(value) or value < low:
-            raise DraftInputError(f"`{name}` is {value!r}; expected an int >= {low}")
-    if num_draft_tokens is not None and not _is_int(num_draft_tokens):
-        raise DraftInputError(f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int (root included) or None")
+        if not _is_int(value) or not low <= value <= DRAFTING_LIMITS[name]:
+            raise DraftInputError(f"`{name}` is {value!r}; expected an int in [{low}, {DRAFTING_LIMITS[name]}]")
+    if num_draft_tokens is not None and not (_is_int(num_draft_tokens) and num_draft_tokens <= DRAFTING_LIMITS["num_draft_tokens"]):
+        raise DraftInputError(f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int <= "
+                              f"{DRAFTING_LIMITS['num_draft_tokens']} (root included) or None")  # fmt: skip
     if tree is not None and not isinstance(tree, bool):
         raise DraftInputError(f"`tree` is {tree!r}; expected a bool or None (None: topk > 1)")
     if not 1 <= topk <= drafter.config.draft_vocab_size:
@@ -592,10 +619,19 @@ def speculative_generate(
     """Generate up to ``max_new_tokens`` after one prompt (``input_ids`` [1, n] or a list) with EAGLE
     speculative decoding; stops after any of ``eos_token_id``. ``tree`` defaults to ``topk > 1``;
     ``tree=True`` with ``topk=1`` runs the tree code on a chain (it equals chain drafting when greedy).
-    ``num_draft_tokens`` counts the root, as SGLang's flag does (chain: num_steps + 1)."""
+    ``num_draft_tokens`` counts the root, as SGLang's flag does (chain: num_steps + 1).
+
+    Generation stops at the context limit (:func:`context_limit`, as an engine stops at ``max_model_len``;
+    ``finish_reason`` "length", ``context_limited`` True): a verification round runs only when all it can
+    emit fits, and the last few tokens before the limit are decoded by the target alone (they count as
+    generated tokens, not as rounds, so the acceptance statistics cover full rounds only)."""
     tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens)
     _check_pair(target, drafter)
     prompt = _prompt_tensor(input_ids, target.config.get_text_config().vocab_size)
+    limit = context_limit(target, drafter)
+    if prompt.shape[1] >= limit:
+        raise DraftInputError(f"the prompt has {prompt.shape[1]} tokens; expected fewer than the context limit of "
+                              f"{limit} positions (max_position_embeddings), leaving room for a new token")  # fmt: skip
     if tree and getattr(target.config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
         raise ValueError(
             f"tree verification passes a custom 4-D attention mask, which {target.config._attn_implementation!r} "
@@ -619,8 +655,17 @@ def speculative_generate(
         pending_ids = torch.cat([prompt[:, 1:], prompt.new_tensor([[token]])], dim=1)  # [1, n]
         pending_aux = aux  # [1, n, n·Ht]
         draft_cache = None
+        context_limited = False
         while len(out) < max_new_tokens and token not in eos:
             L = tgt.cache.get_seq_length()  # committed tokens in the target cache; `token` (position L) is not yet
+            if L + 1 >= limit:  # the sequence (L committed + `token`) fills the context
+                context_limited = True
+                break
+            if L + 1 + num_steps + 1 > limit:  # a full round could emit past the limit: the target alone
+                logits, _ = tgt.forward(prompt.new_tensor([[token]]), torch.tensor([[L]], device=device))
+                token = int(_sample(sampling_probs(logits[:, -1], temperature, top_p), generator))
+                out.append(token)
+                continue
             # 1. draft (the drafter first catches up on the committed tokens' true target states)
             if not tree:
                 d = drafter.draft(pending_ids.to(draft_device), pending_aux.to(draft_device, draft_dtype), num_steps,
@@ -671,7 +716,8 @@ def speculative_generate(
                 out.append(tok)
                 token = tok
         stats.num_generated_tokens = len(out)
-    return SpeculativeOutput(out, stats, accepted_per_round)
+    context_limited = context_limited or (token not in eos and len(out) < max_new_tokens)
+    return SpeculativeOutput(out, stats, accepted_per_round, "stop" if token in eos else "length", context_limited)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -679,43 +725,130 @@ def speculative_generate(
 # ----------------------------------------------------------------------------------------------
 
 
-def read_prompts(path: str | Path) -> list[Any]:
-    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
-    or a bare string / list of ids) or plain text (one prompt per non-empty line)."""
+PROMPT_SHAPES = ('a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
+                 '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)')
+
+
+class PromptError(ValueError):
+    """A prompt of a prompts file (or the Python API) that has none of the accepted shapes, or ids
+    outside the target's vocabulary: one line naming the file and line."""
+
+
+def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
+    """``(where, prompt)`` for every prompt of a prompts file, ``where`` being ``file:line``: JSONL
+    (``.jsonl`` / ``.json``: one JSON value per line, each of :data:`PROMPT_SHAPES`, checked here) or
+    plain text (one prompt per non-empty line). The file must be UTF-8 text."""
     path = Path(path)
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptError(f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not") from None
+    lines = [(f"{path}:{i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if path.suffix not in (".jsonl", ".json"):
         return lines
     prompts = []
-    for i, line in enumerate(lines, 1):
+    for where, line in lines:
         try:
-            prompts.append(json.loads(line))
+            prompt = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{i}: not a JSON line ({err})") from None
+            raise PromptError(f"{where}: not a JSON line ({err})") from None
+        check_prompt_shape(prompt, where)
+        prompts.append((where, prompt))
     return prompts
 
 
-def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
-    """Token ids of one prompt: ids as they are, text through the tokenizer, chat messages through its template."""
-    if isinstance(prompt, dict):
-        if "input_ids" in prompt:
-            return _prompt_ids(prompt["input_ids"], tokenizer)
-        if "messages" in prompt:
-            if tokenizer is None:
-                raise ValueError("chat `messages` prompts need a tokenizer")
-            ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        for key in ("prompt", "text"):
-            if key in prompt:
-                return _prompt_ids(prompt[key], tokenizer)
-        raise ValueError(f"a prompt object needs `prompt`, `messages` or `input_ids`; got keys {sorted(prompt)}")
+def read_prompts(path: str | Path) -> list[Any]:
+    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
+    or a bare string / list of ids) or plain text (one prompt per non-empty line); every line's shape
+    is checked (:func:`read_prompt_lines`)."""
+    return [prompt for _, prompt in read_prompt_lines(path)]
+
+
+def _id_list_problem(ids: Any, vocab_size: int | None = None) -> str | None:
+    """Why ``ids`` is not a non-empty list of int token ids (within ``vocab_size`` when given), or None."""
+    if not isinstance(ids, (list, tuple)):
+        return f"a {type(ids).__name__}, not a list of token ids"
+    if not ids:
+        return "an empty list (a prompt needs at least one token)"
+    for i, value in enumerate(ids):
+        if not _is_int(value):
+            return f"{value!r} ({'bool' if isinstance(value, bool) else type(value).__name__}) at index {i}, not an int token id"
+        if vocab_size is not None and not 0 <= value < vocab_size:
+            return f"token id {value} at index {i}, outside the target's vocabulary [0, {vocab_size})"
+    return None
+
+
+def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
+    """Refuse a prompt of none of :data:`PROMPT_SHAPES` (ids must be JSON ints: no bools, floats or strings)."""
+
+    def refuse(what: str):
+        raise PromptError(f"{where}: {what}; expected {PROMPT_SHAPES}")
+
     if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ValueError("text prompts need a tokenizer")
-        return list(tokenizer(prompt)["input_ids"])
+        if not prompt.strip():
+            refuse("an empty prompt")
+        return
+    if isinstance(prompt, list):
+        problem = _id_list_problem(prompt)
+        if problem:
+            refuse(f"a list holding {problem}" if prompt else problem)
+        return
+    if not isinstance(prompt, dict):
+        refuse(f"{json.dumps(prompt) if prompt is None or isinstance(prompt, (int, float, bool)) else type(prompt).__name__}")
+    keys = [key for key in ("input_ids", "messages", "prompt", "text") if key in prompt]
+    if not keys:
+        refuse(f"an object with keys {sorted(prompt)}")
+    if len(keys) > 1:
+        refuse(f"an object with both {keys[0]!r} and {keys[1]!r} (which one is the prompt?)")
+    key, value = keys[0], prompt[keys[0]]
+    if key == "input_ids":
+        problem = _id_list_problem(value)
+        if problem:
+            refuse(f'"input_ids" is {problem}')
+    elif key == "messages":
+        if not isinstance(value, list) or not value:
+            refuse(f'"messages" is {json.dumps(value)[:60] if not isinstance(value, list) else "an empty list"}')
+        for i, message in enumerate(value):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), (str, list))):  # fmt: skip
+                refuse(f'"messages"[{i}] is {json.dumps(message)[:60]}, not a {{"role": str, "content": str}} object')
+    elif not isinstance(value, str) or not value.strip():
+        refuse(f'"{key}" is {json.dumps(value)[:60]}, not a non-empty string')
+
+
+def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None, where: str = "prompt") -> list[int]:
+    """Token ids of one prompt, checked: its shape (:func:`check_prompt_shape`), ids within ``vocab_size``;
+    text through the tokenizer, chat messages through its chat template (a tokenizer without one is
+    refused by name)."""
     if isinstance(prompt, torch.Tensor):
-        return prompt.reshape(-1).tolist()
-    return [int(i) for i in prompt]
+        return _prompt_tensor(prompt, vocab_size or 2**62)[0].tolist()
+    check_prompt_shape(prompt, where)
+    if isinstance(prompt, dict):
+        key = next(key for key in ("input_ids", "messages", "prompt", "text") if key in prompt)
+        if key == "messages":
+            if tokenizer is None:
+                raise PromptError(f"{where}: chat `messages` prompts need a tokenizer")
+            if not getattr(tokenizer, "chat_template", None):
+                raise PromptError(f"{where}: the target's tokenizer has no chat template; give `prompt` or `input_ids`")
+            ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        else:
+            return prompt_token_ids(prompt[key], tokenizer, vocab_size, where)
+    elif isinstance(prompt, str):
+        if tokenizer is None:
+            raise PromptError(f"{where}: text prompts need a tokenizer")
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        ids = list(prompt)
+    problem = _id_list_problem(ids, vocab_size)
+    if problem:
+        raise PromptError(f"{where}: the prompt's ids hold {problem}")
+    return ids
+
+
+def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
+    """Token ids of one prompt (:func:`prompt_token_ids` without a vocabulary bound)."""
+    return prompt_token_ids(prompt, tokenizer)
 
 
 def _default_eos(target) -> list[int]:
@@ -761,13 +894,14 @@ def measure_acceptance(
     requests = []
     bar = tqdm(prompts, desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
     for i, prompt in enumerate(bar):
-        ids = _prompt_ids(prompt, tokenizer)
+        ids = prompt_token_ids(prompt, tokenizer, target.config.get_text_config().vocab_size, f"prompt {i}")
         result = speculative_generate(
             target, drafter, ids, max_new_tokens=max_new_tokens, num_steps=num_steps, topk=topk,
             num_draft_tokens=num_draft_tokens, temperature=temperature, top_p=top_p, eos_token_id=eos, generator=generator,
         )  # fmt: skip
         total = result.stats if total is None else total + result.stats
-        requests.append({"index": i, "num_prompt_tokens": len(ids), **result.stats.to_dict(), "output_ids": result.tokens})
+        requests.append({"index": i, "num_prompt_tokens": len(ids), **result.stats.to_dict(), "output_ids": result.tokens,
+                         "finish_reason": result.finish_reason, "context_limited": result.context_limited})  # fmt: skip
         bar.set_postfix(accept_length=f"{total.mean_accept_length:.3f}")
     if total is None:
         _, nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None)

@@ -154,12 +154,30 @@ class TrainingConfig:
     log: list = field(default_factory=list)
 
 
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """The one-based aux ids a drafter trained for a ``num_layers``-deep target reads by default: the
+    engines' default (:func:`~eagle31_mla.aux_layers.engine_default_one_based_ids`, ``(2, n // 2, n - 3)``)
+    where it gives three ascending ids (n >= 7); below that, three spread ids ``(1, n // 2, n - 1)``
+    (4 layers: ``[1, 2, 3]``, the demo drafter's), or every layer of a target under 4 layers."""
+    from .aux_layers import engine_default_one_based_ids
+
+    ids = engine_default_one_based_ids(num_layers)
+    if num_layers >= 7 and ids == sorted(set(ids)) and ids[0] >= 1:
+        return ids
+    if num_layers >= 4:
+        return [1, num_layers // 2, num_layers - 1]
+    return list(range(1, num_layers + 1))
+
+
 def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
     """A drafter sized for ``target`` (same hidden size and vocabulary), its embeddings and lm_head
-    copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's)."""
+    copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's).
+    Aux ids default to :func:`default_aux_layer_ids` of the target's depth."""
     from .configuration_eagle31_mla import Eagle31MLAConfig
 
-    tc = target.config
+    tc = target.config.get_text_config()
+    if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
+        config_overrides["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc.num_hidden_layers)
     kwargs = dict(
         vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size,
         target_num_hidden_layers=tc.num_hidden_layers, bos_token_id=tc.bos_token_id,
