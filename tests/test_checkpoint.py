@@ -68,6 +68,7 @@ def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
     }
     again = Eagle31MLAForCausalLM.from_pretrained(tmp_path)
     ids, aux = aux_inputs(model.config, 1, 6)
+    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
     assert torch.equal(again(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
@@ -88,6 +89,7 @@ def test_layouts_load_with_identical_logits(tmp_path, layout, rename):
     folder = write_checkpoint(tmp_path, published_style_config(model), relayout(model, rename))
     loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
     ids, aux = aux_inputs(model.config, 2, 6)
+    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
     assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
@@ -98,6 +100,7 @@ def test_eagle3_checkpoint_without_fc_norm(tmp_path):
     loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
     assert not loaded.config.fc_norm and not hasattr(loaded, "fc_norm")
     ids, aux = aux_inputs(model.config, 1, 6)
+    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
     assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
@@ -139,6 +142,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
     loaded = Eagle31MLAForCausalLM.from_pretrained(tmp_path)
     ids, aux = aux_inputs(model.config, 1, 4)
+    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
     assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
