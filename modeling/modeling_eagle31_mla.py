@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .configuration_eagle31_mla import Eagle31MLAConfig
+from .configuration_eagle31_mla import Eagle31MLAConfig, rope_frequencies
 
 __all__ = [
     "Eagle31MLAForCausalLM",
@@ -96,12 +96,7 @@ class Eagle31MLARotaryEmbedding(nn.Module):
 
     @staticmethod
     def _inv_freq(config: Eagle31MLAConfig, device) -> tuple[torch.Tensor, float]:
-        rope = config.rope_parameters
-        if rope["rope_type"] == "yarn":
-            return ROPE_INIT_FUNCTIONS["yarn"](config, device)
-        dim = config.qk_rope_head_dim
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
-        return 1.0 / (rope["rope_theta"] ** exponents), 1.0
+        return rope_frequencies(config, device)  # the computation the config checked at construction
 
     def reset_inv_freq(self, device: torch.device | str) -> None:
         """Recompute the frequencies after the module was built on the meta device."""
@@ -145,6 +140,25 @@ def _expect_tensor(name: str, value, expected: str) -> None:
     if not isinstance(value, torch.Tensor):
         hint = " (convert it with torch.as_tensor, on the drafter's device)" if isinstance(value, (list, tuple)) or hasattr(value, "__array__") else ""
         raise DraftInputError(f"`{name}` is {_describe(value)}; expected {expected} as a torch.Tensor{hint}")
+    kind = _unusual_tensor(value)
+    if kind:
+        raise DraftInputError(f"`{name}` is {kind}; expected {expected} as a dense (strided) torch.Tensor "
+                              "(convert it with `.to_dense()` / `.dequantize()` first)")  # fmt: skip
+
+
+def _unusual_tensor(value: torch.Tensor) -> str | None:
+    """What a tensor is when it is not a plain dense one (sparse or another non-strided layout, nested,
+    quantized, a tensor subclass); None for a plain strided tensor. The checks read values and shapes of
+    plain tensors only: anything else would raise a raw NotImplementedError from them."""
+    if value.layout != torch.strided:
+        return f"a tensor of layout {value.layout} (not dense)"
+    if getattr(value, "is_nested", False):
+        return "a nested tensor"
+    if value.is_quantized:
+        return f"a quantized tensor (dtype {value.dtype})"
+    if type(value) not in (torch.Tensor, nn.Parameter):
+        return f"a {_type_name(value)} (a torch.Tensor subclass)"
+    return None
 
 
 def _expect_index_dtype(name: str, value: torch.Tensor, what: str) -> None:
@@ -208,15 +222,54 @@ class LatentKVCache:
     grows by doubling; ``crop`` rolls back rejected draft tokens.
     """
 
+    #: The largest size a constructor argument may give (a batch, a width, a capacity in tokens).
+    MAX_SIZE = 2**31 - 1
+
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        self.kv_lora_rank = kv_lora_rank
-        self.rope_dim = rope_dim
-        self.latent = torch.empty(batch_size, capacity, kv_lora_rank + rope_dim, dtype=dtype, device=device)  # [B, cap, C+R]
+        for name, value in (("batch_size", batch_size), ("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim),
+                            ("capacity", capacity)):  # fmt: skip
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= self.MAX_SIZE:
+                raise DraftInputError(f"LatentKVCache `{name}` is {_describe(value)}; expected an int >= 1 and <= {self.MAX_SIZE}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise DraftInputError(f"LatentKVCache `dtype` is {_describe(dtype)}; expected a floating-point torch.dtype "
+                                  "(the drafter's, e.g. torch.bfloat16)")  # fmt: skip
+        try:
+            device = torch.device(device)
+        except (TypeError, ValueError, RuntimeError):
+            raise DraftInputError(f"LatentKVCache `device` is {_describe(device)}; expected a torch.device or a device "
+                                  "name such as 'cpu' or 'cuda:0' (the drafter's)") from None  # fmt: skip
+        self.kv_lora_rank = int(kv_lora_rank)
+        self.rope_dim = int(rope_dim)
+        self.latent = torch.empty(int(batch_size), int(capacity), self.kv_lora_rank + self.rope_dim, dtype=dtype, device=device)  # [B, cap, C+R]
         self.length = 0
+        self._owner = None  # weakref to the drafter that wrote it first (see bind)
+        self._owner_config = None
 
     @classmethod
-    def for_model(cls, config: Eagle31MLAConfig, batch_size: int, *, dtype, device, capacity: int = 256):
-        return cls(batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity)
+    def for_model(cls, model_or_config, batch_size: int, *, dtype, device, capacity: int = 256):
+        """A cache for a drafter's config; given the drafter itself, the cache is bound to it (see :meth:`bind`)."""
+        model = model_or_config if isinstance(model_or_config, nn.Module) else None
+        config = model.config if model is not None else model_or_config
+        if not all(isinstance(getattr(config, k, None), int) for k in ("kv_lora_rank", "qk_rope_head_dim")):
+            raise DraftInputError(f"LatentKVCache.for_model takes an Eagle31MLAConfig or drafter, got {_describe(model_or_config)}")
+        cache = cls(batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity)
+        if model is not None:
+            cache.bind(model)
+        return cache
+
+    def bind(self, model: nn.Module) -> None:
+        """Tie this cache to ``model``, the drafter whose keys it holds: its c_kv was normalised with that
+        drafter's weights and its k_pe rotated under that drafter's rope schedule, so no other drafter may
+        read or extend it (even one of the same dims). A fresh cache binds to the first drafter that uses it."""
+        import weakref
+
+        self._owner = weakref.ref(model)
+        self._owner_config = model.config
+
+    def bound_to(self) -> tuple[object, object] | None:
+        """``(drafter or None if it is gone, its config)`` when bound, None for a fresh cache."""
+        owner = getattr(self, "_owner", None)
+        return None if owner is None else (owner(), getattr(self, "_owner_config", None))
 
     @property
     def c_kv(self) -> torch.Tensor:
@@ -233,6 +286,7 @@ class LatentKVCache:
         capacity = self.latent.shape[1]
         if needed <= capacity:
             return
+        capacity = max(capacity, 1)  # doubling from 0 would never end
         while capacity < needed:
             capacity *= 2
         grown = self.latent.new_empty(self.latent.shape[0], capacity, self.latent.shape[2])
@@ -641,6 +695,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                              "and extend the cache, or no cache")  # fmt: skip
         latent = cache.latent
         if latent is None:  # an empty cache that allocates on first use (training's ConcatKVCache)
+            self._check_cache_owner(cache)
             return
         length, capacity = cache.get_seq_length(), latent.shape[1] if latent.dim() == 3 else 0
         if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 <= length <= capacity:
@@ -665,6 +720,23 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if problems:
             raise DraftInputError("`past_key_values` does not fit: it has " + "; ".join(problems) + "; expected a cache built "
                              "for these inputs by this drafter (or None)")  # fmt: skip
+        self._check_cache_owner(cache)
+
+    def _check_cache_owner(self, cache) -> None:
+        """A cache is bound to the drafter that wrote it first (:meth:`LatentKVCache.bind`): another drafter, even
+        of the same dims, would read keys normalised with other weights and rotated under another rope schedule."""
+        config = self.config
+        bound = cache.bound_to() if hasattr(cache, "bound_to") else None
+        if bound is not None and bound[0] is not self:
+            owner, owner_config = bound
+            differs = _config_differences(owner_config, config) if owner_config is not None else []
+            what = ("another drafter (since deleted)" if owner is None else "another drafter instance")
+            raise DraftInputError(
+                f"`past_key_values` was written by {what}"
+                + (f" whose config differs: {'; '.join(differs)}" if differs else " (same config, other weights)")
+                + "; expected a cache written by this drafter (its c_kv is normalised with the writer's weights and its "
+                "k_pe rotated under the writer's rope schedule), or a fresh one (None, or LatentKVCache.for_model)"
+            )
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -698,8 +770,10 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if use_cache and past_key_values is None:
             past_key_values = LatentKVCache.for_model(
-                self.config, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
+                self, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
             )
+        elif past_key_values is not None and hasattr(past_key_values, "bind") and past_key_values.bound_to() is None:
+            past_key_values.bind(self)  # a fresh (user-built) cache binds to the first drafter that uses it
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         if absorb is None:
@@ -993,12 +1067,28 @@ def _dangling_error(path: Path, what: str) -> CheckpointError:
     )
 
 
+def _config_differences(a, b, limit: int = 6) -> list[str]:
+    """The settings in which configs ``a`` and ``b`` differ, as ``key a -> b`` (at most ``limit``)."""
+    try:
+        da, db = a.to_dict(), b.to_dict()
+    except Exception:  # pragma: no cover - a config that cannot be written out: say nothing
+        return []
+    from .configuration_eagle31_mla import TOP_LEVEL_FIELDS
+
+    relevant = {f.name for f in TOP_LEVEL_FIELDS} | {"rope_parameters", "eagle_aux_hidden_state_layer_ids"}
+    keys = [k for k in sorted(relevant) if da.get(k) != db.get(k)]
+    shown = [f"`{k}` {str(da.get(k))[:80]} (writer) vs {str(db.get(k))[:80]} (this drafter)" for k in keys[:limit]]
+    return shown + ([f"and {len(keys) - limit} more"] if len(keys) > limit else [])
+
+
 def _shard_path_problem(name) -> str | None:
     """Why an index's shard name is not a file name inside the model folder (None when it is)."""
     from pathlib import PurePosixPath, PureWindowsPath
 
     if not isinstance(name, str) or not name.strip():
         return "not a file name"
+    if any(ch in name for ch in "\x00\r\n"):
+        return "a name holding a NUL byte or line break (no file system has such a file)"
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
     if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
         return "an absolute path"
@@ -1061,6 +1151,8 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
             raise CheckpointError(
                 f"{index.name} names shard(s) {absent} that are not in {folder}; expected every shard it names next to it"
             )
+        if index.name.endswith(".safetensors.index.json"):
+            _check_index_agrees(index, weight_map, files)
         return [folder / f for f in files]
 
     for name in ("model.safetensors.index.json", "model.safetensors"):
@@ -1103,6 +1195,55 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
     )
 
 
+def _check_index_agrees(index: Path, weight_map: dict, files: list[str]) -> None:
+    """The index and its shards' headers must agree both ways: every tensor the index names is in the shard
+    it names, and every tensor of a shard is listed in the index under that shard. (A shard whose header
+    cannot be read is left to :func:`_read_headers`, which says so.)"""
+    from safetensors import safe_open
+
+    held: dict[str, set[str]] = {}
+    for f in files:
+        path = index.parent / f
+        if _path_problem(path):
+            return  # reported by _read_headers, naming the folder
+        try:
+            with safe_open(path, framework="pt") as reader:
+                held[f] = set(reader.keys())
+        except Exception:
+            return  # a damaged shard: _read_headers reports it
+    for name, shard in weight_map.items():
+        if name not in held[shard]:
+            elsewhere = [f for f, names in held.items() if name in names]
+            where = f" (it is in {', '.join(elsewhere)})" if elsewhere else " (no shard holds it)"
+            raise CheckpointError(
+                f"{index.name} in {index.parent} lists tensor {name[:120]!r} in {shard}, but {shard} does not hold it"
+                f"{where}; expected the index and its shards to agree (every entry in the shard it names): a shard "
+                "from another save, or an edited index? Save or download the checkpoint again"
+            )
+    for shard, names in held.items():
+        unlisted = sorted(n for n in names if n not in weight_map)  # listed under another shard too: _read_headers names both
+        if unlisted:
+            raise CheckpointError(
+                f"{shard} in {index.parent} holds tensor {unlisted[0][:120]!r}"
+                + (f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else "")
+                + f" that {index.name} does not list under {shard}; expected the index and its shards to agree (every "
+                "shard tensor listed in the index): a shard from another save, or an edited index? Save or download "
+                "the checkpoint again"
+            )
+
+
+def _path_problem(path: Path) -> str | None:
+    """Why safetensors cannot open ``path`` although the file may be fine (None when it can): it needs a
+    UTF-8 path, and a path holding bytes that are not UTF-8 (e.g. \\xff, read by Python as a surrogate) has none."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(str(path.parent))[:200]
+        return (f"the path of {os.fsencode(path.name)[:120]!r} is not valid UTF-8 (its folder is {shown!r}); safetensors "
+                "needs a UTF-8 path: rename or move the folder to a UTF-8 name (the file itself may be fine)")  # fmt: skip
+    return None
+
+
 def _pickle_to_safetensors(files: list[Path], out: Path) -> None:
     """``allow_pickle=True``: read each pickle with ``torch.load(weights_only=True)`` (tensors and plain
     containers only: a file that would run code is refused, never executed) and write it to ``out`` as a
@@ -1141,6 +1282,9 @@ def _read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int
 
     entries: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
     for file in files:
+        problem = _path_problem(file)
+        if problem:
+            raise CheckpointError(problem)
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():

@@ -253,3 +253,23 @@ def test_inspect_refuses_duplicate_keys_and_irregular_config_files(tmp_path):
     folder = tmp_path / "folder"
     (folder / "config.json").mkdir(parents=True)
     assert any("is a folder; expected a regular file" in e for e in inspect_drafter(str(folder))["errors"])
+
+
+def test_a_folder_whose_path_is_not_utf8_is_named_as_such(tmp_path):
+    """safetensors needs a UTF-8 path: a folder named with byte \\xff (a surrogate in Python) is reported as a
+    path problem naming the folder, never as a damaged file ("download or save it again")."""
+    import os
+
+    from eagle31_mla import CheckpointError
+
+    model = tiny_drafter(seed=6)
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/dr\xff"))
+    try:
+        write_checkpoint(folder, published_style_config(model), model.state_dict())
+    except (OSError, UnicodeError):  # pragma: no cover - a file system that refuses non-UTF-8 names
+        pytest.skip("this file system refuses a non-UTF-8 folder name")
+    with pytest.raises(CheckpointError) as err:
+        Eagle31MLAForCausalLM.from_pretrained(folder)
+    message = str(err.value)
+    assert "is not valid UTF-8" in message and "safetensors needs a UTF-8 path" in message and "dr\\xff" in message
+    assert "download or save it again" not in message

@@ -67,6 +67,7 @@ def files(tmp_path_factory):
     (root / "empty.txt").write_text("")
     (root / "a-folder").mkdir()
     (root / "binary.txt").write_bytes(b"\xff\xfe\x00\x01garbage\n")
+    (root / "loop").symlink_to(root / "loop")
     return root
 
 
@@ -83,6 +84,10 @@ def class_value(cls: str, root: Path) -> str:
         "binary": str(root / "binary.txt"),  # not UTF-8 text: every file argument is read as text
         "huge": "99999999999",  # a drafting count past its bound (speculative.DRAFTING_LIMITS)
         "proc": "/proc/x/out",  # passes os.access (as root), yet no folder can be created there
+        "fullwidth": "\uff18",  # a full-width 8: int() and float() take it; the CLI reads ASCII digits only
+        "underscore": "1_0",  # int() and float() read 10
+        "toolong": str(root / ("n" * 300)),  # ENAMETOOLONG from the file system, not a traceback
+        "loop": str(root / "loop"),  # a symlink to itself
     }[cls]  # fmt: skip
 
 
@@ -198,3 +203,93 @@ def test_an_unexpected_failure_is_one_line_unless_asked(monkeypatch, capsys):
 def test_help_still_works(capsys):
     assert main(["--help"]) == 0
     assert "serve-command" in capsys.readouterr().out
+
+
+# ---- no output path may be, contain or lie inside an input path (generated: outputs x inputs) ----------
+
+
+def _role_arguments(command: str, role: str) -> list[argparse.Action]:
+    return [a for a in value_arguments(subcommands()[command]) if getattr(a.type, "role", None) == role]
+
+
+#: a value for an input argument the baseline leaves out
+OPTIONAL_INPUTS = {"token_counts": "{root}/counts.txt"}
+
+
+def _input_value(command: str, action: argparse.Action, root: Path) -> str:
+    value = BASELINE[command].get(action.dest) or OPTIONAL_INPUTS[action.dest]
+    return value.format(root=root)
+
+
+COLLISIONS = [(command, out.dest, inp.dest, how) for command in subcommands() for out in _role_arguments(command, "output")
+              for inp in _role_arguments(command, "input") for how in ("same", "contains", "inside", "inside-dotdot")]  # fmt: skip
+
+
+def test_every_output_is_checked_against_every_input():
+    assert {c for c, *_ in COLLISIONS} == {"acceptance", "train", "convert"}, COLLISIONS
+    for command in subcommands():
+        for inp in _role_arguments(command, "input"):
+            if _role_arguments(command, "output"):
+                assert inp.dest in BASELINE[command] or inp.dest in OPTIONAL_INPUTS, f"{command} {name_of(inp)}: no value"
+
+
+@pytest.mark.parametrize("command, out_dest, in_dest, how", COLLISIONS, ids=["-".join(c) for c in COLLISIONS])
+def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, how, files, capsys):
+    (files / "counts.txt").write_text("5 3\n")
+    (out_action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == out_dest]
+    (in_action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == in_dest]
+    in_text = _input_value(command, in_action, files)
+    given = Path(in_text)
+    out = {"same": given, "contains": given.parent, "inside": given / "x",
+           "inside-dotdot": given / ".." / given.name / "x"}[how]  # fmt: skip
+    argv = command_line(command, files, out_dest, str(out))
+    if in_dest not in BASELINE[command]:
+        argv += [in_action.option_strings[0], in_text]
+    before = {p: p.read_bytes() for p in files.rglob("*") if p.is_file() and not p.is_symlink()}
+    code = main(argv)
+    captured = capsys.readouterr()
+    check_one_line(code, captured.err, captured.out, out_action)
+    after = {p: p.read_bytes() for p in files.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert after == before  # nothing read was overwritten, nothing written
+
+
+def test_prompts_file_is_never_overwritten_by_the_report(files, capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    link = tmp_path / "hard.jsonl"
+    link.hardlink_to(prompts)
+    for out in (prompts, link, tmp_path / ".." / tmp_path.name / "p.jsonl"):
+        argv = ["acceptance", "--target", str(files / "model"), "--draft", str(files / "model"), "--prompts", str(prompts),
+                "--json", str(out)]  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "argument --json" in err and "--prompts" in err and len(err.strip().splitlines()) == 1, err
+    assert prompts.read_text() == '{"prompt": "hello"}\n'
+
+
+@pytest.mark.parametrize("flag", ["--revision", "--draft-revision"])
+def test_a_revision_with_a_local_folder_is_refused(flag, files, capsys):
+    argv = command_line("acceptance", files) + [flag, "v9"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"argument {flag}" in err and "Hub" in err, err
+
+
+def test_a_closed_pipe_is_quiet(tmp_path):
+    """`eagle31-mla doctor --list-checks | head -1`: no 'Broken pipe' message, exit 0 or 141."""
+    script = f"{sys.executable} -m eagle31_mla.cli doctor --list-checks | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stderr == "", result.stderr
+    assert result.stdout.strip() in ("0", "141"), result.stdout
+
+
+def test_an_exception_in_a_type_function_is_one_line(monkeypatch, capsys):
+    import eagle31_mla.cli as cli
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(Path, "exists", lambda self: (_ for _ in ()).throw(OSError(36, "File name too long")))
+    code = cli.main(["inspect", "/tmp/" + "x" * 300])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "argument PATH_OR_ID" in err and "File name too long" in err, err
+    del parser

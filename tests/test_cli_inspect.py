@@ -119,9 +119,9 @@ def test_inspect_refuses_bad_numbers_and_unreadable_configs(tmp_path, capsys):
         return json.dumps(c)
 
     cases = {
-        "nan-eps": (config(rms_norm_eps=math.nan), "`rms_norm_eps` must be a finite number > 0 and < 1, got nan"),
-        "inf-theta": (config(rope_theta=math.inf), "`rope_theta` must be a finite number > 0 or null, got inf"),
-        "string-factor": (config(**{"rope_scaling.factor": "32"}), "`rope_scaling.factor` must be a finite number >= 1, got '32'"),
+        "nan-eps": (config(rms_norm_eps=math.nan), ("`rms_norm_eps` must be a finite number > 0 and < 1", "got nan")),
+        "inf-theta": (config(rope_theta=math.inf), ("`rope_theta` must be a finite number > 1", "got inf")),
+        "string-factor": (config(**{"rope_scaling.factor": "32"}), ("`rope_scaling.factor` must be a finite number >= 1", "got '32'")),
         "huge-vocab": (config(vocab_size=10**30), "`vocab_size` must be an int >= 1 and <= 2147483647"),
         "bool-heads": (config(num_attention_heads=True), "`num_attention_heads` must be an int >= 1"),
         "fp16": (config(torch_dtype="fp16"), "`torch_dtype` must be one of 'float32', 'bfloat16'"),
@@ -136,7 +136,8 @@ def test_inspect_refuses_bad_numbers_and_unreadable_configs(tmp_path, capsys):
         assert main(["inspect", str(folder)]) == 1, name
         captured = capsys.readouterr()
         refused = [line for line in captured.out.splitlines() if line.strip().startswith("refused:")]
-        assert len(refused) == 1 and expected in refused[0], (name, captured.out)
+        expected = (expected,) if isinstance(expected, str) else expected  # the field and domain, then what was given
+        assert len(refused) == 1 and all(part in refused[0] for part in expected), (name, captured.out)
         assert "Traceback" not in captured.out + captured.err, name
 
 

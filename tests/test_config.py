@@ -161,6 +161,8 @@ from eagle31_mla.configuration_eagle31_mla import (  # noqa: E402
 
 
 def _constructor_kwargs(field, value) -> dict:
+    if field.in_eagle_config:
+        return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], field.key: value}}
     if not field.nested:
         return {field.name: value}
     rope = {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN, field.key: value}
@@ -170,7 +172,7 @@ def _constructor_kwargs(field, value) -> dict:
 def test_the_published_values_fit_their_fields():
     published = published_k3_config()
     for field in CONFIG_FIELDS:
-        where = published.get("rope_scaling", {}) if field.nested else published
+        where = published.get("rope_scaling", {}) if field.nested else published.get("eagle_config", {}) if field.in_eagle_config else published
         if field.key in where:
             field.check(where[field.key])  # no error
     Eagle31MLAConfig(**_constructor_kwargs(CONFIG_FIELDS[0], 163840))
@@ -322,3 +324,56 @@ def test_dtype_and_torch_dtype_must_agree(tmp_path):
         read(tmp_path, published_k3_config(dtype="float16"))
     with pytest.raises(ConfigError, match=r"two dtypes: `dtype` 'float32' and `torch_dtype` 'bfloat16'; they must agree"):
         Eagle31MLAConfig(dtype=torch.float32, torch_dtype="bfloat16")
+
+
+# ---- values that pass each field's own domain but would break the rope math together ----
+
+import math  # noqa: E402
+
+from eagle31_mla import configuration_eagle31_mla as config_module  # noqa: E402
+
+
+@pytest.mark.parametrize("key,value", [("rope_theta", 1e-300), ("rope_theta", 1.0), ("mscale", 1e300), ("attention_factor", 1e300),
+                                       ("beta_fast", 1e308), ("beta_slow", 1e-320), ("mscale_all_dim", 1e300), ("factor", 1e300)])  # fmt: skip
+def test_rope_values_that_break_the_math_are_refused_at_construction(key, value):
+    rope = {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN, key: value}
+    with pytest.raises(ConfigError, match=rf"`rope_parameters\.{key}` must be a finite number"):
+        Eagle31MLAConfig(rope_parameters=rope)
+
+
+@pytest.mark.parametrize("broken", ["nan", "zero", "raise", "scaling"])
+def test_the_rope_math_guard_refuses_any_unusable_result(monkeypatch, broken):
+    """Whatever the domains let through, the derived numbers are computed at construction (through the model's
+    own rope init) and an exception, a non-finite or a zero result is a ConfigError naming the rope settings."""
+    real = config_module.rope_frequencies
+
+    def fake(config, device=None):
+        inv_freq, scaling = real(config, device)
+        if broken == "raise":
+            raise ZeroDivisionError("float division by zero")
+        if broken == "scaling":
+            return inv_freq, math.inf
+        return inv_freq * (math.nan if broken == "nan" else 0.0), scaling
+
+    monkeypatch.setattr(config_module, "rope_frequencies", fake)
+    with pytest.raises(ConfigError, match=r"the rope settings \(`rope_type` 'yarn', .*do not give a usable RoPE.*expected rope settings"):
+        Eagle31MLAConfig()
+
+
+def test_the_published_tiny_and_golden_configs_pass_the_rope_guard():
+    from pathlib import Path
+
+    from tiny import tiny_config
+
+    Eagle31MLAConfig()
+    tiny_config()
+    tiny_config(rope_parameters={"rope_type": "default"})
+    for folder in sorted(Path(__file__).parent.glob("golden/*/")):
+        if (folder / "config.json").is_file():
+            Eagle31MLAConfig.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("value", [0, 1, "false", "true", 0.0])
+def test_nested_eagle_config_bools_must_be_json_bools(value):
+    with pytest.raises(ConfigError, match=r"`eagle_config\.use_aux_hidden_state` must be true or false"):
+        Eagle31MLAConfig(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": value})

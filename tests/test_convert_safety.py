@@ -168,12 +168,89 @@ def test_leftovers_of_a_killed_convert_are_cleaned_and_only_they(tmp_path, old):
 
 def test_an_interrupted_non_atomic_swap_is_restored(tmp_path, old):
     """Without renameat2 the swap is two renames; killed between them, the next convert puts DST back."""
+    import socket
+
     before = snapshot(old)
-    parked = old.parent / f".{old.name}.eagle31-convert-old-123-0000"
+    parked = old.parent / f".{old.name}.eagle31-convert-old-99999999-0000"
+    record = old.parent / f".{old.name}.eagle31-convert-swap-99999999-0000.json"
+    record.write_text(json.dumps({"written_by": "eagle31-mla convert", "pid": 99999999, "host": socket.gethostname(),
+                                  "dst": old.name, "old": parked.name,
+                                  "new": f".{old.name}.eagle31-convert-new-99999999-0000"}))  # fmt: skip
     os.rename(old, parked)
     with pytest.raises(InputError, match="--force"):  # restored first, then found non-empty
         convert(source(tmp_path), old, progress=False)
-    assert snapshot(old) == before and not parked.exists()
+    assert snapshot(old) == before and not parked.exists() and not record.exists()
+
+
+@pytest.mark.parametrize("record", [None, "not json", {"written_by": "someone else"}, "other-host"])
+def test_a_folder_named_like_a_leftover_without_proof_is_never_touched(tmp_path, record):
+    """A user's folder named `.out4.eagle31-convert-old-archive` (or -new-...) is not renamed to DST nor
+    deleted: only a leftover with convert's own record (pid, host, paired folder) is."""
+    import socket
+
+    dst = tmp_path / "out4"
+    folders = [tmp_path / ".out4.eagle31-convert-old-archive", tmp_path / ".out4.eagle31-convert-new-archive"]
+    for folder in folders:
+        folder.mkdir()
+        (folder / "notes.txt").write_text("mine")
+    if record is not None:
+        data = record if isinstance(record, (str, dict)) and record != "other-host" else None
+        if record == "other-host":
+            data = {"written_by": "eagle31-mla convert", "pid": 1, "host": socket.gethostname() + "-x", "dst": "out4",
+                    "old": folders[0].name, "new": "x"}  # fmt: skip
+        (tmp_path / ".out4.eagle31-convert-swap-archive.json").write_text(data if isinstance(data, str) else json.dumps(data))
+    convert(source(tmp_path), dst, progress=False)
+    for folder in folders:
+        assert (folder / "notes.txt").read_text() == "mine"
+    assert not (dst / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("spelling", ["{src}/..", "{src}/../.", "{src}"])
+def test_dst_containing_or_being_the_source_is_refused(tmp_path, spelling):
+    src = source(tmp_path, "work")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(InputError, match="DST"):
+        convert(src, spelling.format(src=src), force=True, progress=False)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_dst_inside_the_source_is_refused(tmp_path):
+    src = source(tmp_path, "work")
+    with pytest.raises(InputError, match="is inside the source"):
+        convert(src, src / "sub" / ".." / "out", progress=False)
+    assert not (src / "out").exists()
+
+
+def test_dst_a_symlink_loop_is_one_input_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(InputError, match="symlink loop"):
+        convert(source(tmp_path), loop, progress=False)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"5": 3, "5": 4}', "appears twice"), ('{"05": 3, "5": 4}', "no leading zero"), ("[1.5, 2, 3]", "integer count"),
+    ('{"5": 1e400}', "overflows"), ('{"5": NaN}', "not a count"), ('{"-1": 3}', "non-negative"), ('{"5": true}', "count"),
+    ('{"\uff15": 3}', "token id"),
+])  # fmt: skip
+def test_token_counts_are_canonical_ids_and_finite_integer_counts(tmp_path, text, message):
+    from eagle31_mla.convert import read_token_counts
+
+    path = tmp_path / "counts.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message) as err:
+        read_token_counts(path)
+    assert str(path) in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, message", [("05 3\n5 4\n", "token id"), ("5 1.5\n", "count"), ("5 1e400\n", "count")])
+def test_token_count_lines_are_canonical(tmp_path, text, message):
+    from eagle31_mla.convert import read_token_counts
+
+    path = tmp_path / "counts.txt"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message):
+        read_token_counts(path)
 
 
 def test_float16_overflow_is_refused_with_its_count(tmp_path, old):

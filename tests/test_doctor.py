@@ -62,6 +62,9 @@ CASES: dict[str, tuple[Case, Case]] = {
     "target-depth-unknown": (
         Case(draft(), kimi_k3_target(num_hidden_layers="93"), "vllm", "0.30"),
         Case(draft(), K3, "vllm", "0.30")),
+    "target-config-unreadable": (
+        Case(draft(), {**kimi_k3_target(), "architectures": "KimiK3ForCausalLM"}, "vllm", "0.30"),  # a string, not a list
+        Case(draft(), K3, "vllm", "0.30")),
     "target-sizes-unknown": (
         Case(draft(), kimi_k3_target(hidden_size=None), "vllm", "0.30"),
         Case(draft(), K3, "vllm", "0.30")),
@@ -327,3 +330,18 @@ def test_the_demo_draft_on_a_deeper_target_is_not_ok(tmp_path, capsys):
     code = main(["doctor", "--draft", str(DEMO_DIR / "draft"), "--target", str(tmp_path), "--engine", "vllm", "--with-plugin"])
     out = capsys.readouterr().out
     assert code == 1 and "target-depth-mismatch" in out and "ok: nothing is wrong" not in out
+
+
+@pytest.mark.parametrize("value", ["DeepseekV3ForCausalLM", [], [5], ["DeepseekV3ForCausalLM", None], {"a": 1}])
+def test_unreadable_target_architectures_are_a_finding(value):
+    report = Case(draft(), {**kimi_k3_target(), "architectures": value}, "vllm", "0.30").run()
+    finding = next(f for f in report.problems if f.id == "target-config-unreadable")
+    assert "'architectures'" in finding.problem and finding.fix and not report.ok
+
+
+@pytest.mark.parametrize("key, value", [("bos_token_id", "1"), ("eos_token_id", "2"), ("eos_token_id", [2, "3"]),
+                                        ("model_type", 5)])  # fmt: skip
+def test_unreadable_target_fields_are_a_finding(key, value):
+    config = {**kimi_k3_target(**({} if key == "model_type" else {key: value})), **({key: value} if key == "model_type" else {})}
+    report = Case(draft(), config, "vllm", "0.30").run()
+    assert any(f.id == "target-config-unreadable" and repr(key) in f.problem for f in report.problems), report.format()

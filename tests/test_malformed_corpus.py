@@ -299,7 +299,7 @@ CASES = [
     Case("rope_scaling that is not a dict", cfg(rope_scaling="yarn"), ("`rope_scaling`/`rope_parameters`", "expected a dict"), error=ConfigError),
     Case("rope type named twice, differently", rope(rope_type="default"), ("`rope_type` 'default' and `type` 'yarn'", "keep one"), error=ConfigError),
     Case("rope_theta given twice, differently", rope(rope_theta=10000.0), ("`rope_theta` 50000", "must agree"), error=ConfigError),
-    Case("negative rope_theta", cfg(rope_theta=-5.0), ("`rope_theta`", "must be a finite number > 0"), also=("got -5.0",), error=ConfigError),
+    Case("negative rope_theta", cfg(rope_theta=-5.0), ("`rope_theta`", "must be a finite number > 1"), also=("got -5.0",), error=ConfigError),
     Case("yarn window beyond max_position_embeddings", rope(original_max_position_embeddings=100000),
          ("`original_max_position_embeddings` (100000) exceeds `max_position_embeddings` (4096)", "must be <= max_position_embeddings"), error=ConfigError),
     # ---- other config fields ----
@@ -348,11 +348,16 @@ def bad_values(field: ConfigField) -> list[tuple[str, object]]:
         if field.kind == "token_ids":
             values += [("a list holding a string", [2, "3"]), ("an empty list", [])]
     elif field.kind == "float":
-        below = {"positive": 0, "non_negative": -0.5, "at_least_1": 0.5, "unit_open": 0}[field.domain]
+        below = {"positive": 0, "non_negative": -0.5, "at_least_1": 0.5, "unit_open": 0, "rope_theta": 1.0,
+                 "rope_positive": 0, "rope_non_negative": -0.5, "rope_at_least_1": 0.5}[field.domain]  # fmt: skip
         values = [("a string of a number", "1e-05"), ("a bool", True), *nonfinite, (f"{below} (outside its domain)", below),
                   ("-1", -1), ("a list", [1.0]), ("10**400 (no float holds it)", 10**400)]  # fmt: skip
         if field.domain == "unit_open":
             values.append(("1.5 (outside its domain)", 1.5))
+        if field.domain.startswith("rope_"):  # bounded: huge values overflow the rope math (1e300: NaN logits)
+            values.append(("1e300 (beyond its bound)", 1e300))
+        if field.domain == "rope_positive":  # bounded below too: 1e-320 overflows YaRN's logarithms
+            values += [("1e-320 (below its bound)", 1e-320)]
     elif field.kind == "bool":
         values = [("a string", "true"), ("an int", 1), ("NaN", math.nan)]
     elif field.kind == "str":
@@ -375,6 +380,9 @@ def _v5_rope(config: dict) -> dict:
 
 def set_field(field: ConfigField, value, form: str):
     def change(d):
+        if field.in_eagle_config:
+            d.config["eagle_config"][field.key] = value
+            return
         if not field.nested:
             d.config[field.name] = value
             return
@@ -446,6 +454,26 @@ def index_naming(shard_name):
     return on_files(change)
 
 
+def split_index(edit_map):
+    """The tensors split over two shards with a correct index, then ``edit_map(weight_map, names of shard 1)``
+    makes the index and the shards' headers disagree."""
+
+    def change(folder):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        names = sorted(tensors)
+        first, second = names[: len(names) // 2], names[len(names) // 2 :]
+        save_file({n: tensors[n] for n in first}, str(folder / "model-00001-of-00002.safetensors"))
+        save_file({n: tensors[n] for n in second}, str(folder / "model-00002-of-00002.safetensors"))
+        (folder / "model.safetensors").unlink()
+        weight_map = {**dict.fromkeys(first, "model-00001-of-00002.safetensors"), **dict.fromkeys(second, "model-00002-of-00002.safetensors")}
+        edit_map(weight_map, first)
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    return on_files(change)
+
+
 def dangling_shard(folder):
     from safetensors import safe_open
 
@@ -493,6 +521,17 @@ HARDENING_CASES = [
     Case("index naming a Windows drive path", index_naming(lambda f: "C:\\weights\\model.safetensors"),
          ("'C:\\\\weights\\\\model.safetensors'", "expected file names inside"), also=("an absolute path",)),
     Case("index naming a number", index_naming(lambda f: 7), ("7 (not a file name)", "expected file names inside")),
+    Case("index naming a shard with a NUL byte", index_naming(lambda f: "model\x00.safetensors"),
+         ("'model\\x00.safetensors' (a name holding a NUL byte", "expected file names inside")),
+    Case("index naming a shard with a line break", index_naming(lambda f: "model\n.safetensors"),
+         ("(a name holding a NUL byte or line break", "expected file names inside")),
+    # the index and the shards' headers must agree both ways
+    Case("index listing a tensor no shard holds", split_index(lambda m, first: m.update({"bogus.extra": "model-00001-of-00002.safetensors"})),
+         ("lists tensor 'bogus.extra' in model-00001-of-00002.safetensors", "expected the index and its shards to agree"), also=("no shard holds it",)),
+    Case("index listing a tensor under the wrong shard", split_index(lambda m, first: m.update({first[0]: "model-00002-of-00002.safetensors"})),
+         ("does not hold it (it is in model-00001-of-00002.safetensors)", "expected the index and its shards to agree")),
+    Case("shard tensor missing from the index", split_index(lambda m, first: m.pop(first[0])),
+         ("model-00001-of-00002.safetensors in", "expected the index and its shards to agree"), also=("does not list", "every shard tensor listed")),
     Case("index that is null", shard_index("null"), ("model.safetensors.index.json is not a valid index", "expected JSON with a `weight_map`"),
          also=("got a NoneType",)),
     Case("index whose weight_map is a list", shard_index({"weight_map": ["model-00001-of-00002.safetensors"]}),

@@ -169,6 +169,9 @@ FORWARD_CASES = [
     Case("past_key_values", "batch", "batch-1 cache, batch-2 step", lambda c: decode(c, past_key_values=batch1_cache(c))),
     Case("past_key_values", "drafter", "kv_lora_rank 16", lambda c: decode(c, past_key_values=other_cache(c, kv_lora_rank=16))),
     Case("past_key_values", "drafter", "rope dim 8", lambda c: decode(c, past_key_values=other_cache(c, qk_rope_head_dim=8))),
+    # same dims, another drafter: its k_pe was rotated under another rope schedule / its c_kv normalised with other weights
+    Case("past_key_values", "drafter", "same dims, plain rope (YaRN-rotated k_pe)", lambda c: decode(c, past_key_values=other_cache(c, rope_parameters={"rope_type": "default"}))),
+    Case("past_key_values", "drafter", "same config, other weights", lambda c: decode(c, past_key_values=other_cache(c))),
     Case("past_key_values", "dtype", "bfloat16 cache", lambda c: decode(c, past_key_values=LatentKVCache.for_model(c.model.config, B, dtype=torch.bfloat16, device="cpu"))),
     Case("past_key_values", "device", "meta cache", lambda c: decode(c, past_key_values=LatentKVCache.for_model(c.model.config, B, dtype=torch.float32, device="meta"))),
     Case("past_key_values", "use_cache", "with use_cache=False", lambda c: decode(c, use_cache=False)),
@@ -277,6 +280,7 @@ DRAFT_CASES = [
     Case("past_key_values", "batch", "batch-1 cache", lambda c: drafting(c, past_key_values=batch1_cache(c))),
     Case("past_key_values", "batch", "batch-2 cache, batch-1 context", lambda c: drafting(c, input_ids=c.ids[:1], aux_hidden_states=c.aux[:1], past_key_values=copy_cache(c.cache))),
     Case("past_key_values", "drafter", "kv_lora_rank 16", lambda c: drafting(c, past_key_values=other_cache(c, kv_lora_rank=16))),
+    Case("past_key_values", "drafter", "same dims, plain rope", lambda c: drafting(c, past_key_values=other_cache(c, rope_parameters={"rope_type": "default"}))),
     Case("position_ids", "numpy", "int64 array", lambda c: drafting(c, position_ids=np.arange(T)[None])),
     Case("position_ids", "list", "list", lambda c: drafting(c, position_ids=[list(range(T))])),
     Case("position_ids", "dtype", "float", lambda c: drafting(c, position_ids=torch.arange(T, dtype=torch.float64)[None])),
@@ -286,6 +290,32 @@ DRAFT_CASES = [
     *[Case("past_key_values", "length", f"length {label} (set by hand)", lambda c, n=n: drafting(c, past_key_values=cache_of_length(c, n)))
       for label, n in LENGTHS],
 ]
+
+
+def layout_cases(method: str, call: Callable, arguments: dict[str, Callable[[Ctx], torch.Tensor]]) -> list[Case]:
+    """Kind ``layout``, generated for every tensor argument: the right values in a sparse COO tensor (and CSR
+    for 2-D ones), a quantized tensor for the float states. Refused by name (not a raw NotImplementedError
+    from the value checks)."""
+    cases = []
+    for argument, good in arguments.items():
+        makers = [("sparse COO", lambda t: t.to_sparse())]
+        if argument in ("input_ids", "position_ids", "attention_mask"):
+            makers.append(("sparse CSR", lambda t: t.to_sparse_csr()))
+        if argument in ("aux_hidden_states", "hidden_states"):
+            makers.append(("quantized qint8", lambda t: torch.quantize_per_tensor(t, 0.1, 0, torch.qint8)))
+        for label, make in makers:
+            cases.append(Case(argument, "layout", f"{label} ({method})", lambda c, a=argument, g=good, m=make: call(c, **{a: m(g(c))})))
+    return cases
+
+
+FORWARD_CASES += layout_cases("forward", first, {
+    "input_ids": lambda c: c.ids, "aux_hidden_states": lambda c: c.aux,
+    "position_ids": lambda c: torch.arange(T).expand(B, T).contiguous(),
+    "attention_mask": lambda c: torch.ones(B, T, dtype=torch.long)})  # fmt: skip
+FORWARD_CASES += layout_cases("forward", decode, {"hidden_states": lambda c: c.state})
+DRAFT_CASES += layout_cases("draft", drafting, {
+    "input_ids": lambda c: c.ids, "aux_hidden_states": lambda c: c.aux,
+    "position_ids": lambda c: torch.arange(T).expand(B, T).contiguous()})  # fmt: skip
 
 
 def nearly_full_cache(c: Ctx) -> LatentKVCache:
@@ -298,25 +328,25 @@ def nearly_full_cache(c: Ctx) -> LatentKVCache:
 # one, needs at least one case of any class).
 REQUIRED = {
     "forward": {
-        "input_ids": {"type", "numpy", "list", "dtype", "wrap", "shape", "empty", "range", "device"},
-        "aux_hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite", "device"},
-        "hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite"},
-        "position_ids": {"type", "numpy", "list", "dtype", "wrap", "shape", "empty", "range", "device"},
+        "input_ids": {"type", "numpy", "list", "dtype", "wrap", "shape", "empty", "range", "device", "layout"},
+        "aux_hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite", "device", "layout"},
+        "hidden_states": {"type", "numpy", "list", "dtype", "shape", "nonfinite", "layout"},
+        "position_ids": {"type", "numpy", "list", "dtype", "wrap", "shape", "empty", "range", "device", "layout"},
         "past_key_values": {"kind", "numpy", "list", "batch", "drafter", "dtype", "device", "use_cache", "length"},
-        "attention_mask": {"type", "numpy", "list", "dtype", "shape", "empty", "range", "device"},
+        "attention_mask": {"type", "numpy", "list", "dtype", "shape", "empty", "range", "device", "layout"},
         "use_cache": {"type"}, "absorb": {"type", "numpy"}, "check_values": {"type"},
         "logits_to_keep": {"type", "range", "list", "numpy", "tensor"},
         "kwargs": {"unknown", "unsupported"},
     },
     "draft": {
-        "input_ids": {"numpy", "list", "dtype", "wrap", "shape", "empty", "range"},
-        "aux_hidden_states": {"missing", "numpy", "list", "dtype", "shape", "nonfinite"},
+        "input_ids": {"numpy", "list", "dtype", "wrap", "shape", "empty", "range", "layout"},
+        "aux_hidden_states": {"missing", "numpy", "list", "dtype", "shape", "nonfinite", "layout"},
         "num_tokens": {"type", "range", "tensor", "numpy"},
         "temperature": {"type", "range", "nonfinite", "tensor"},
         "top_p": {"type", "range", "nonfinite"},
         "generator": {"type", "numpy"},
         "past_key_values": {"kind", "batch", "drafter"},
-        "position_ids": {"numpy", "list", "dtype", "shape", "range"},
+        "position_ids": {"numpy", "list", "dtype", "shape", "range", "layout"},
     },
 }  # fmt: skip
 
@@ -434,3 +464,34 @@ def test_check_sampling_settings_accepts_and_normalises():
     assert check_sampling_settings(0, 1) == (0.0, 1.0)
     assert check_sampling_settings(np.float32(0.5), 0.25) == (0.5, 0.25)
     assert isinstance(DraftInputError("x"), ValueError) and isinstance(DraftInputError("x"), TypeError)
+
+
+# -- LatentKVCache's own constructor arguments ------------------------------------------------------
+
+CACHE_GOOD = {"batch_size": 2, "kv_lora_rank": 32, "rope_dim": 16, "dtype": torch.float32, "device": "cpu", "capacity": 8}
+CACHE_BAD = [
+    *[(name, label, value) for name in ("batch_size", "kv_lora_rank", "rope_dim", "capacity")
+      for label, value in (("0", 0), ("-1", -1), ("2.5", 2.5), ("True", True), ("None", None), ("str", "2"), ("2**31", 2**31))],
+    ("dtype", "int64", torch.int64), ("dtype", "bool", torch.bool), ("dtype", "str", "float32"), ("dtype", "None", None),
+    ("device", "int list", [0]), ("device", "unknown name", "gpu9"), ("device", "None", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,label,value", CACHE_BAD, ids=[f"{n}-{label}" for n, label, _ in CACHE_BAD])
+def test_cache_constructor_refuses_bad_arguments(name, label, value):
+    args = {**CACHE_GOOD, name: value}
+    with pytest.raises(DraftInputError, match=f"`{name}`"):
+        LatentKVCache(args.pop("batch_size"), args.pop("kv_lora_rank"), args.pop("rope_dim"), **args)
+
+
+def test_cache_binds_to_its_first_drafter(ctx):
+    """A fresh cache binds on first use; a cache another drafter wrote is refused, naming the config difference."""
+    fresh = LatentKVCache.for_model(ctx.model.config, B, dtype=torch.float32, device="cpu")
+    assert fresh.bound_to() is None
+    with torch.no_grad():
+        ctx.model(ctx.ids, aux_hidden_states=ctx.aux, past_key_values=fresh)
+    assert fresh.bound_to()[0] is ctx.model
+    plain = tiny_drafter(seed=21, rope_parameters={"rope_type": "default"})
+    with pytest.raises(DraftInputError, match=r"another drafter instance whose config differs: `rope_parameters`"):
+        plain(ctx.ids[:, :1], hidden_states=ctx.state, past_key_values=fresh)
+    assert LatentKVCache.for_model(ctx.model, B, dtype=torch.float32, device="cpu").bound_to()[0] is ctx.model

@@ -44,34 +44,59 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _argtype(expected: str, bad: tuple[str, ...]):
-    """Decorate a type function: its ``__name__`` for argparse, what it expects, the bad classes it refuses."""
+def _shown(text: str) -> str:
+    """A value as quoted in a message: repr, cut to 120 characters."""
+    shown = repr(text)
+    return shown if len(shown) <= 120 else f"{shown[:100]}...' ({len(text)} characters)"
+
+
+def _argtype(expected: str, bad: tuple[str, ...], role: str | None = None):
+    """Decorate a type function: its ``__name__`` for argparse, what it expects, the bad classes it refuses,
+    and its ``role`` ("input": a path read; "output": a path written) for the rule that no output path is
+    an input path (:func:`_check_paths`). Any exception the function raises (OSError for a name too long,
+    ValueError, ...) becomes argparse's one-line argument error."""
+    import functools
 
     def wrap(fn):
-        fn.expected = expected
-        fn.bad = bad
-        return fn
+        @functools.wraps(fn)
+        def checked(text):
+            try:
+                return fn(text)
+            except argparse.ArgumentTypeError:
+                raise
+            except Exception as err:  # noqa: BLE001 - whatever it is, the value is unusable
+                reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+                raise argparse.ArgumentTypeError(f"expected {expected}, got {_shown(text)}: {_one_line(reason)}") from None
+
+        checked.expected = expected
+        checked.bad = bad
+        checked.role = role
+        return checked
 
     return wrap
 
 
 def _fail(expected: str, text: str):
-    return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return argparse.ArgumentTypeError(f"expected {expected}, got {_shown(text)}")
+
+
+# numbers as people type them, in ASCII only: int() and float() also take "1_0" and full-width digits
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def _number(text: str, expected: str, integer: bool):
     import math
 
-    try:
-        value = int(text.strip()) if integer else float(text)
-    except (ValueError, AttributeError):
-        raise _fail(expected, text) from None
+    if not isinstance(text, str) or not (_INT if integer else _FLOAT).fullmatch(text.strip()):
+        raise _fail(expected, text)
+    value = int(text.strip()) if integer else float(text.strip())
     if not integer and not math.isfinite(value):
         raise _fail(expected, text)
     return value
 
 
-@_argtype("a positive integer (>= 1)", ("zero", "negative", "nan", "inf", "text", "fraction", "empty"))
+@_argtype("a positive integer (>= 1)", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore"))
 def positive_int(text: str) -> int:
     value = _number(text, positive_int.expected, integer=True)
     if value < 1:
@@ -85,7 +110,7 @@ def _bounded(name: str, what: str):
 
     limit = DRAFTING_LIMITS[name]
 
-    @_argtype(f"a positive integer <= {limit:,} ({what})", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge"))
+    @_argtype(f"a positive integer <= {limit:,} ({what})", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge", "fullwidth", "underscore"))
     def bounded(text: str) -> int:
         value = _number(text, bounded.expected, integer=True)
         if not 1 <= value <= limit:
@@ -96,7 +121,7 @@ def _bounded(name: str, what: str):
     return bounded
 
 
-@_argtype("an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty"))
+@_argtype("an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore"))
 def seed_int(text: str) -> int:
     value = _number(text, seed_int.expected, integer=True)
     if not 0 <= value < 2**63:
@@ -106,10 +131,9 @@ def seed_int(text: str) -> int:
 
 def _sampling(text: str, expected: str, which: str) -> float:
     """A sampling setting by the library's one rule (modeling_eagle31_mla.check_sampling_settings)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise _fail(expected, text) from None
+    if not _FLOAT.fullmatch(text.strip()):
+        raise _fail(expected, text)
+    value = float(text.strip())
     from .modeling_eagle31_mla import check_sampling_settings
 
     try:
@@ -119,12 +143,12 @@ def _sampling(text: str, expected: str, which: str) -> float:
     return value
 
 
-@_argtype("a finite number >= 0 (0 = greedy)", ("negative", "nan", "inf", "text", "empty"))
+@_argtype("a finite number >= 0 (0 = greedy)", ("negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"))
 def temperature(text: str) -> float:
     return _sampling(text, temperature.expected, "temperature")
 
 
-@_argtype("a finite number > 0", ("zero", "negative", "nan", "inf", "text", "empty"))
+@_argtype("a finite number > 0", ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"))
 def positive_float(text: str) -> float:
     value = _number(text, positive_float.expected, integer=False)
     if value <= 0:
@@ -132,12 +156,12 @@ def positive_float(text: str) -> float:
     return value
 
 
-@_argtype("a probability in (0, 1] (1 = no truncation)", ("zero", "negative", "nan", "inf", "text", "above_one", "empty"))
+@_argtype("a probability in (0, 1] (1 = no truncation)", ("zero", "negative", "nan", "inf", "text", "above_one", "empty", "fullwidth", "underscore"))
 def top_p(text: str) -> float:
     return _sampling(text, top_p.expected, "top_p")
 
 
-@_argtype("an existing, non-empty UTF-8 text file", ("missing", "folder", "empty_file", "empty", "binary"))
+@_argtype("an existing, non-empty UTF-8 text file", ("missing", "folder", "empty_file", "empty", "binary", "toolong"), "input")
 def existing_file(text: str) -> str:
     import codecs
 
@@ -163,6 +187,51 @@ def existing_file(text: str) -> str:
     return text
 
 
+def _resolvable(path: Path, text: str, expected: str) -> Path:
+    """``path`` with its links followed; a symlink loop (or a name too long) is refused."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as err:  # RuntimeError: Python < 3.13's "Symlink loop"
+        reason = "a symlink loop" if "loop" in str(err).lower() else getattr(err, "strerror", None) or str(err)
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {_shown(text)}: {reason}") from None
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """No output path (--json, --out, DST) may be, contain or lie inside an input path (--prompts, --text,
+    --token-counts, --target / --draft folders, SRC): compared resolved (links and '..' followed) and by
+    inode (hard links), before any work. Raises UsageError (one line, exit 2)."""
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    paths: dict[str, list[tuple[str, str]]] = {"input": [], "output": []}
+    for action in sub.choices[args.command]._actions:
+        role = getattr(action.type, "role", None)
+        value = getattr(args, action.dest, None)
+        if role not in paths or value is None:
+            continue
+        name = action.option_strings[0] if action.option_strings else (action.metavar or action.dest)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item != "-":
+                paths[role].append((name, item))
+    for out_name, out_text in paths["output"]:
+        try:
+            out = Path(out_text).expanduser().resolve()
+        except (OSError, RuntimeError):
+            continue  # the type function refused it already
+        for in_name, in_text in paths["input"]:
+            try:
+                given = Path(in_text).expanduser()
+                if not given.exists():
+                    continue  # a Hub id: nothing local to overwrite
+                inp = given.resolve()
+                same = out == inp or (out.exists() and os.path.samefile(out, inp))
+            except (OSError, RuntimeError):
+                continue
+            how = ("is the same file as" if same else "contains" if out in inp.parents
+                   else "is inside" if inp in out.parents else None)  # fmt: skip
+            if how:
+                raise UsageError(f"argument {out_name}: expected a path apart from the inputs, got {_shown(out_text)}: "
+                                 f"it {how} {in_name} {_shown(in_text)}, which it would overwrite")  # fmt: skip
+
+
 def _writable_ancestor(path: Path, text: str, expected: str) -> None:
     """The nearest existing ancestor of ``path`` must be a folder this process can write into."""
     parent = path.absolute().parent
@@ -175,7 +244,7 @@ def _writable_ancestor(path: Path, text: str, expected: str) -> None:
 
 
 @_argtype("a file path in an existing, writable folder ('-' for stdout)",
-          ("folder", "unwritable", "missing_parent", "empty"))  # fmt: skip
+          ("folder", "unwritable", "missing_parent", "empty", "toolong", "loop"), "output")  # fmt: skip
 def output_file(text: str) -> str:
     if text == "-":
         return text
@@ -183,6 +252,7 @@ def output_file(text: str) -> str:
     expected = output_file.expected
     if not text.strip():
         raise _fail(expected, text)
+    _resolvable(path, text, expected)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a folder")
     if not path.absolute().parent.is_dir():
@@ -191,7 +261,7 @@ def output_file(text: str) -> str:
     return text
 
 
-@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty", "proc"))
+@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty", "proc", "toolong", "loop"), "output")
 def output_folder(text: str) -> str:
     from .engines import InputError, probe_output_folder
 
@@ -199,6 +269,7 @@ def output_folder(text: str) -> str:
     expected = output_folder.expected
     if not text.strip():
         raise _fail(expected, text)
+    _resolvable(path, text, expected)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a file")
     _writable_ancestor(path, text, expected)
@@ -209,7 +280,7 @@ def output_folder(text: str) -> str:
     return text
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z", re.ASCII)
 
 
 def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
@@ -231,12 +302,12 @@ def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
     return text
 
 
-@_argtype("a model folder (with config.json) or a Hub repo id like org/name", ("missing", "file", "empty"))
+@_argtype("a model folder (with config.json) or a Hub repo id like org/name", ("missing", "file", "empty", "toolong"), "input")
 def model_ref(text: str) -> str:
     return _local_or_hub(text, model_ref.expected, folder=True)
 
 
-@_argtype("a model folder, its config.json, or a Hub repo id like org/name", ("missing", "empty"))
+@_argtype("a model folder, its config.json, or a Hub repo id like org/name", ("missing", "empty", "toolong"), "input")
 def config_ref(text: str) -> str:
     return _local_or_hub(text, config_ref.expected, folder=False)
 
@@ -256,35 +327,35 @@ def nonempty(text: str) -> str:
 
 
 def _ids(text: str, expected: str, minimum: int) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise _fail(expected, text) from None
+    parts = [part.strip() for part in text.split(",")]
+    if not all(_INT.fullmatch(part) for part in parts):
+        raise _fail(expected, text)
+    ids = [int(part) for part in parts]
     if not ids or min(ids) < minimum or ids != sorted(set(ids)):
         raise _fail(expected, text)
     return ids
 
 
 @_argtype("comma-separated ints: one-based layer ids, ascending, each >= 1 (e.g. 2,46,90)",
-          ("zero", "negative", "nan", "text", "fraction", "empty"))  # fmt: skip
+          ("zero", "negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"))  # fmt: skip
 def one_based_ids(text: str) -> list[int]:
     return _ids(text, one_based_ids.expected, 1)
 
 
 @_argtype("comma-separated ints: layer ids in the target's convention, ascending, each >= 0 (e.g. 2,46,90)",
-          ("negative", "nan", "text", "fraction", "empty"))  # fmt: skip
+          ("negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"))  # fmt: skip
 def layer_ids(text: str) -> list[int]:
     return _ids(text, layer_ids.expected, 0)
 
 
 @_argtype("a release like 0.30 or 0.22.1", ("negative", "nan", "text", "empty"))
 def version(text: str) -> str:
-    if not re.match(r"^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.]+)?$", text):
+    if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][0-9A-Za-z.]+)?", text, re.ASCII):
         raise _fail(version.expected, text)
     return text
 
 
-@_argtype("a size like 10GB, 512MiB or a number of bytes (> 0)", ("zero", "negative", "nan", "inf", "text", "empty"))
+@_argtype("a size like 10GB, 512MiB or a number of bytes (> 0)", ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"))
 def size(text: str) -> int:
     from .convert import parse_size
     from .engines import InputError
@@ -298,14 +369,14 @@ def size(text: str) -> int:
 @_argtype("NAME=VALUE with NAME an environment variable name", ("text", "empty"))
 def env_assignment(text: str) -> str:
     name, sep, _ = text.partition("=")
-    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name, re.ASCII):
         raise _fail(env_assignment.expected, text)
     return text
 
 
 @_argtype("auto, cpu, cuda, cuda:N, mps or xpu:N", ("text", "negative", "empty"))
 def device(text: str) -> str:
-    if not re.match(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu)(:\d+)?)$", text):
+    if not re.fullmatch(r"(auto|cpu|mps|(cuda|xpu|npu|hpu)(:[0-9]+)?)", text, re.ASCII):
         raise _fail(device.expected, text)
     return text
 
@@ -415,6 +486,11 @@ def _acceptance(args: argparse.Namespace) -> int:
 
     # everything that can be checked without the models' weights, before loading them (minutes for a
     # real pair): settings, the prompts file, both config.json files, the prompts' token ids
+    for flag, revision, model, model_flag in (("--revision", args.revision, args.target, "--target"),
+                                              ("--draft-revision", args.draft_revision, args.draft, "--draft")):  # fmt: skip
+        if revision is not None and Path(model).expanduser().exists():
+            return _error(f"argument {flag}: expected a {model_flag} given as a Hub repo id (a revision names a Hub "
+                          f"branch, tag or commit), got {revision!r} with the local folder {model}; drop {flag}")  # fmt: skip
     try:
         _check_settings(SimpleNamespace(config=SimpleNamespace(draft_vocab_size=2**62)), args.num_steps, args.topk,
                         args.num_draft_tokens, args.temperature, args.top_p, None)  # fmt: skip
@@ -789,19 +865,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): no message, exit 141 (128 + SIGPIPE) as a shell tool
+    does; stdout is pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. Whatever goes wrong is one line on stderr and an exit code (see EXIT_CODES);
     set EAGLE31_MLA_TRACEBACK=1 to see the traceback of an unexpected failure."""
     from .engines import InputError
 
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        _check_paths(parser, args)
     except UsageError as err:
         return _error(err)
     except SystemExit as err:  # --help, --version: argparse printed what was asked
         return err.code if isinstance(err.code, int) else 0
+    except BrokenPipeError:  # `eagle31-mla --help | head -1`: the reader is gone; stop writing, quietly
+        return _broken_pipe()
     try:
         return args.run(args)
+    except BrokenPipeError:
+        return _broken_pipe()
     except KeyboardInterrupt:
         print(f"eagle31-mla {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -73,6 +73,13 @@ MAX_INDEX = 2**31 - 1
 #: nesting is refused by name instead of exhausting Python's recursion limit in a JSON reader or copy.
 MAX_CONFIG_DEPTH = 32
 
+#: Bounds of the rope settings: a YaRN factor, mscale, attention factor or beta beyond 1e6 (Kimi-K3: 32, 1,
+#: 32/1) or a theta beyond 1e12 (real models: 1e4 to 5e8) is never a real schedule; such values overflow
+#: the frequency math (``Eagle31MLAConfig._check_rope_math`` catches what the bounds let through).
+MAX_ROPE_NUMBER = 1e6
+MAX_ROPE_THETA = 1e12
+MIN_ROPE_NUMBER = 1e-6  # the least beta or attention factor (a smaller one underflows: no rotation, or no scale)
+
 #: Domain name -> (test, the words saying what is expected).
 DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "size": (lambda v: 1 <= v <= MAX_INDEX, f">= 1 and <= {MAX_INDEX}"),
@@ -81,6 +88,11 @@ DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "non_negative": (lambda v: v >= 0, ">= 0"),
     "at_least_1": (lambda v: v >= 1, ">= 1"),
     "unit_open": (lambda v: 0 < v < 1, "> 0 and < 1"),
+    # rope domains: bounded where a sane range is obvious (larger values overflow YaRN's math)
+    "rope_theta": (lambda v: 1 < v <= MAX_ROPE_THETA, f"> 1 and <= {MAX_ROPE_THETA:g}"),
+    "rope_positive": (lambda v: MIN_ROPE_NUMBER <= v <= MAX_ROPE_NUMBER, f">= {MIN_ROPE_NUMBER:g} and <= {MAX_ROPE_NUMBER:g}"),
+    "rope_non_negative": (lambda v: 0 <= v <= MAX_ROPE_NUMBER, f">= 0 and <= {MAX_ROPE_NUMBER:g}"),
+    "rope_at_least_1": (lambda v: 1 <= v <= MAX_ROPE_NUMBER, f">= 1 and <= {MAX_ROPE_NUMBER:g}"),
     "": (lambda v: True, ""),
 }
 
@@ -116,7 +128,13 @@ class ConfigField:
 
     @property
     def nested(self) -> bool:
+        """A key of the rope dict."""
         return self.name.startswith("rope_parameters.")
+
+    @property
+    def in_eagle_config(self) -> bool:
+        """A key of the nested ``eagle_config`` dict."""
+        return self.name.startswith("eagle_config.")
 
     def expected(self) -> str:
         """What a value must be, in words (the clause of every refusal)."""
@@ -215,19 +233,23 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
     ConfigField("pad_token_id", "token_id", "token_id", optional=True),
     ConfigField("dtype", "dtype", optional=True),
     ConfigField("torch_dtype", "dtype", optional=True),
-    ConfigField("rope_theta", "float", "positive", optional=True),  # legacy form: beside rope_scaling
-    ConfigField("rope_parameters.rope_theta", "float", "positive", optional=True),
-    ConfigField("rope_parameters.factor", "float", "at_least_1", rope_type="yarn"),
+    ConfigField("rope_theta", "float", "rope_theta", optional=True),  # legacy form: beside rope_scaling
+    ConfigField("rope_parameters.rope_theta", "float", "rope_theta", optional=True),
+    ConfigField("rope_parameters.factor", "float", "rope_at_least_1", rope_type="yarn"),
     ConfigField("rope_parameters.original_max_position_embeddings", "int", "size", rope_type="yarn"),
-    ConfigField("rope_parameters.beta_fast", "float", "positive", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.beta_slow", "float", "positive", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.mscale", "float", "non_negative", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.mscale_all_dim", "float", "non_negative", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.attention_factor", "float", "positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.beta_fast", "float", "rope_positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.beta_slow", "float", "rope_positive", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.mscale", "float", "rope_non_negative", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.mscale_all_dim", "float", "rope_non_negative", optional=True, rope_type="yarn"),
+    ConfigField("rope_parameters.attention_factor", "float", "rope_positive", optional=True, rope_type="yarn"),
     ConfigField("rope_parameters.truncate", "bool", optional=True, rope_type="yarn"),
+    # keys of the nested eagle_config dict (its aux-layer ids are read by aux_layers' own rule)
+    ConfigField("eagle_config.use_aux_hidden_state", "bool", optional=True,
+                hint=" (this drafter's `fc` takes the concatenated aux states: true, or leave it out)"),
 )
-TOP_LEVEL_FIELDS = tuple(f for f in CONFIG_FIELDS if not f.nested)
+TOP_LEVEL_FIELDS = tuple(f for f in CONFIG_FIELDS if "." not in f.name)
 ROPE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.nested)
+EAGLE_CONFIG_FIELDS = tuple(f for f in CONFIG_FIELDS if f.in_eagle_config)
 
 _SHOW = reprlib.Repr()
 _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlevel, _SHOW.maxlong = 60, 60, 3, 60
@@ -375,6 +397,21 @@ def read_config_file(path: str | os.PathLike) -> dict:
     except ValueError as err:  # JSONDecodeError, and a number of more than 4300 digits
         raise ConfigError(f"{path} is not valid JSON ({err}); expected a JSON object of settings") from None
     return check_config_dict(data, str(path))
+
+
+def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Tensor, float]:
+    """The RoPE inverse frequencies [R/2] and attention scaling of ``config``'s rope slice: YaRN through
+    Transformers' own rope init (``ROPE_INIT_FUNCTIONS["yarn"]``), plain RoPE by the usual formula. The one
+    computation the model uses, and the one the config checks at construction."""
+    rope = config.rope_parameters
+    if rope["rope_type"] == "yarn":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS["yarn"](config, device)
+        return inv_freq, float(scaling)
+    dim = config.qk_rope_head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (rope["rope_theta"] ** exponents), 1.0
 
 
 def _yarn_mscale(factor: float, mscale: float) -> float:
@@ -597,6 +634,9 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"{self.eagle_config!r}"
             )
         eagle_config = dict(self.eagle_config or {})
+        for field in EAGLE_CONFIG_FIELDS:  # type-checked like top-level fields (a bool must be a JSON bool)
+            if field.key in eagle_config:
+                field.check(eagle_config[field.key])
         if eagle_config.get("use_aux_hidden_state") is False:
             raise ConfigError(
                 "`eagle_config.use_aux_hidden_state` is false (EAGLE-1 style: last hidden state only); this "
@@ -752,6 +792,37 @@ class Eagle31MLAConfig(PretrainedConfig):
                     + (whose if rope_defaulted else "")
                 )
         self._check_token_ids()
+        self._check_rope_math()
+
+    def _check_rope_math(self) -> None:
+        """Every number the model derives from the rope settings -- the inverse frequencies and attention
+        scaling (through the model's own rope init), ``softmax_scale`` and YaRN's mscale -- computed once
+        here: values that pass each field's own domain yet break the math together (a theta near 1, a
+        beta or mscale whose logarithm overflows) are refused by name, never met as NaN logits or a raw
+        error in the first forward."""
+        rope = self.rope_parameters
+        problem = None
+        try:
+            inv_freq, scaling = rope_frequencies(self)
+            softmax_scale = self.softmax_scale
+            mscale = (_yarn_mscale(rope["factor"], rope.get("mscale") or 1.0) if rope["rope_type"] == "yarn" else 1.0)
+            if not bool(torch.isfinite(inv_freq).all()) or not bool((inv_freq > 0).all()):
+                problem = f"its inverse frequencies are not all finite and > 0 (got {_show(inv_freq.tolist())})"
+            elif not (_finite(scaling) and scaling > 0):
+                problem = f"its attention scaling is {scaling!r}"
+            elif not (_finite(softmax_scale) and softmax_scale > 0):
+                problem = f"its softmax scale is {softmax_scale!r}"
+            elif not (_finite(mscale) and mscale > 0):
+                problem = f"its YaRN mscale is {mscale!r}"
+        except Exception as err:  # ZeroDivisionError, OverflowError, math domain error, ... inside the rope math
+            problem = f"computing its frequencies failed ({type(err).__name__}: {str(err)[:200]})"
+        if problem:
+            settings = ", ".join(f"`{k}` {_show(v)}" for k, v in rope.items())
+            raise ConfigError(
+                f"the rope settings ({settings}) do not give a usable RoPE: {problem}; expected rope settings whose "
+                "inverse frequencies, attention scaling and softmax scale are finite and > 0 (e.g. Kimi-K3's: yarn, "
+                "rope_theta 50000, factor 32, beta_fast 32 > beta_slow 1, mscale 1, mscale_all_dim 1)"
+            )
 
 
 #: The keyword names the constructor was called with (from_dict passes a file's keys), so that a default
@@ -780,5 +851,6 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+__all__ += ["rope_frequencies", "EAGLE_CONFIG_FIELDS", "MAX_ROPE_NUMBER", "MAX_ROPE_THETA", "MIN_ROPE_NUMBER"]
 __all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS", "CONFIG_FIELDS", "ConfigField", "resolve_dtype",
             "read_config_file", "check_config_dict", "loads_json", "DuplicateKeyError", "not_a_regular_file", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]

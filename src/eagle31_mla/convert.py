@@ -91,7 +91,7 @@ class ConvertResult:
 
 # ---- inputs ----------------------------------------------------------------------------------------------
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
@@ -110,6 +110,10 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 def read_token_counts(path: str | Path) -> dict[int, int]:
     """Token frequencies over the TARGET vocabulary, from either
 
@@ -124,27 +128,55 @@ def read_token_counts(path: str | Path) -> dict[int, int]:
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read token counts from {path} ({err})") from None
     counts: dict[int, int] = {}
+    canonical = re.compile(r"0|[1-9][0-9]*", re.ASCII)  # a token id as written: no sign, no leading zero, ASCII
 
-    def put(token, count, where: str) -> None:
-        try:
-            token, count = int(token), int(count)
-        except (TypeError, ValueError):
-            raise InputError(f"{path}: {where}: expected an integer token id and count, got {token!r} {count!r}") from None
-        if token < 0 or count < 0:
-            raise InputError(f"{path}: {where}: token ids and counts must be >= 0, got {token} {count}")
+    def put(token, count, where: str, *, add: bool = True) -> None:
+        if isinstance(token, str):
+            if not canonical.fullmatch(token.strip()):
+                raise InputError(f"{path}: {where}: expected a token id written as a non-negative integer "
+                                 f"(no sign, no leading zero), got {token!r}")  # fmt: skip
+            token = int(token.strip())
+        if isinstance(count, str):  # text lines: the count as written
+            if not canonical.fullmatch(count.strip()):
+                raise InputError(f"{path}: {where}: expected a count written as a non-negative integer, got {count!r}")
+            count = int(count.strip())
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InputError(f"{path}: {where}: expected a non-negative integer token id, got {token!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InputError(f"{path}: {where}: expected a finite non-negative integer count, got {count!r}")
+        if not add and token in counts:
+            raise InputError(f"{path}: {where}: token id {token} is listed twice; expected each id once")
         counts[token] = counts.get(token, 0) + count
+
+    def no_duplicate_keys(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise InputError(f"{path}: key {key!r} appears twice; expected each token id once")
+            seen[key] = value
+        return seen
+
+    def no_constants(name):
+        raise InputError(f"{path}: {name} is not a count; expected finite non-negative integer counts")
+
+    def finite_float(text):
+        value = float(text)
+        if not math.isfinite(value):
+            raise InputError(f"{path}: {text} overflows; expected finite non-negative integer counts")
+        return value
 
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}: not valid JSON ({err})") from None
+            data = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=no_constants,
+                              parse_float=finite_float)  # fmt: skip
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise InputError(f"{path}: not valid JSON ({_first_line(err)})") from None
         if isinstance(data, dict):
             for token, count in data.items():
-                put(token, count, f"key {token!r}")
+                put(token, count, f"key {token!r}", add=False)
         elif isinstance(data, list):
             for token, count in enumerate(data):
-                put(token, count, f"index {token}")
+                put(token, count, f"index {token}", add=False)
         else:
             raise InputError(f"{path}: expected a JSON object {{token_id: count}} or a list of counts")
     else:
@@ -388,6 +420,11 @@ def _alive(marker: Any) -> bool:
     return True
 
 
+def _swap_record(old: Path) -> Path:
+    """The record convert writes beside DST before a non-atomic swap, naming the ``old`` folder it makes."""
+    return old.with_name(old.name.replace(f"{_TMP}old-", f"{_TMP}swap-", 1) + ".json")
+
+
 def _clean_leftovers(dst: Path) -> list[str]:
     """Finish what an interrupted convert into ``dst`` left beside it; returns notes on what was done."""
     notes = []
@@ -398,11 +435,30 @@ def _clean_leftovers(dst: Path) -> list[str]:
             continue
         if leftover.name.startswith(f".{dst.name}{_TMP}old-"):
             # the DST of an interrupted non-atomic swap (filesystems without renameat2): restore it if
-            # the new folder never arrived; remove it (its files are in DST) if it did
+            # the new folder never arrived; remove it (its files are in DST) if it did. Only with the swap
+            # record convert wrote beside it (its pid and host, this old folder and its new one): a folder
+            # is never renamed or deleted by its name alone.
+            record_path = _swap_record(leftover)
+            record = _read_json(record_path)
+            if not (isinstance(record, dict) and record.get("written_by") == _WRITER and record.get("old") == leftover.name
+                    and record.get("dst") == dst.name and isinstance(record.get("new"), str)
+                    and record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int)):  # fmt: skip
+                continue  # not provably convert's: leave it alone
+            if _alive(record):
+                continue  # that convert is still swapping
             if not dst.exists():
                 os.rename(leftover, dst)
+                record_path.unlink(missing_ok=True)
                 notes.append(f"restored {dst} from an interrupted conversion ({leftover.name})")
                 continue
+            kept = _remove_ours(leftover, dst)
+            if not kept:
+                record_path.unlink(missing_ok=True)
+            notes.append(f"removed the leftovers of an interrupted conversion ({leftover.name})"
+                         + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else ""))  # fmt: skip
+            continue
+        elif not _listed(leftover):
+            continue  # no marker or manifest by convert: not provably its own, left alone
         elif (leftover / MARKER).is_file() and _alive(_read_json(leftover / MARKER)):
             continue  # another convert is writing it
         # without a marker: finished (its last step removes the marker) and never swapped in, or the old
@@ -427,7 +483,7 @@ def _check_destination(dst: Path, src: Path, force: bool, outputs: Sequence[str]
     if not force:
         raise InputError(f"the destination {dst} is not empty; pass --force to replace what an earlier convert wrote there")
     ours = _listed(dst) - {MARKER}
-    foreign = [name for name in entries if name not in ours]
+    foreign = [name for name in entries if name not in ours and _TMP not in name]  # never carry a temp folder into itself
     clash = sorted(set(foreign) & {*outputs, MANIFEST, MARKER})
     if clash:
         raise InputError(f"the destination {dst} holds {', '.join(clash)}, which convert would write but did not "
@@ -493,9 +549,16 @@ def _commit(tmp: Path, dst: Path) -> list[str]:
             kept = _remove_ours(tmp, dst)
         else:  # two renames; an interruption between them is repaired by the next convert (_clean_leftovers)
             old = tmp.with_name(tmp.name.replace(f"{_TMP}new-", f"{_TMP}old-"))
+            record = _swap_record(old)
+            record.write_bytes(_json_bytes({"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname(),
+                                            "dst": dst.name, "old": old.name, "new": tmp.name}))  # fmt: skip
+            _fsync(record)
+            _fsync(dst.parent)
             os.rename(dst, old)
             os.rename(tmp, dst)
             kept, tmp = _remove_ours(old, dst), old
+            if not kept:
+                record.unlink(missing_ok=True)
     return [f"kept {tmp}: it holds {', '.join(kept)}, which appeared in {dst} during the conversion"] if kept else []
 
 
@@ -572,9 +635,13 @@ def convert(
     for flag, value in (("--repo-id", repo_id), ("--target", target_name)):
         if value is not None and (not isinstance(value, str) or not value.strip() or "\n" in value):
             raise InputError(f"{flag}: expected a non-empty name on one line, got {value!r}")
-    dst = Path(dst).expanduser()
-    if dst.is_symlink():
-        dst = dst.resolve()  # write where the link points; the link itself stays
+    try:  # where the writes go: links followed (the link itself stays) and '..' resolved, so DST's name and
+        # parent are real (a DST spelled 'work/..' would otherwise put the temporary folder inside DST)
+        dst = Path(dst).expanduser().resolve()
+    except (OSError, RuntimeError) as err:  # RuntimeError: Python < 3.13's "Symlink loop"
+        raise InputError(f"DST {dst}: cannot follow its links ({'a symlink loop' if 'loop' in str(err).lower() else err})") from None
+    if dst == dst.parent:
+        raise InputError(f"DST {dst}: expected a folder to write, not the file-system root")
     from .engines import probe_output_folder
 
     probe_output_folder(dst, "DST")  # a destination that cannot be created fails before any work
@@ -583,6 +650,16 @@ def convert(
         folder = resolve_model_folder(src)
     except Exception as err:
         raise InputError(f"cannot find the source {src} ({err})") from None
+    for what, given in (("the source", folder), ("--token-counts", token_counts)):
+        if given is None:
+            continue
+        try:
+            real = Path(given).expanduser().resolve()
+        except (OSError, RuntimeError):
+            continue
+        if real == dst or dst in real.parents or real in dst.parents:
+            how = "is" if real == dst else "contains" if dst in real.parents else "is inside"
+            raise InputError(f"DST {dst} {how} {what} {given}; convert into a folder apart from its inputs")
 
     # 1. The source, checked by the loader's own rules before anything is written.
     if not (folder / "config.json").is_file():

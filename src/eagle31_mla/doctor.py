@@ -62,6 +62,9 @@ CHECKS: dict[str, str] = {
     "target-depth-unknown": (
         "the target's config.json has no readable num_hidden_layers: which layers any engine captures cannot be checked"
     ),
+    "target-config-unreadable": (
+        "a target config.json field the checks read holds the wrong type (architectures as a string or empty, ...)"
+    ),
     "target-sizes-unknown": (
         "the target's config.json has no readable hidden_size or vocab_size: the draft cannot be checked against them"
     ),
@@ -354,6 +357,11 @@ def diagnose(
 def _check_target(target: Target, add) -> None:
     """What the other checks need from the target's config.json: missing, they would pass by default."""
     where = "the target's config.json (or its text_config)"
+    for key, expected in target.unreadable:
+        add(Finding("target-config-unreadable", f"{where} for {target.name} has an unreadable {key!r}: expected {expected}; "
+                    "the checks that depend on it (which model class the engine builds, how it reads aux ids) cannot "
+                    "run", f"point --target at the target model itself; if that is what it is, correct {key!r} in {where}"
+                    + (' (e.g. "architectures": ["DeepseekV3ForCausalLM"])' if key == "architectures" else "")))  # fmt: skip
     if target.num_layers is None:
         add(Finding("target-depth-unknown", f"{where} for {target.name} has no num_hidden_layers that is a positive "
                     "integer: which layers the engine captures, and whether the draft's aux ids exist in this target, "

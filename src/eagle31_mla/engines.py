@@ -189,6 +189,8 @@ class Target:
     vocab_size: int | None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    #: fields of the config.json present with a value of the wrong type or shape (key, what was expected)
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], name: str = "target") -> "Target":
@@ -198,11 +200,25 @@ class Target:
         def get(key):
             return text.get(key, config.get(key))
 
-        architectures = config.get("architectures") or []
+        unreadable = []
+        architectures = config.get("architectures")
+        if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) and a for a in architectures)):
+            unreadable.append(("architectures", f"a non-empty list of class names, got {architectures!r}"[:200]))
+            architectures = [a for a in architectures if isinstance(a, str) and a] if isinstance(architectures, list) else []
+        model_type = config.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            unreadable.append(("model_type", f"a string, got {model_type!r}"[:200]))
+        bos = get("bos_token_id")  # depth and sizes: target-depth-unknown / target-sizes-unknown
+        if bos is not None and _int(bos) is None:
+            unreadable.append(("bos_token_id", f"an integer token id, got {bos!r}"[:200]))
+        eos = get("eos_token_id")
+        if eos is not None and len(token_ids(eos)) != (len(eos) if isinstance(eos, (list, tuple)) else 1):
+            unreadable.append(("eos_token_id", f"an integer token id or a list of them, got {eos!r}"[:200]))
         return cls(
             name=name,
-            architectures=tuple(a for a in architectures if isinstance(a, str)),
-            model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+            unreadable=tuple(unreadable),
+            architectures=tuple(architectures),
+            model_type=model_type if isinstance(model_type, str) else None,
             num_layers=_int(get("num_hidden_layers")),
             hidden_size=_int(get("hidden_size")),
             vocab_size=_int(get("vocab_size")),

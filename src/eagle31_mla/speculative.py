@@ -56,6 +56,7 @@ import inspect
 import json
 import numbers
 import sys
+from collections.abc import Iterable as _Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -583,6 +584,77 @@ def _prompt_tensor(input_ids, vocab_size: int) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.long)
 
 
+def _describe_value(value) -> str:
+    if isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__} module"
+    text = " ".join(repr(value).split())
+    return f"{text[:60]}..." if len(text) > 60 else text
+
+
+def _check_models(target, drafter) -> int:
+    """``target`` is a Transformers causal LM (not a drafter), ``drafter`` an EAGLE-3.1 drafter; returns the
+    target's vocabulary size."""
+    from .engines import looks_like_a_drafter
+
+    if not isinstance(drafter, Eagle31MLAForCausalLM):
+        raise DraftInputError(f"`drafter` is {_describe_value(drafter)} ({type(drafter).__name__}); expected an "
+                              "Eagle31MLAForCausalLM")  # fmt: skip
+    config = getattr(target, "config", None)
+    if not (isinstance(target, torch.nn.Module) and callable(getattr(config, "get_text_config", None))):
+        raise DraftInputError(f"`target` is {_describe_value(target)} ({type(target).__name__}); expected a Transformers "
+                              "causal LM (a torch module with a config)")  # fmt: skip
+    try:
+        as_dict = config.to_dict() if callable(getattr(config, "to_dict", None)) else {}
+    except Exception:  # noqa: BLE001 - an odd config: the pair check below reports what matters
+        as_dict = {}
+    if isinstance(target, Eagle31MLAForCausalLM) or looks_like_a_drafter(as_dict):
+        raise DraftInputError("`target` is an EAGLE drafter (its config has EAGLE architectures / aux-layer keys); "
+                              "expected the target model it drafts for")  # fmt: skip
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if not _is_int(vocab) or vocab < 1:
+        raise DraftInputError(f"`target` has vocab_size {vocab!r} in its config; expected a positive int")
+    return int(vocab)
+
+
+def _check_eos(eos_token_id, vocab_size: int) -> set[int]:
+    """``eos_token_id``: None, an int token id, or a list / tuple / set (or 0-/1-D integer tensor) of them;
+    every id in [0, vocab_size). Strings, bools and floats are refused, never iterated or cast."""
+    expected = f"None, an int token id in [0, {vocab_size}) or a list of them"
+    if eos_token_id is None:
+        return set()
+    value = eos_token_id
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool or value.dim() > 1:
+            raise DraftInputError(f"`eos_token_id` is a {value.dtype} tensor of shape {tuple(value.shape)}; expected {expected}")
+        value = value.tolist()
+    if _is_int(value):
+        ids = [value]
+    elif isinstance(value, (list, tuple, set, frozenset, range)):
+        ids = list(value)
+    else:
+        raise DraftInputError(f"`eos_token_id` is {_describe_value(eos_token_id)} ({type(eos_token_id).__name__}); expected {expected}")
+    for i in ids:
+        if not _is_int(i) or not 0 <= i < vocab_size:
+            raise DraftInputError(f"`eos_token_id` holds {_describe_value(i)} ({type(i).__name__}); expected {expected}")
+    return {int(i) for i in ids}
+
+
+def _check_generator(generator, target) -> None:
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise DraftInputError(f"`generator` is {_describe_value(generator)} ({type(generator).__name__}); expected a "
+                              "torch.Generator or None")  # fmt: skip
+    device = next(target.parameters()).device
+    if generator.device.type != device.type:
+        raise DraftInputError(f"`generator` is on {generator.device}; expected one on the target's device ({device})")
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise DraftInputError(f"`{name}` is {_describe_value(value)} ({type(value).__name__}); expected True or False")
+
+
 def _check_pair(target, drafter) -> None:
     text_config = target.config.get_text_config()
     config = drafter.config
@@ -625,9 +697,12 @@ def speculative_generate(
     ``finish_reason`` "length", ``context_limited`` True): a verification round runs only when all it can
     emit fits, and the last few tokens before the limit are decoded by the target alone (they count as
     generated tokens, not as rounds, so the acceptance statistics cover full rounds only)."""
+    vocab = _check_models(target, drafter)
     tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens)
     _check_pair(target, drafter)
-    prompt = _prompt_tensor(input_ids, target.config.get_text_config().vocab_size)
+    eos = _check_eos(eos_token_id, vocab)
+    _check_generator(generator, target)
+    prompt = _prompt_tensor(input_ids, vocab)
     limit = context_limit(target, drafter)
     if prompt.shape[1] >= limit:
         raise DraftInputError(f"the prompt has {prompt.shape[1]} tokens; expected fewer than the context limit of "
@@ -639,8 +714,6 @@ def speculative_generate(
         )
     device = next(target.parameters()).device
     prompt = prompt.to(device)
-    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-    vocab = target.config.get_text_config().vocab_size
     draft_device, draft_dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     stats = AcceptanceStats(num_steps, num_nodes - 1, num_requests=1)
     accepted_per_round: list[int] = []
@@ -883,9 +956,22 @@ def measure_acceptance(
     EOS defaults to the target's ``generation_config``; ``ignore_eos`` generates ``max_new_tokens`` always."""
     from tqdm.auto import tqdm
 
+    vocab = _check_models(target, drafter)
     _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens)
+    _check_pair(target, drafter)
+    _check_flag("ignore_eos", ignore_eos)
+    _check_flag("progress", progress)
+    if not _is_int(seed) or not 0 <= seed < 2**63:
+        raise DraftInputError(f"`seed` is {_describe_value(seed)} ({type(seed).__name__}); expected an int in [0, 2**63)")
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))):
+        raise DraftInputError(f"`tokenizer` is {_describe_value(tokenizer)} ({type(tokenizer).__name__}); expected a "
+                              "Transformers tokenizer or None")  # fmt: skip
+    if isinstance(prompts, (str, bytes, bytearray, Mapping, torch.Tensor)) or not isinstance(prompts, _Iterable):
+        raise DraftInputError(f"`prompts` is {_describe_value(prompts)} ({type(prompts).__name__}); expected a list of "
+                              f"prompts, each {PROMPT_SHAPES}")  # fmt: skip
     prompts = list(prompts)
-    eos = [] if ignore_eos else (_default_eos(target) if eos_token_id is None else eos_token_id)
+    eos = sorted(_check_eos(eos_token_id, vocab)) if eos_token_id is not None else None
+    eos = [] if ignore_eos else (_default_eos(target) if eos is None else eos)
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     settings = dict(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens, temperature=temperature,
