@@ -345,3 +345,14 @@ def test_unreadable_target_fields_are_a_finding(key, value):
     config = {**kimi_k3_target(**({} if key == "model_type" else {key: value})), **({key: value} if key == "model_type" else {})}
     report = Case(draft(), config, "vllm", "0.30").run()
     assert any(f.id == "target-config-unreadable" and repr(key) in f.problem for f in report.problems), report.format()
+
+
+def test_a_draft_and_target_given_the_wrong_way_round_are_named_as_swapped(capsys):
+    """A target config as --draft and a drafter as --target: one line saying so (exit 2), never fixes that
+    would turn the target's config.json into a drafter's."""
+    from eagle31_mla.demo import DEMO_DIR
+
+    code = main(["doctor", "--draft", str(DEMO_DIR / "target"), "--target", str(DEMO_DIR / "draft"), "--engine", "vllm"])
+    captured = capsys.readouterr()
+    assert code == 2 and "look swapped" in captured.err and "expected --draft DRAFTER --target TARGET" in captured.err
+    assert "architectures" not in captured.out  # no advice to rewrite the target's config

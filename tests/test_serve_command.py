@@ -106,3 +106,18 @@ def test_shell_text_quotes_and_continues_lines():
     text = cmd.text()
     assert text.splitlines()[-2].endswith("'my target' \\")
     assert text.splitlines()[-1].startswith("  --speculative-config '{")
+
+
+@pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
+def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys):
+    """The tree size rule of the reference loop (engines.max_tree_draft_tokens) bounds --num-draft-tokens."""
+    from eagle31_mla.engines import max_tree_draft_tokens
+
+    most = max_tree_draft_tokens(topk, steps)
+    assert most == 1 + topk + (steps - 1) * topk * topk  # written out: root, first step, later steps
+    serve_command("sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most)
+    with pytest.raises(ValueError, match=f"holds 2 to {most} tokens"):
+        serve_command("sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most + 1)
+    code = main(["serve-command", "--engine", "sglang", "--topk", str(topk), "--num-steps", str(steps),
+                 "--num-draft-tokens", "1000"])  # fmt: skip
+    assert code == 2 and "holds 2 to" in capsys.readouterr().err

@@ -841,3 +841,30 @@ def test_acceptance_past_the_context_limit_stops_there_with_a_note(tmp_path, cap
     assert "note: 1 request(s) stopped at the context limit of 512 positions" in err
     (request,) = json.loads(report.read_text())["requests"]
     assert request["num_prompt_tokens"] + request["num_generated_tokens"] == 512 and request["context_limited"]
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1e-300, 1.0), (5e-324, 1.0), (1e-3, 1.0), (1.0, 1e-300), (1e-300, 1e-300)])
+def test_tiny_temperatures_and_top_p_give_a_distribution(temperature, top_p):
+    """Valid settings at the edge of fp32: logits / 1e-300 overflows and a top_p below fp32's smallest
+    value compares as 0; either would give NaN. Both must give the argmax's one-hot (within fp32)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, -5.0], [0.5, -1.0, 0.25, 0.4]])
+    probs = target_probs(logits, temperature, top_p)
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(2))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and (probs.max(-1).values > 0.999).all()
+    drafter = tiny_drafter(seed=1)
+    ids = torch.randint(0, drafter.config.vocab_size, (1, 4))
+    aux = torch.randn(1, 4, drafter.config.num_aux_hidden_states * drafter.config.target_hidden_size)
+    drafted = drafter.draft(ids, aux, 2, temperature=temperature, top_p=top_p, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(drafted.probs).all()
+
+
+def test_settings_and_pairs_are_refused_with_the_library_error():
+    """Every refusal of the reference loop's settings is a DraftInputError, as the README says."""
+    from eagle31_mla.modeling_eagle31_mla import DraftInputError
+
+    drafter = tiny_drafter(seed=1)
+    for bad in (dict(num_steps=3, num_draft_tokens=2), dict(topk=4, num_steps=2, num_draft_tokens=100),
+                dict(topk=4, tree=False), dict(topk=10_000 if drafter.config.draft_vocab_size < 10_000 else 64)):  # fmt: skip
+        settings = dict(num_steps=3, topk=1, num_draft_tokens=None, temperature=0.0, top_p=1.0, tree=None) | bad
+        with pytest.raises(DraftInputError):
+            spec._check_settings(drafter, **settings)

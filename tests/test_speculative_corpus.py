@@ -45,7 +45,7 @@ BAD = {
     },
     "measure_acceptance": {
         **COMMON,
-        "prompts": [{"a": [1, 2]}, "a prompt", 5, torch.tensor([[1, 2]])],
+        "prompts": [{"a": [1, 2]}, "a prompt", 5, torch.tensor([[1, 2]]), []],
         "seed": [2**70, 1.5, -1, "0", True],
         "tokenizer": ["gpt2", 5],
         "ignore_eos": ["no", 0, None],

@@ -700,7 +700,7 @@ def _doctor(args: argparse.Namespace) -> int:
     capture and stream, EAGLE-3.1 support, MLA detection, depth, vocabulary, sizes, bos/eos), each with
     its exact fix. Reads only the two config.json files. Exit 0 only when nothing is wrong."""
     from .doctor import CHECKS, diagnose
-    from .engines import InputError, Target, read_config_json
+    from .engines import InputError, Target, looks_like_a_drafter, read_config_json
 
     if args.list_checks:
         for check, what in CHECKS.items():
@@ -721,6 +721,9 @@ def _doctor(args: argparse.Namespace) -> int:
             raise ValueError("--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)")
         draft, _ = read_config_json(args.draft)
         target_config, _ = read_config_json(args.target)
+        if looks_like_a_drafter(target_config) and not looks_like_a_drafter(draft):
+            raise InputError(f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
+                             "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET")  # fmt: skip
         report = diagnose(draft, Target.from_config(target_config, args.target), args.engine, args.engine_version,
                           environ=environ, with_plugin=args.with_plugin, layers_to_capture=layers,
                           draft_name=args.draft)  # fmt: skip

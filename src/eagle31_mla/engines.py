@@ -88,6 +88,13 @@ TOKENSPEED_MLA_DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 TOKENSPEED_TOPK = 1
 
 
+def max_tree_draft_tokens(topk: int, num_steps: int) -> int:
+    """The most tokens an EAGLE draft tree can hand to verification, root included: the first step adds
+    topk nodes, each later step topk children of each of the topk best (SGLang's and the reference
+    loop's tree). A chain (topk 1) gives num_steps + 1."""
+    return 1 + topk + (num_steps - 1) * topk * topk
+
+
 class InputError(Exception):
     """A file or id that cannot be read: the CLI's exit code 2."""
 

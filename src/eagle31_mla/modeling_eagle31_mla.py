@@ -987,10 +987,15 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     temperature, top_p = check_sampling_settings(temperature, top_p)
     if temperature == 0:
         return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if temperature >= 1e-3:
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+    else:  # logits / temperature could overflow fp32 (inf - inf = NaN): shift by the max, divide in fp64
+        shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+        probs = torch.softmax(shifted / temperature, dim=-1).float()
     if top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
+        keep[..., 0] = True  # never empty (a top_p below fp32's smallest value compares as 0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

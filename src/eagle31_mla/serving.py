@@ -24,6 +24,7 @@ from .engines import (
     TOKENSPEED_LAYERS_FLAG,
     TOKENSPEED_TOPK,
     Target,
+    max_tree_draft_tokens,
     tokenspeed_flag_form,
 )
 
@@ -88,6 +89,9 @@ def serve_command(
         num_draft_tokens = chain
     elif num_draft_tokens is None:
         raise ValueError("with topk > 1 give --num-draft-tokens (the size of the draft tree to verify)")
+    elif not 2 <= num_draft_tokens <= max_tree_draft_tokens(topk, num_steps):
+        raise ValueError(f"--num-draft-tokens is {num_draft_tokens}; a tree of topk {topk} over {num_steps} steps holds "
+                         f"2 to {max_tree_draft_tokens(topk, num_steps)} tokens (root included)")  # fmt: skip
     layers_to_capture = None
     if engine == "vllm" and topk != 1:
         raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")

@@ -64,6 +64,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from .aux_layers import AuxLayerIds
+from .engines import max_tree_draft_tokens
 from .modeling_eagle31_mla import Eagle31MLAForCausalLM, DraftInputError, LatentKVCache, check_sampling_settings, sampling_probs
 
 __all__ = [
@@ -535,24 +536,24 @@ def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top
     if tree is not None and not isinstance(tree, bool):
         raise DraftInputError(f"`tree` is {tree!r}; expected a bool or None (None: topk > 1)")
     if not 1 <= topk <= drafter.config.draft_vocab_size:
-        raise ValueError(f"topk must be in [1, draft_vocab_size={drafter.config.draft_vocab_size}], got {topk}")
+        raise DraftInputError(f"topk must be in [1, draft_vocab_size={drafter.config.draft_vocab_size}], got {topk}")
     check_sampling_settings(temperature, top_p)
     tree = topk > 1 if tree is None else tree
     if not tree:
         if topk != 1:
-            raise ValueError(f"chain drafting has topk 1, got {topk}")
+            raise DraftInputError(f"chain drafting has topk 1, got {topk}")
         if num_draft_tokens not in (None, num_steps + 1):
-            raise ValueError(
+            raise DraftInputError(
                 f"chain drafting verifies num_steps + 1 = {num_steps + 1} tokens, got num_draft_tokens {num_draft_tokens}"
             )
         return False, num_steps + 1
-    pool = topk + (num_steps - 1) * topk * topk
+    pool = max_tree_draft_tokens(topk, num_steps) - 1
     if num_draft_tokens is None:
         if topk > 1:
-            raise ValueError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}")
+            raise DraftInputError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}")
         num_draft_tokens = num_steps + 1
     if not 2 <= num_draft_tokens <= pool + 1:
-        raise ValueError(
+        raise DraftInputError(
             f"num_draft_tokens (root included) must be in [2, {pool + 1}] for topk {topk} and {num_steps} steps, "
             f"got {num_draft_tokens}"
         )
@@ -659,14 +660,14 @@ def _check_pair(target, drafter) -> None:
     text_config = target.config.get_text_config()
     config = drafter.config
     if text_config.hidden_size != config.target_hidden_size:
-        raise ValueError(
+        raise DraftInputError(
             f"target hidden_size {text_config.hidden_size} != drafter target_hidden_size {config.target_hidden_size}"
         )
     if text_config.vocab_size != config.vocab_size:
-        raise ValueError(f"target vocab_size {text_config.vocab_size} != drafter vocab_size {config.vocab_size}")
+        raise DraftInputError(f"target vocab_size {text_config.vocab_size} != drafter vocab_size {config.vocab_size}")
     declared = config.target_num_hidden_layers
     if declared is not None and declared != text_config.num_hidden_layers:
-        raise ValueError(
+        raise DraftInputError(
             f"the drafter was built for a {declared}-layer target (target_num_hidden_layers); this target has "
             f"{text_config.num_hidden_layers}"
         )
@@ -970,6 +971,8 @@ def measure_acceptance(
         raise DraftInputError(f"`prompts` is {_describe_value(prompts)} ({type(prompts).__name__}); expected a list of "
                               f"prompts, each {PROMPT_SHAPES}")  # fmt: skip
     prompts = list(prompts)
+    if not prompts:
+        raise DraftInputError("`prompts` is empty; expected at least one prompt (statistics of no requests are undefined)")
     eos = sorted(_check_eos(eos_token_id, vocab)) if eos_token_id is not None else None
     eos = [] if ignore_eos else (_default_eos(target) if eos is None else eos)
     device = next(target.parameters()).device
