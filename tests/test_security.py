@@ -42,6 +42,8 @@ def pickle_folder(folder: Path, model, state=None, filename="pytorch_model.bin")
 
 
 def same_logits(a, b) -> bool:
+    """Exact on purpose: the same weights (a copy through the pickle and safetensors files), the same
+    kernels on the same shapes, in one process: any difference is a loading difference, not rounding."""
     ids, aux = aux_inputs(a.config, 1, 5)
     return torch.equal(a(ids, aux_hidden_states=aux).logits, b(ids, aux_hidden_states=aux).logits)
 
