@@ -22,14 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-CHAT = "<|im_start|>system\nYou are a storyteller.<|im_end|>\n<|im_start|>user\nContinue: {prompt}<|im_end|>\n<|im_start|>assistant\n{prompt}"
+CHAT = (
+    "<|im_start|>system\nYou are a storyteller.<|im_end|>\n"
+    "<|im_start|>user\nContinue: {prompt}<|im_end|>\n<|im_start|>assistant\n{prompt}"
+)
 
 
 def eagle3_drafter(target, sequences, work: Path):
@@ -55,7 +56,7 @@ def aux_states_one_layer_early():
     """Every capture reads the hidden state one layer before the drafter's ids, as an engine that takes
     zero-based ids for one-based ones does; the first may be hidden_states[0] (the embeddings), which
     no valid one-based id names, hence a patch rather than a config."""
-    from eagle31_mla.speculative import TargetAuxCapture
+    from eagle31_mla.capture import TargetAuxCapture
 
     original = TargetAuxCapture.__init__
 
@@ -84,25 +85,24 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24)
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny models: one thread avoids spin-waiting on a shared machine
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import build_demo_pair
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import DEMO_DIR, demo_prompts
+    from eagle31_mla.testing import demo_corpus
     from eagle31_mla.training import tokenize_corpus
 
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
     target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
-    texts, _ = build_demo_pair.corpus(seed=0, n=6000)
+    texts, _ = demo_corpus(seed=0, n=6000)
     sequences = tokenize_corpus(tokenizer, texts, 128)
     drafters = {
         "EAGLE-3.1": Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32),
         "EAGLE-3": eagle3_drafter(target, sequences, args.work),
     }
     prompts = demo_prompts(args.prompts)
-    filler, _ = build_demo_pair.corpus(seed=7, n=8)  # other stories, placed before the prompt
+    filler, _ = demo_corpus(seed=7, n=8)  # other stories, placed before the prompt
     by_context = {n: [" ".join(filler[:n] + [p]) for p in prompts] for n in (0, 2, 5)}
     chat = [CHAT.format(prompt=p) for p in prompts]
 
@@ -127,7 +127,10 @@ def main() -> None:
     print(f"# Model card claims in miniature ({time.strftime('%Y-%m-%d')}; {len(prompts)} held-out prompts, "
           f"48 new tokens each, greedy; {time.time() - start:.0f} s)\n")  # fmt: skip
     print("## 1. EAGLE-3.1 vs EAGLE-3, same training budget\n")
-    print("| drafter | accept length (3 steps) | per position (3 steps) | accept length (6 steps) | per position (6 steps) |")
+    print(
+        "| drafter | accept length (3 steps) | per position (3 steps) "
+        "| accept length (6 steps) | per position (6 steps) |"
+    )
     print("|---|--:|---|--:|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['held_out']['accept_length']:.2f} | {fmt(r['held_out']['per_position'])} | "

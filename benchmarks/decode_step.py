@@ -72,7 +72,7 @@ def random_drafter(device, dtype=torch.bfloat16) -> Eagle31MLAForCausalLM:
     model = model.to_empty(device=device)
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.fill_(1.0)
             else:
@@ -150,13 +150,19 @@ def main() -> None:
     device = torch.device(args.device)
 
     print(f"# decode step, Kimi-K3 drafter dims, bf16, batch 1 ({time.strftime('%Y-%m-%d')})")
-    print(f"# machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device {device}")
+    print(
+        f"# machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"device {device}"
+    )
     if device.type == "cpu":
         print(f"# cpu: {cpu_kind()}")
     model = random_drafter(device)
     if args.compile:
         model.forward = torch.compile(model.forward, mode=args.compile, dynamic=False)
-    print("| context | bytes read | streaming read, best (GB/s) | floor, est. (ms) | step, median (ms) | step achieved (GB/s) | step / floor |")
+    print(
+        "| context | bytes read | streaming read, best (GB/s) | floor, est. (ms) | step, median (ms) "
+        "| step achieved (GB/s) | step / floor |"
+    )
     print("|--:|--:|--:|--:|--:|--:|--:|")
     for context in args.contexts:
         reads = StreamingRead(device)  # sampled before every step of this row
@@ -182,7 +188,8 @@ def main() -> None:
                 paths[native] = time_attention_core(model, context, max(3, args.steps // 3), absorb=True, device=device)
         finally:
             modeling.CPU_NATIVE_BF16 = chosen
-        print(f"\nabsorbed attention alone at {context} tokens, by CPU path (this CPU takes {'native bf16' if chosen else 'fp32'}):")
+        taken = "native bf16" if chosen else "fp32"
+        print(f"\nabsorbed attention alone at {context} tokens, by CPU path (this CPU takes {taken}):")
         print(f"| native bf16 products (ms) | fp32 products over an fp32 copy of the cache (ms) |\n|--:|--:|\n"
               f"| {paths[True] * 1e3:.1f} | {paths[False] * 1e3:.1f} |")  # fmt: skip
 

@@ -2,18 +2,19 @@
 """The engine under load: the real vLLM engine (CPU build) with the eagle31-mla plugin serving 64
 concurrent requests, checked request by request against the same engine without speculation.
 
-    python benchmarks/engine_load.py                    # 64 requests, k = 3, max_model_len 256
-    python benchmarks/engine_load.py --requests 128 --bound 900
+    python -m benchmarks.engine_load                    # 64 requests, k = 3, max_model_len 256
+    python -m benchmarks.engine_load --requests 128 --bound 900
 
-The load (``tests/vllm_harness.py``: ``mixed_load``): prompts of 3-160 tokens, every 3rd request
-sampled (temperature 0.8, top-p 0.95, seeded), every 8th aborted midway, one whose prompt plus
+Run it from the repository root, as a module: its models and load come from the test suite's vLLM
+harness, ``tests.support.vllm_harness``. The load (``mixed_load``): prompts of 3-160 tokens, every 3rd
+request sampled (temperature 0.8, top-p 0.95, seeded), every 8th aborted midway, one whose prompt plus
 max_tokens runs past max_model_len, one whose prompt alone is too long; all in one engine at once
 (max_num_seqs = the number of requests). Models: the tests' tiny DeepSeek-V3 MLA target and an
 "early-exit" drafter that agrees with it part of the time. Checks: every greedy output equals the
 output without speculation, every aborted one is a prefix of it, sampled ones run to max_tokens with
 ids in the vocabulary, the context-limit request stops there ("length"), the too-long prompt is
 refused with vLLM's message, and serving finishes within ``--bound`` seconds. Exit status 1 if any
-check fails. ``tests/test_vllm_load.py`` is the 20-request version that runs in the suite.
+check fails. ``tests/engines/test_vllm_load.py`` is the 20-request version that runs in the suite.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import time
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 # Before vLLM is imported: in-process engine, a small CPU KV cache, offline, a private compile cache.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -36,7 +36,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="eagle31-vllm-cache-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to build the models (default: a temp dir)")
     args = parser.parse_args(argv)
 
-    from vllm_harness import (
+    from tests.support.vllm_harness import (
         VOCAB, acceptance_report, build_target, early_exit_draft, make_llm, mixed_load, run_load, spec_metrics,
         write_draft,
     )  # fmt: skip

@@ -33,7 +33,7 @@ import json, sys, time, torch
 path, how = sys.argv[1], sys.argv[2]
 from safetensors.torch import load_file  # imports are not part of the load
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.modeling_eagle31_mla import Eagle31MLAConfig
+from eagle31_mla import Eagle31MLAConfig
 t = time.perf_counter()
 import hashlib
 if how == "plain":
@@ -118,7 +118,8 @@ def main() -> None:
             print(f"| {label} | {r['load_s']:.2f} | {r['load_and_read_s']:.2f} | {r['peak_rss'] / 2**30:.2f} GiB | "
                   f"{r['peak_rss'] / size:.2f} |")  # fmt: skip
         ratio = best["library"]["load_and_read_s"] / best["plain"]["load_and_read_s"]
-        print(f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {best['library']['peak_rss'] / best['plain']['peak_rss']:.2f}x;"
+        rss = best["library"]["peak_rss"] / best["plain"]["peak_rss"]
+        print(f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {rss:.2f}x;"
               f" same bytes (SHA-256 of every tensor): {best['library']['sha256'] == best['plain']['sha256']}")  # fmt: skip
         if len({r["sha256"] for rs in runs.values() for r in rs}) != 1:
             raise SystemExit("the library's load holds other bytes than the file: " + str({h: [r["sha256"] for r in rs] for h, rs in runs.items()}))

@@ -47,6 +47,7 @@ __all__ = [
     "aux_layer_ids_from_config",
     "aux_layer_ids_from_attributes",
     "aux_layer_ids_config_entries",
+    "write_aux_layer_ids",
     "engine_default_one_based_ids",
 ]
 
@@ -248,3 +249,15 @@ def aux_layer_ids_config_entries(ids: AuxLayerIds) -> dict[str, Any]:
         CONVENTION_KEY: ONE_BASED,
         "eagle_config": {IDS_KEY: list(ids.one_based), "use_aux_hidden_state": True},
     }
+
+
+def write_aux_layer_ids(config: Any, ids: AuxLayerIds) -> None:
+    """Set :func:`aux_layer_ids_config_entries` on a config object (a ``PretrainedConfig``, an engine's
+    parsed draft config): the one way ids are written back, so every writer labels them alike.
+
+    Other keys of an existing ``eagle_config`` dict are kept; the ids in it are replaced.
+    """
+    entries = aux_layer_ids_config_entries(ids)
+    config.eagle_aux_hidden_state_layer_ids = entries[IDS_KEY]
+    config.aux_layer_ids_convention = entries[CONVENTION_KEY]
+    config.eagle_config = {**(getattr(config, "eagle_config", None) or {}), **entries["eagle_config"]}

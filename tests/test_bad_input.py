@@ -295,3 +295,31 @@ def test_cache_length_outside_its_capacity_is_refused(length):
     with pytest.raises(DraftInputError, match=message):
         model.draft(ids, aux, 2, past_key_values=cache)
     assert torch.equal(cache.latent.detach().view(torch.uint8), before) and cache.length == length
+
+
+def test_unknown_forward_arguments_are_refused_by_name():
+    """forward(**kwargs) takes only Transformers' output switches at their only supported values; anything
+    else (a Transformers-style `inputs_embeds`, `cache_position`, a typo) is refused by name."""
+    model = tiny_drafter(seed=8)
+    ids, aux = aux_inputs(model.config, 1, 4)
+    for name, value in (("inputs_embeds", torch.zeros(1, 4, 64)), ("cache_position", torch.arange(4)), ("use_cahce", True)):
+        with pytest.raises(DraftInputError, match=rf"`{name}` is not an argument of this drafter's forward"):
+            model(ids, aux_hidden_states=aux, **{name: value})
+    with pytest.raises(DraftInputError, match="`output_attentions` is True"):
+        model(ids, aux_hidden_states=aux, output_attentions=True)
+    plain = model(ids, aux_hidden_states=aux).logits
+    legit = model(ids, aux_hidden_states=aux, return_dict=True, output_attentions=False, output_hidden_states=False)
+    assert torch.equal(legit.logits, plain)
+
+
+def test_attn_implementation_is_eager_and_nothing_else_is_claimed(tmp_path, good):
+    """The drafter's MLA attention is its own code: Transformers reports "eager", `from_pretrained` accepts
+    no value or "eager", and refuses sdpa / flash attention by name instead of ignoring them."""
+    model, config, tensors = good
+    assert model.config._attn_implementation == "eager"
+    assert not getattr(type(model), "_supports_sdpa", False)
+    folder = write_checkpoint(tmp_path, config, tensors)
+    assert Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation="eager").config._attn_implementation == "eager"
+    for implementation in ("sdpa", "flash_attention_2"):
+        with pytest.raises(ConfigError, match=rf"`attn_implementation` is '{implementation}'; expected one of \(None, 'eager'\)"):
+            Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation=implementation)

@@ -9,6 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
+from eagle31_mla.configuration_eagle31_mla import AUTO_MAP
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 # SPEC §2, transcribed here on purpose (not imported from the library): the published file's header.
@@ -62,7 +63,7 @@ def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
         assert sorted(f.keys()) == sorted(PUBLISHED)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
-    assert config["auto_map"] == {
+    assert config["auto_map"] == AUTO_MAP == {  # the classes, as Transformers names them from their modules
         "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
         "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
     }
@@ -273,3 +274,41 @@ def test_a_folder_whose_path_is_not_utf8_is_named_as_such(tmp_path):
     message = str(err.value)
     assert "is not valid UTF-8" in message and "safetensors needs a UTF-8 path" in message and "dr\\xff" in message
     assert "download or save it again" not in message
+
+
+def test_layout_labels_come_from_the_rename_table():
+    """One table names each layout and renames it; `layout_of` picks the most specific one a set uses."""
+    from eagle31_mla.checkpoint_eagle31_mla import TENSOR_LAYOUTS, canonical_tensor_name, layout_of
+
+    assert list(TENSOR_LAYOUTS) == ["published", "model. prefix", "midlayer.*"]
+    assert layout_of(["norm.weight", "lm_head.weight"]) == "published"
+    assert layout_of(["model.norm.weight", "lm_head.weight"]) == "model. prefix"
+    assert layout_of(["midlayer.mlp.up_proj.weight", "model.norm.weight"]) == "midlayer.*"
+    assert layout_of("model.midlayer.mlp.up_proj.weight") == "model. prefix"
+    assert canonical_tensor_name("model.midlayer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
+    assert "NeMo" in TENSOR_LAYOUTS["model. prefix"].description
+
+
+def test_t2d_is_derived_from_d2t_in_one_place():
+    from eagle31_mla.checkpoint_eagle31_mla import t2d_from_d2t
+
+    d2t = torch.tensor([0, 2, 5])  # draft ids 0, 1, 2 -> target ids 0, 3, 7
+    assert t2d_from_d2t(d2t, 9).nonzero().flatten().tolist() == [0, 3, 7]
+
+
+def test_the_roster_compares_dtypes_in_either_spelling():
+    from eagle31_mla.roster import PUBLISHED_NUM_PARAMETERS, roster_differences
+
+    assert roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
+    assert roster_differences(PUBLISHED, dtypes=["F32"]) == ["dtypes ['float32'], published bfloat16"]
+    assert roster_differences(PUBLISHED, num_parameters=PUBLISHED_NUM_PARAMETERS + 1) == [
+        f"{PUBLISHED_NUM_PARAMETERS + 1:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}"]
+
+
+def test_the_local_path_rule_has_one_home():
+    from eagle31_mla.checkpoint_eagle31_mla import is_hub_repo_id, looks_like_a_local_path
+
+    assert is_hub_repo_id("lightseekorg/kimi-k3-eagle3.1-mla") and is_hub_repo_id("gpt2")
+    for local in ("./x", "/abs", "~/x", "a/b/c", Path("org/name")):
+        assert looks_like_a_local_path(local) and not is_hub_repo_id(local)
+    assert not is_hub_repo_id("org/na me") and not looks_like_a_local_path("org/na me")

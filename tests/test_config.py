@@ -377,3 +377,60 @@ def test_the_published_tiny_and_golden_configs_pass_the_rope_guard():
 def test_nested_eagle_config_bools_must_be_json_bools(value):
     with pytest.raises(ConfigError, match=r"`eagle_config\.use_aux_hidden_state` must be true or false"):
         Eagle31MLAConfig(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": value})
+
+
+def test_kimi_k3_preset_is_the_published_drafter():
+    """The named preset, the no-argument config and the published config.json describe one drafter: the
+    published tensor roster, parameter count and dtype, Kimi-K3's aux ids and YaRN."""
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.aux_layers import KIMI_K3_AUX_LAYER_IDS
+    from eagle31_mla.roster import roster_differences
+
+    preset = Eagle31MLAConfig.kimi_k3()
+    assert preset.to_dict() == Eagle31MLAConfig().to_dict() == Eagle31MLAConfig.from_dict(published_k3_config()).to_dict()
+    assert Eagle31MLAConfig.from_dict(preset.to_dict()).to_dict() == preset.to_dict()  # the same, passed on as a file
+    state = Eagle31MLAForCausalLM.on_meta_device(preset).state_dict()
+    shapes = {name: tuple(t.shape) for name, t in state.items()}
+    assert roster_differences(shapes, dtypes={t.dtype for t in state.values()},
+                              num_parameters=sum(t.numel() for t in state.values())) == []  # fmt: skip
+    assert preset.aux_layer_ids.one_based == KIMI_K3_AUX_LAYER_IDS.one_based
+    assert preset.rope_parameters == KIMI_K3_ROPE_PARAMETERS
+    assert Eagle31MLAConfig.kimi_k3(target_num_hidden_layers=93).target_num_hidden_layers == 93
+
+
+def test_the_default_aux_ids_are_kimi_k3s_constant(monkeypatch):
+    """One home for Kimi-K3's aux ids: the no-argument config takes them from aux_layers."""
+    from eagle31_mla import configuration_eagle31_mla
+    from eagle31_mla.aux_layers import AuxLayerIds
+
+    monkeypatch.setattr(configuration_eagle31_mla, "KIMI_K3_AUX_LAYER_IDS", AuxLayerIds((3, 7, 11)))
+    assert Eagle31MLAConfig().eagle_aux_hidden_state_layer_ids == [3, 7, 11]
+
+
+def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_path):
+    """from_pretrained, from_dict and from_json_file read a file that omits fc_norm / norm_output / rope alike
+    (EAGLE-3, plain RoPE); the constructor gives exactly those keys Kimi-K3's values (the class docstring)."""
+    file = published_k3_config(fc_norm=DROP, norm_output=DROP, rope_scaling=DROP, rope_theta=DROP)
+    (tmp_path / "config.json").write_text(json.dumps(file))
+    readings = [Eagle31MLAConfig.from_pretrained(tmp_path), Eagle31MLAConfig.from_dict(dict(file)),
+                Eagle31MLAConfig.from_json_file(tmp_path / "config.json")]  # fmt: skip
+    assert all(r.to_dict() == readings[0].to_dict() for r in readings)
+    assert (readings[0].fc_norm, readings[0].norm_output, readings[0].rope_parameters) == (False, False, {"rope_type": "default", "rope_theta": 10000.0})
+    constructed = Eagle31MLAConfig(**json.loads((tmp_path / "config.json").read_text()))
+    differs = {k for k, v in constructed.to_dict().items() if readings[0].to_dict().get(k) != v}
+    assert differs == {"fc_norm", "norm_output", "rope_parameters"}
+    assert "from_json_file" in Eagle31MLAConfig.__doc__ and "fc_norm" in Eagle31MLAConfig.__doc__
+    no_ids = {k: v for k, v in file.items() if k != "eagle_config"}
+    with pytest.raises(ConfigError, match="aux"):  # a file must name its aux layers
+        Eagle31MLAConfig.from_dict(no_ids)
+    assert Eagle31MLAConfig(**no_ids).eagle_aux_hidden_state_layer_ids == [2, 46, 90]  # the constructor: Kimi-K3's
+    # a file that writes the four keys out (as every file this library saves does) reads the same both ways
+    full = Eagle31MLAConfig.from_dict(dict(file)).to_dict()
+    assert Eagle31MLAConfig(**full).to_dict() == Eagle31MLAConfig.from_dict(full).to_dict()
+
+
+def test_describe_rope_is_the_one_wording():
+    from eagle31_mla.configuration_eagle31_mla import describe_rope
+
+    assert describe_rope(Eagle31MLAConfig()) == "yarn, theta 50000, factor 32 over 32768 positions"
+    assert describe_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}) == "default, theta 10000"

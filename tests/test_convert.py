@@ -5,7 +5,6 @@ streamed tensor by tensor."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ from safetensors import safe_open
 
 from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.cli import main
-from eagle31_mla.convert import REMOTE_CODE_FILES, ConvertError, choose_vocabulary, convert, parse_size, read_token_counts
+from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
+from eagle31_mla.convert import ConvertError, choose_vocabulary, convert, parse_size, read_token_counts
 from eagle31_mla.engines import InputError
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
@@ -69,8 +69,8 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
     assert config["eagle_aux_hidden_state_layer_ids"] == IDS and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == IDS
     assert config["aux_layer_ids_convention"] == "one_based"
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["model_type"] == "kimi_k2"
-    assert config["auto_map"] == {"AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-                                  "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM"}  # fmt: skip
+    assert config["auto_map"] == AUTO_MAP == {"AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+                                              "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM"}  # fmt: skip
     assert config["fc_norm"] is (layout != "eagle3") and config["norm_output"] is (layout != "eagle3")
     assert "_name_or_path" not in config and "id2label" not in config  # save_pretrained's form, no local paths
     for name in REMOTE_CODE_FILES:
@@ -81,10 +81,10 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
 
 
 def test_remote_code_list_is_the_one_modeling_is_generated_from():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import sync_modeling
+    from eagle31_mla import remote_code
 
-    assert REMOTE_CODE_FILES == sync_modeling.SOURCES
+    assert remote_code.REMOTE_CODE_FILES is REMOTE_CODE_FILES
+    assert sorted(p.name for p in remote_code.MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
 
 
 def test_converted_folder_loads_through_auto_model_with_remote_code(tmp_path):

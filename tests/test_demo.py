@@ -23,10 +23,9 @@ def test_embedded_pair_is_small_and_complete():
 
 
 def test_prompts_are_held_out_from_the_training_corpus():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import build_demo_pair
+    from eagle31_mla.testing import demo_corpus
 
-    _, seen = build_demo_pair.corpus(seed=0, n=6000)
+    _, seen = demo_corpus(seed=0, n=6000)
     for prompt in demo_prompts():
         name, _, _, color, animal = prompt.split(".")[0].split(" ")
         assert (name, animal, color) not in seen, prompt
@@ -86,7 +85,7 @@ def test_rebuild_script_is_deterministic(tmp_path):
     import os
     import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "build_demo_pair.py"
+    script = ROOT / "scripts" / "build_demo_pair.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: float sums in one fixed order
     folders = [tmp_path / "a", tmp_path / "b"]
     for out in folders:

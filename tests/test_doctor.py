@@ -255,6 +255,20 @@ def test_the_fix_is_exact_applying_it_makes_the_config_clean():
                                                        "vllm-v2-runner-nested-ids", "tokenspeed-ids-convention"}  # fmt: skip
 
 
+def test_serve_time_rules_are_worded_once():
+    """doctor reports the rules of eagle31_mla.compatibility as they are (the vLLM plugin and
+    speculative_generate raise the same text)."""
+    from eagle31_mla import compatibility
+    from eagle31_mla.engine_facts.vllm import features
+
+    report = Case(draft(), kimi_k3_target(hidden_size=4096), "vllm", "0.30", env={KIMI_K3_STREAM_ENV: "1"}).run()
+    found = {f.id: (f.problem, f.fix) for f in report.problems}
+    [size] = compatibility.size_mismatches(compatibility.Sizes(7168, 163840, 93), compatibility.Sizes(4096, 163840, 93),
+                                           "target")  # fmt: skip
+    stream = compatibility.vllm_kimi_k3_stream(features((0, 30, 0)), True, {KIMI_K3_STREAM_ENV: "1"})
+    assert found[size.id] == (size.problem, size.fix) and found[stream.id] == (stream.problem, stream.fix)
+
+
 def test_tokenspeed_fix_is_the_flag_in_the_targets_convention():
     k3 = next(f for f in Case(nested_only([1, 45, 89]), K3, "tokenspeed").run().problems)
     assert "--eagle3-layers-to-capture 2,46,90" in k3.fix

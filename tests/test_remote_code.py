@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
+from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
+from eagle31_mla.remote_code import drift, generated
 from tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = ROOT / "modeling"
-sys.path.insert(0, str(ROOT / "scripts"))
-import sync_modeling  # noqa: E402
 
 # The remote code may import torch, transformers and the standard library, and nothing a user of
 # `trust_remote_code=True` would have to install besides: safetensors and huggingface_hub qualify
@@ -26,9 +26,10 @@ ALLOWED_IMPORTS = CORE_IMPORTS | INSTALLED_BY_TRANSFORMERS  # + stdlib
 
 def test_modeling_is_generated_from_src_without_drift():
     """One source of truth: run `python scripts/sync_modeling.py` after editing src/eagle31_mla/."""
-    assert sorted(p.name for p in MODELING.glob("*.py")) == sorted(sync_modeling.SOURCES)
-    for name in sync_modeling.SOURCES:
-        assert (MODELING / name).read_text() == sync_modeling.generated(name), f"modeling/{name} drifted from src"
+    assert sorted(p.name for p in MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
+    for name in REMOTE_CODE_FILES:
+        assert (MODELING / name).read_text() == generated(name), f"modeling/{name} drifted from src"
+    assert drift(MODELING) == []
 
 
 def test_modeling_imports_only_torch_transformers_and_stdlib():
@@ -53,10 +54,7 @@ def test_modeling_imports_only_torch_transformers_and_stdlib():
 
 def hub_folder(tmp_path: Path, model) -> Path:
     config = published_style_config(model)
-    config["auto_map"] = {
-        "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-        "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
-    }
+    config["auto_map"] = dict(AUTO_MAP)
     folder = write_checkpoint(tmp_path / "kimi-k3-eagle3.1-mla", config, model.state_dict())
     for path in MODELING.glob("*.py"):
         shutil.copy(path, folder / path.name)
@@ -116,4 +114,5 @@ def test_saved_folder_carries_its_remote_code(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     for module in config["auto_map"].values():
         assert (tmp_path / (module.split(".")[0] + ".py")).is_file()
-    assert (tmp_path / "aux_layers.py").is_file()
+    for name in REMOTE_CODE_FILES:  # the files auto_map's modules import relatively too
+        assert (tmp_path / name).is_file(), name

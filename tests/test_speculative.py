@@ -25,11 +25,12 @@ from transformers import (
 
 from eagle31_mla import AuxLayerIdError, AuxLayerIds
 from eagle31_mla import speculative as spec
+from eagle31_mla.capture import TargetAuxCapture
 from eagle31_mla.modeling_eagle31_mla import sample_from_logits
 from eagle31_mla.modeling_eagle31_mla import sampling_probs as target_probs  # the reference loop's rule too
+from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
 from eagle31_mla.speculative import (
     AcceptanceStats,
-    TargetAuxCapture,
     accept_chain,
     accept_tree,
     measure_acceptance,
@@ -680,7 +681,7 @@ def test_bad_settings_are_refused():
         speculative_generate(target, draft, prompt(), topk=2, num_draft_tokens=12)
     with pytest.raises(ValueError, match="chain drafting verifies num_steps \\+ 1 = 4"):
         speculative_generate(target, draft, prompt(), num_draft_tokens=6)
-    with pytest.raises(ValueError, match="target hidden_size 48 != drafter target_hidden_size 32"):
+    with pytest.raises(ValueError, match=r"`target_hidden_size` is 32 but the target's `hidden_size` is 48"):
         speculative_generate(target, drafter(target_hidden_size=32), prompt())
     with pytest.raises(AuxLayerIdError, match="beyond the target's depth"):
         speculative_generate(target, drafter(eagle_aux_hidden_state_layer_ids=[1, 2, 6]), prompt())
@@ -758,22 +759,31 @@ def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, messag
 def test_every_prompt_line_is_checked_naming_file_and_line(tmp_path, line, expected):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "fine"}\n' + line + "\n")
-    with pytest.raises(spec.PromptError) as info:
-        spec.read_prompts(path)
+    with pytest.raises(PromptError) as info:
+        read_prompts(path)
     message = str(info.value)
     assert message.startswith(f"{path}:2: ") and expected in message and "expected" in message and "\n" not in message
 
 
 def test_prompt_ids_are_checked_against_the_vocabulary_and_the_chat_template():
-    assert spec.prompt_token_ids({"input_ids": [1, 2]}, None, 8) == [1, 2]
-    with pytest.raises(spec.PromptError, match=r"p:3: .*token id 9 at index 1, outside the target's vocabulary \[0, 8\)"):
-        spec.prompt_token_ids([1, 9], None, 8, "p:3")
+    assert prompt_token_ids({"input_ids": [1, 2]}, None, 8) == [1, 2]
+    with pytest.raises(PromptError, match=r"p:3: .*token id 9 at index 1, outside the target's vocabulary \[0, 8\)"):
+        prompt_token_ids([1, 9], None, 8, "p:3")
 
     class NoTemplate:
         chat_template = None
 
-    with pytest.raises(spec.PromptError, match="has no chat template; give `prompt` or `input_ids`"):
-        spec.prompt_token_ids({"messages": [{"role": "user", "content": "hi"}]}, NoTemplate(), 8)
+    with pytest.raises(PromptError, match="has no chat template; give `prompt` or `input_ids`"):
+        prompt_token_ids({"messages": [{"role": "user", "content": "hi"}]}, NoTemplate(), 8)
+
+
+def test_eos_ids_have_one_reading_strict_for_arguments_lenient_for_configs():
+    assert eos_token_ids(None) == () and eos_token_ids(7) == (7,) and eos_token_ids([3, 2, 3]) == (3, 2, 3)
+    assert eos_token_ids(torch.tensor([2, 3]), vocab_size=8, strict=True) == (2, 3)
+    assert eos_token_ids([1, "2", None, True, 4]) == (1, 4) and eos_token_ids("2") == ()  # a config's value
+    for bad in ("2", [1, "2"], True, 2.0, 8, torch.tensor([2.0])):
+        with pytest.raises(spec.DraftInputError, match="`eos_token_id` .*; expected None, an int token id in \\[0, 8\\)"):
+            eos_token_ids(bad, vocab_size=8, strict=True)
 
 
 def test_drafting_counts_have_upper_bounds():
@@ -867,4 +877,4 @@ def test_settings_and_pairs_are_refused_with_the_library_error():
                 dict(topk=4, tree=False), dict(topk=10_000 if drafter.config.draft_vocab_size < 10_000 else 64)):  # fmt: skip
         settings = dict(num_steps=3, topk=1, num_draft_tokens=None, temperature=0.0, top_p=1.0, tree=None) | bad
         with pytest.raises(DraftInputError):
-            spec._check_settings(drafter, **settings)
+            spec.check_settings(**settings, draft_vocab_size=drafter.config.draft_vocab_size)

@@ -211,7 +211,7 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
     says. Without the plugin's glue, the draft steps then differ from the library's."""
     from vllm.model_executor.models import deepseek_eagle3 as base
 
-    from eagle31_mla_vllm.versions import features, parse_version
+    from eagle31_mla.engine_facts.vllm import features, parse_version
 
     old = features(parse_version(version))
     monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
@@ -363,8 +363,8 @@ def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypat
         eagle31_mla_vllm._install_draft_config_hook()
 
 def test_kimi_k3_stream_policy(monkeypatch):
+    from eagle31_mla.engine_facts.vllm import features
     from eagle31_mla_vllm.model import ServingConfigError, check_serving
-    from eagle31_mla_vllm.versions import features
 
     draft = SimpleNamespace(eagle_aux_hidden_state_layer_ids=[2, 46, 90], aux_layer_ids_convention="one_based",
                             eagle_config=None)  # fmt: skip
@@ -382,7 +382,8 @@ def test_kimi_k3_stream_policy(monkeypatch):
 
 
 def test_version_table():
-    from eagle31_mla_vllm.versions import features, parse_version
+    from eagle31_mla.engine_facts.vllm import features, parse_version
+    from eagle31_mla_vllm import installed_version
 
     assert not features((0, 22, 1)).applies_fc_norm and features((0, 22, 1)).builds_fc_norm
     assert features((0, 23, 0)).applies_fc_norm
@@ -390,7 +391,7 @@ def test_version_table():
     assert features((0, 33, 0)).supported and not features((0, 34, 0)).supported and not features((0, 19, 0)).supported
     import vllm
 
-    installed = features()
+    installed = features(installed_version())
     assert installed.supported and installed.version == parse_version(vllm.__version__)  # the installed CPU build
 
 

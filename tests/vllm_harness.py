@@ -28,7 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def build_tokenizer(folder: Path):
-    from eagle31_mla.demo import train_byte_level_bpe
+    from eagle31_mla.testing import train_byte_level_bpe
 
     texts = ["The quick brown fox jumps over the lazy dog."] * 20 + ["Hello world, this is a tiny tokenizer."] * 20
     return train_byte_level_bpe(texts, 400, folder)
@@ -55,7 +55,7 @@ def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> 
 def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.demo import cpu_servable_target_config
+    from eagle31_mla.testing import cpu_servable_target_config
 
     tok = build_tokenizer(folder)
     config = cpu_servable_target_config(tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS,

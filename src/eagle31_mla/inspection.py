@@ -12,7 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .engines import ENGINE_NAMES, ENGINES, KIMI_K3_TARGET, read_config_json, token_ids, tokenspeed_flag_form
+from .engine_facts import ENGINE_NAMES, ENGINES
+from .engines import KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
+from .prompts import eos_token_ids
 
 __all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
 
@@ -107,8 +109,9 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
 
     import torch
 
-    from .modeling_eagle31_mla import CheckpointError, Eagle31MLAForCausalLM, _read_headers, checkpoint_files, validate_checkpoint
-    from .roster import PUBLISHED_DTYPE, PUBLISHED_NUM_PARAMETERS, roster_differences
+    from .checkpoint_eagle31_mla import CheckpointError, checkpoint_files, layout_of, read_headers, validate_checkpoint
+    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+    from .roster import PUBLISHED_NUM_PARAMETERS, roster_differences
 
     dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.bfloat16
     bytes_per_value = torch.finfo(dtype).bits // 8
@@ -142,12 +145,11 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     else:
         try:
             files = checkpoint_files(folder)
-            entries = _read_headers(files)
+            entries = read_headers(files)
             shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
             st_dtypes = sorted({st for (_, _, _, st) in entries.values()})
             tensors.update(files=[f.name for f in files], count=len(entries), dtypes=st_dtypes,
-                           layout=sorted({"midlayer.*" if o.startswith("midlayer.") else "model. prefix" if o.startswith("model.")
-                                          else "published" for (_, o, _, _) in entries.values()}))  # fmt: skip
+                           layout=sorted({layout_of(original) for (_, original, _, _) in entries.values()}))
             try:
                 validate_checkpoint(folder, model)
                 tensors["matches_config"], tensors["problems"] = True, []
@@ -155,9 +157,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
                 tensors["matches_config"] = False
                 tensors["problems"] = [line.strip()[2:] for line in str(err).splitlines()[1:]]
                 info["errors"].append(f"tensors: {len(tensors['problems'])} problem(s) against config.json")
-            differences = roster_differences(shapes)
-            if st_dtypes != ["BF16"]:
-                differences.append(f"dtypes {st_dtypes}, published {PUBLISHED_DTYPE}")
+            differences = roster_differences(shapes, dtypes=st_dtypes)
             tensors["matches_published_roster"] = not differences
             tensors["roster_differences"] = differences
         except CheckpointError as err:
@@ -178,7 +178,7 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
     target = replace(
         KIMI_K3_TARGET, name="a Kimi-K3 target", num_layers=max(KIMI_K3_TARGET.num_layers, max(ids.one_based)),
         hidden_size=config.target_hidden_size, vocab_size=config.vocab_size, bos_token_id=config.bos_token_id,
-        eos_token_ids=token_ids(config.eos_token_id),
+        eos_token_ids=eos_token_ids(config.eos_token_id),
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
     for engine in ENGINES:
@@ -207,6 +207,8 @@ def _versions(labels: list[str]) -> str:
 
 
 def format_inspection(info: dict[str, Any]) -> str:
+    from .configuration_eagle31_mla import describe_rope
+
     lines = [f"{info['name']}  ({info['config_file']})"]
     ids = info.get("aux_layer_ids")
     if "dims" not in info:
@@ -219,12 +221,7 @@ def format_inspection(info: dict[str, Any]) -> str:
     lines.append(f"  dims: hidden {d['hidden_size']} (target {d['target_hidden_size']}), {d['num_attention_heads']} heads, "
                  f"q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']} + rope {d['qk_rope_head_dim']}, "
                  f"nope {d['qk_nope_head_dim']}, v {d['v_head_dim']}, MLP {d['intermediate_size']}, eps {d['rms_norm_eps']:g}")  # fmt: skip
-    if rope["rope_type"] == "yarn":
-        rope_text = (f"yarn, theta {rope['rope_theta']:g}, factor {rope['factor']:g} over "
-                     f"{rope['original_max_position_embeddings']} positions")  # fmt: skip
-    else:
-        rope_text = f"{rope['rope_type']}, theta {rope['rope_theta']:g}"
-    lines.append(f"  rope: {rope_text} (max {d['max_position_embeddings']} positions)")
+    lines.append(f"  rope: {describe_rope({'rope_parameters': rope})} (max {d['max_position_embeddings']} positions)")
     lines.append(f"  aux layers: one-based {ids['one_based']} = zero-based {ids['zero_based']}  ({ids['how']})")
     if vocab["pruned"]:
         lines.append(f"  vocabulary: draft {vocab['draft_vocab_size']} of the target's {vocab['vocab_size']} "

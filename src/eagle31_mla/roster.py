@@ -6,9 +6,10 @@ byte count (6,031,253,592 = 2 × 3,015,625,728 + 8 + 2,128-byte header) confirms
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES", "roster_differences"]
+__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_DTYPE", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES", "roster_differences",
+           "dtype_name"]
 
 PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
     "embed_tokens.weight": (163840, 7168),
@@ -38,9 +39,15 @@ PUBLISHED_FILE_BYTES = 6_031_253_592
 
 
 def roster_differences(
-    shapes: Mapping[str, Sequence[int]], roster: Mapping[str, tuple[int, ...]] = PUBLISHED_ROSTER
+    shapes: Mapping[str, Sequence[int]],
+    roster: Mapping[str, tuple[int, ...]] = PUBLISHED_ROSTER,
+    *,
+    dtypes: Iterable[Any] | None = None,
+    num_parameters: int | None = None,
 ) -> list[str]:
-    """Every way ``shapes`` (tensor name -> shape) departs from ``roster``; empty when identical."""
+    """Every way ``shapes`` (tensor name -> shape) departs from ``roster``; empty when identical. With
+    ``dtypes`` (the tensors' dtypes: torch dtypes, or names in torch or safetensors spelling, ``bfloat16``
+    = ``BF16``) and ``num_parameters``, those are compared with the published checkpoint's too."""
     problems = [f"missing {name} {list(shape)}" for name, shape in roster.items() if name not in shapes]
     problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in roster]
     problems += [
@@ -48,4 +55,18 @@ def roster_differences(
         for name, shape in roster.items()
         if name in shapes and tuple(shapes[name]) != shape
     ]
+    if num_parameters is not None and num_parameters != PUBLISHED_NUM_PARAMETERS:
+        problems.append(f"{num_parameters:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}")
+    if dtypes is not None:
+        names = sorted({dtype_name(d) for d in dtypes})
+        if names != [PUBLISHED_DTYPE]:
+            problems.append(f"dtypes {names}, published {PUBLISHED_DTYPE}")
     return problems
+
+
+def dtype_name(dtype: Any) -> str:
+    """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name (``BF16`` -> ``bfloat16``)."""
+    from .checkpoint_eagle31_mla import SAFETENSORS_DTYPE_NAMES
+
+    name = str(dtype).removeprefix("torch.")
+    return SAFETENSORS_DTYPE_NAMES.get(name, name)

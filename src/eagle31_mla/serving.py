@@ -16,17 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-from .engines import (
-    ENGINE_NAMES,
-    ENGINES,
-    KIMI_K3_STREAM_ENV,
-    PLUGIN_INSTALL,
-    TOKENSPEED_LAYERS_FLAG,
-    TOKENSPEED_TOPK,
-    Target,
-    max_tree_draft_tokens,
-    tokenspeed_flag_form,
-)
+from .engine_facts import ENGINE_NAMES, ENGINES, PLUGIN_INSTALL, release_label
+from .engine_facts import tokenspeed as tokenspeed_facts
+from .engine_facts.vllm import KIMI_K3_STREAM_ENV, KIMI_K3_STREAM_ENV_FROM
+from .engines import Target, max_tree_draft_tokens, tokenspeed_flag_form
 
 __all__ = ["ServeCommand", "serve_command"]
 
@@ -95,8 +88,8 @@ def serve_command(
     layers_to_capture = None
     if engine == "vllm" and topk != 1:
         raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")
-    if engine == "tokenspeed" and topk != TOKENSPEED_TOPK:
-        raise ValueError(f"TokenSpeed's --speculative-eagle-topk accepts only {TOKENSPEED_TOPK}")
+    if engine == "tokenspeed" and topk != tokenspeed_facts.TOPK:
+        raise ValueError(f"TokenSpeed's --speculative-eagle-topk accepts only {tokenspeed_facts.TOPK}")
     try:
         ids, _ = aux_layer_ids_from_config(draft_config, target.num_layers)
     except AuxLayerIdError as err:
@@ -113,7 +106,8 @@ def serve_command(
                         f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form")  # fmt: skip
         if target.is_kimi_k3:
             env[KIMI_K3_STREAM_ENV] = "0"
-            comments.append(f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on (vLLM >= 0.28)")
+            comments.append(f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on "
+                            f"(vLLM >= {release_label(KIMI_K3_STREAM_ENV_FROM)})")  # fmt: skip
     elif engine == "sglang":
         argv = ["sglang", "serve", "--model-path", target_name, "--speculative-algorithm", "EAGLE3",
                 "--speculative-draft-model-path", draft_name, "--speculative-num-steps", str(num_steps),
@@ -131,11 +125,11 @@ def serve_command(
                  "--speculative-eagle-topk", str(topk)]  # fmt: skip
         form = layers_to_capture = tokenspeed_flag_form(target, ids)
         if form is not None:
-            argv += [TOKENSPEED_LAYERS_FLAG, ",".join(map(str, form))]
+            argv += [tokenspeed_facts.LAYERS_FLAG, ",".join(map(str, form))]
             convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
-            comments.append(f"{TOKENSPEED_LAYERS_FLAG} is handed to the target as is, in its convention ({convention})")
+            comments.append(f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention})")
         else:
-            comments.append(f"{TOKENSPEED_LAYERS_FLAG} left out: how this target class reads ids is not known; "
+            comments.append(f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known; "
                             "give it in the target's own convention")  # fmt: skip
         if tensor_parallel_size:
             argv += ["--tensor-parallel-size", str(tensor_parallel_size)]

@@ -34,11 +34,8 @@ measured offline and every engine checked against it. Per round:
 The accept length is tokens per verification round, counting the bonus/correction token: accepted
 drafts + 1, the number engines report (ceiling ``num_steps + 1``).
 
-Aux states are read at the drafter's canonical ids (``config.aux_layer_ids``, one-based: id k =
-``hidden_states[k]``, see :mod:`eagle31_mla.aux_layers`). One exception: in Transformers 5 the last
-entry ``hidden_states[num_hidden_layers]`` is AFTER the final norm, while engines capture the
-pre-norm residual stream; an id equal to the target's depth is therefore read with a forward hook
-on the last decoder layer (its pre-norm output).
+Aux states are read as :mod:`eagle31_mla.capture` reads them (an id equal to the target's depth
+pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.prompts` reads them.
 
 Scope: batch 1 (requests run one after another: accepted lengths differ per request), target and
 drafter on one device. Target requirements: a Transformers causal LM that returns ``hidden_states``,
@@ -52,35 +49,35 @@ other.
 
 from __future__ import annotations
 
-import inspect
-import json
-import numbers
+import functools
 import sys
 from collections.abc import Iterable as _Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from .aux_layers import AuxLayerIds
+from .capture import CachedTarget, TargetAuxCapture
 from .engines import max_tree_draft_tokens
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM, DraftInputError, LatentKVCache, check_sampling_settings, sampling_probs
+from .modeling_eagle31_mla import (
+    DraftInputError,
+    Eagle31MLAForCausalLM,
+    LatentKVCache,
+    describe_value,
+    check_sampling_settings,
+    sampling_probs,
+)
+from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
 
 __all__ = [
     "AcceptanceStats",
     "SpeculativeOutput",
-    "TargetAuxCapture",
     "speculative_generate",
     "measure_acceptance",
     "accept_chain",
     "accept_tree",
-    "read_prompts",
-    "read_prompt_lines",
-    "check_prompt_shape",
-    "prompt_token_ids",
+    "check_settings",
     "context_limit",
-    "PromptError",
     "DRAFTING_LIMITS",
 ]
 
@@ -286,121 +283,9 @@ def context_limit(target, drafter) -> int:
     drafter's ``max_position_embeddings`` (what an engine's ``max_model_len`` defaults to)."""
     limits = [drafter.config.max_position_embeddings]
     target_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-    if _is_int(target_limit) and target_limit > 0:
+    if is_int(target_limit) and target_limit > 0:
         limits.append(target_limit)
     return min(limits)
-
-
-# ----------------------------------------------------------------------------------------------
-# The target side: aux-state capture, cache and forward glue
-# ----------------------------------------------------------------------------------------------
-
-
-def _decoder_layers(target) -> Any:
-    for get in (lambda m: m.get_decoder().layers, lambda m: m.model.layers):
-        try:
-            return get(target)
-        except AttributeError:
-            continue
-    return None
-
-
-class TargetAuxCapture:
-    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``).
-
-    Id k is ``hidden_states[k]`` (:attr:`AuxLayerIds.hidden_states_indices`); an id equal to the target
-    depth is taken pre-norm from a forward hook on the last decoder layer (see the module docstring).
-    Use as a context manager, or call :meth:`close` to remove the hook."""
-
-    def __init__(self, target, aux_layer_ids: AuxLayerIds):
-        text_config = target.config.get_text_config()
-        self.depth = text_config.num_hidden_layers
-        self.ids = aux_layer_ids.with_target_depth(self.depth)  # ids beyond the target's depth are refused
-        self.indices = self.ids.hidden_states_indices
-        self._last: torch.Tensor | None = None
-        self._handle = None
-        if self.depth in self.indices:
-            layers = _decoder_layers(target)
-            if layers is None or len(layers) != self.depth:
-                raise ValueError(
-                    f"aux id {self.depth} is the target's last layer, which Transformers returns after the final norm; "
-                    f"reading its pre-norm output needs the decoder layers (`model.layers`), not found on "
-                    f"{type(target).__name__}"
-                )
-            self._handle = layers[-1].register_forward_hook(self._hook)
-
-    def _hook(self, module, args, output) -> None:
-        self._last = output[0] if isinstance(output, (tuple, list)) else output
-
-    def __call__(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
-        if hidden_states is None or len(hidden_states) != self.depth + 1:
-            raise ValueError(
-                f"the target returned {None if hidden_states is None else len(hidden_states)} hidden states; "
-                f"expected num_hidden_layers + 1 = {self.depth + 1} (embeddings, then one per layer)"
-            )
-        states = [self._last if i == self.depth else hidden_states[i] for i in self.indices]
-        return torch.cat(states, dim=-1)  # [B, T, n·Ht], ascending layer order
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-    def __enter__(self) -> "TargetAuxCapture":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _cache_keyword(target) -> str:
-    """Transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns)."""
-    params = inspect.signature(target.forward).parameters
-    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
-
-
-def _crop_target_cache(cache, length: int) -> None:
-    removed = cache.get_seq_length() - length
-    if removed > 0:
-        cache.crop(-removed)  # negative: tokens to remove (a positive value is a length on < 5.18 only)
-
-
-def _keep_target_cache(cache, keep: torch.Tensor) -> None:
-    """Keep only the positions ``keep`` (ascending) of every layer: the accepted tree path moves into place."""
-    from transformers.cache_utils import DynamicLayer
-
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise TypeError(
-                f"tree verification needs plain DynamicLayer cache layers; the target's cache has "
-                f"{type(layer).__name__} (sliding-window or linear-attention layers cannot drop single positions)"
-            )
-        layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
-        layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
-
-
-class _Target:
-    """The target model as the loop needs it: forwards that fill one DynamicCache and return
-    (logits, aux states); counts its forwards."""
-
-    def __init__(self, model, capture: TargetAuxCapture):
-        from transformers import DynamicCache
-
-        self.model, self.capture = model, capture
-        self.device = next(model.parameters()).device  # the embeddings' device: inputs go there
-        self.cache = DynamicCache(config=model.config)
-        self.cache_keyword = _cache_keyword(model)
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-
-    def forward(self, ids, positions, mask=None, last_only=False):
-        kwargs = {self.cache_keyword: self.cache, "use_cache": True, "output_hidden_states": True, "position_ids": positions}
-        if mask is not None:
-            kwargs["attention_mask"] = mask
-        if last_only and self.keeps_logits:
-            kwargs["logits_to_keep"] = 1  # a long prompt's logits over a large vocabulary are not needed
-        out = self.model(ids, **kwargs)
-        logits = out.logits[:, -1:] if last_only else out.logits
-        return logits.to(self.device), self.capture(out.hidden_states).to(self.device)  # [1, T, V], [1, T, n·Ht]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,7 +330,7 @@ class _Tree:
         return mask.to(device)[None, None]
 
 
-def _draft_tree(
+def _top_k_tree(
     drafter, cache: LatentKVCache, logits, state, last_position: int, num_steps: int, topk: int, num_nodes: int, root: int
 ) -> _Tree:
     """EAGLE top-k tree: ``logits`` [Vd] and ``state`` [H] come from the drafter at the root's position."""
@@ -509,49 +394,111 @@ def _draft_tree(
     return _Tree(tokens, parents, depth)
 
 
+@dataclass
+class _Round:
+    """One round's draft as verification sees it, chain or tree: node 0 is the root (the last committed
+    token), verified with the drafts in one target forward."""
+
+    nodes: torch.Tensor  # [1, N] target ids
+    positions: torch.Tensor  # [1, N] the root's position plus each node's depth
+    mask: torch.Tensor | None  # [1, 1, N, L+N] additive tree mask; None: causal (a chain)
+
+
+@dataclass
+class _ChainRound(_Round):
+    drafts: torch.Tensor  # [1, k] target ids, d_j ~ q_j
+    q: torch.Tensor  # [1, k, V] the drafter's distributions in the target vocabulary
+
+    def accept(self, p: torch.Tensor, generator) -> tuple[int, list[int], torch.Tensor]:
+        """(accepted drafts m, the accepted nodes 1..m, the next token) by rejection sampling against p [1, N, V]."""
+        m, nxt = accept_chain(self.drafts, self.q, p, generator)
+        return int(m), list(range(1, int(m) + 1)), nxt
+
+    def roll_back(self, target: CachedTarget, committed: int, keep: list[int]) -> None:
+        target.crop(committed + len(keep))  # the root and the accepted prefix
+
+
+@dataclass
+class _TreeRound(_Round):
+    tree: _Tree
+
+    def accept(self, p: torch.Tensor, generator) -> tuple[int, list[int], torch.Tensor]:
+        """(accepted drafts m, the accepted path of nodes, the next token) walking down the tree against p [1, N, V]."""
+        m, path, nxt = accept_tree(self.tree.tokens, self.tree.parents, p, generator)
+        return int(m), path[0, : int(m)].tolist(), nxt
+
+    def roll_back(self, target: CachedTarget, committed: int, keep: list[int]) -> None:
+        target.keep(torch.cat([torch.arange(committed), committed + torch.tensor(keep)]))  # the path moves into place
+
+
+def _draft_chain(drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, temperature, top_p,
+                 generator, vocab_size) -> tuple[_ChainRound, LatentKVCache]:  # fmt: skip
+    """Chain drafting (topk 1): the drafter catches up on ``ids`` / ``aux`` (the committed tokens), then
+    samples ``num_steps`` tokens from its (temperature, top-p) q, each step fed the previous one."""
+    d = drafter.draft(ids, aux, num_steps, temperature=temperature, top_p=top_p, generator=generator,
+                      past_key_values=cache)  # fmt: skip
+    drafts = d.tokens.to(device)  # [1, k] target ids
+    nodes = torch.cat([torch.tensor([[root]], device=device), drafts], dim=1)  # [1, k+1]
+    positions = torch.arange(committed, committed + num_steps + 1, device=device)[None]
+    q = _draft_probs_in_target_vocab(drafter, d.probs, vocab_size).to(device)
+    return _ChainRound(nodes, positions, None, drafts, q), d.past_key_values
+
+
+def _draft_tree(drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, topk, num_nodes,
+                dtype) -> tuple[_TreeRound, LatentKVCache]:  # fmt: skip
+    """Tree drafting: the drafter catches up on ``ids`` / ``aux`` (the committed tokens), then grows
+    EAGLE's top-k tree of ``num_nodes`` nodes (:func:`_top_k_tree`); deterministic, no sampling."""
+    step = drafter(ids, aux_hidden_states=aux, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = step.past_key_values
+    tree = _top_k_tree(drafter, cache, step.logits[0, -1], step.hidden_states[0, -1], cache.get_seq_length() - 1,
+                       num_steps, topk, num_nodes, root)  # fmt: skip
+    nodes = tree.tokens.to(device)[None]  # [1, N]
+    positions = (committed + torch.tensor(tree.depth, device=device))[None]  # a node sits at root + its depth
+    return _TreeRound(nodes, positions, tree.target_mask(committed, dtype, device), tree), cache
+
+
 # ----------------------------------------------------------------------------------------------
-# The loop
+# Checks and the loop
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-#: Upper bounds of the drafting counts (the CLI's types and :func:`_check_settings` share them): far
+#: Upper bounds of the drafting counts (the CLI's types and :func:`check_settings` share them): far
 #: above any useful setting (engines draft <= ~10 steps, trees of <= a few hundred nodes), low enough
 #: that a typo fails at once instead of exhausting memory.
 DRAFTING_LIMITS = {"num_steps": 64, "topk": 64, "num_draft_tokens": 4096, "max_new_tokens": 10_000_000}
 
 
-def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens=1) -> tuple[bool, int]:
+def check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, tree=None, max_new_tokens=1, *,
+                   draft_vocab_size: int | None = None) -> tuple[bool, int]:  # fmt: skip
     """Settings of the loop, checked before any compute (sampling ones by the library-wide rule,
-    :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`)."""
+    :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`); ``topk`` at most the drafter's
+    ``draft_vocab_size`` when given. Returns (tree, tokens verified per round, root included)."""
     for name, value, low in (("num_steps", num_steps, 1), ("topk", topk, 1), ("max_new_tokens", max_new_tokens, 1)):
-        if not _is_int(value) or not low <= value <= DRAFTING_LIMITS[name]:
+        if not is_int(value) or not low <= value <= DRAFTING_LIMITS[name]:
             raise DraftInputError(f"`{name}` is {value!r}; expected an int in [{low}, {DRAFTING_LIMITS[name]}]")
-    if num_draft_tokens is not None and not (_is_int(num_draft_tokens) and num_draft_tokens <= DRAFTING_LIMITS["num_draft_tokens"]):
+    if num_draft_tokens is not None and not (is_int(num_draft_tokens) and num_draft_tokens <= DRAFTING_LIMITS["num_draft_tokens"]):
         raise DraftInputError(f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int <= "
                               f"{DRAFTING_LIMITS['num_draft_tokens']} (root included) or None")  # fmt: skip
     if tree is not None and not isinstance(tree, bool):
         raise DraftInputError(f"`tree` is {tree!r}; expected a bool or None (None: topk > 1)")
-    if not 1 <= topk <= drafter.config.draft_vocab_size:
-        raise DraftInputError(f"topk must be in [1, draft_vocab_size={drafter.config.draft_vocab_size}], got {topk}")
+    if draft_vocab_size is not None and not 1 <= topk <= draft_vocab_size:
+        raise DraftInputError(f"topk must be in [1, draft_vocab_size={draft_vocab_size}], got {topk}")
     check_sampling_settings(temperature, top_p)
     tree = topk > 1 if tree is None else tree
     if not tree:
         if topk != 1:
             raise DraftInputError(f"chain drafting has topk 1, got {topk}")
-        if num_draft_tokens not in (None, num_steps + 1):
+        chain = max_tree_draft_tokens(1, num_steps)
+        if num_draft_tokens not in (None, chain):
             raise DraftInputError(
-                f"chain drafting verifies num_steps + 1 = {num_steps + 1} tokens, got num_draft_tokens {num_draft_tokens}"
+                f"chain drafting verifies num_steps + 1 = {chain} tokens, got num_draft_tokens {num_draft_tokens}"
             )
-        return False, num_steps + 1
+        return False, chain
     pool = max_tree_draft_tokens(topk, num_steps) - 1
     if num_draft_tokens is None:
         if topk > 1:
             raise DraftInputError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}")
-        num_draft_tokens = num_steps + 1
+        num_draft_tokens = max_tree_draft_tokens(1, num_steps)  # a top-1 tree is a chain
     if not 2 <= num_draft_tokens <= pool + 1:
         raise DraftInputError(
             f"num_draft_tokens (root included) must be in [2, {pool + 1}] for topk {topk} and {num_steps} steps, "
@@ -560,49 +507,17 @@ def _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top
     return True, num_draft_tokens
 
 
-def _prompt_tensor(input_ids, vocab_size: int) -> torch.Tensor:
-    """The prompt as a [1, n] int64 tensor: a tensor of integer dtype ([n] or [1, n]) or a sequence of
-    ints (a list, a tuple or a 1-D integer numpy array); floats, bools and ids outside the vocabulary
-    are refused, never cast."""
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise DraftInputError(f"`input_ids` has dtype {input_ids.dtype}; expected integer token ids")
-        if input_ids.dim() > 2 or (input_ids.dim() == 2 and input_ids.shape[0] != 1):
-            raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected one prompt: [n] or [1, n]")
-        ids = input_ids.reshape(-1).tolist()
-    else:
-        try:
-            ids = list(input_ids)
-        except TypeError:
-            raise DraftInputError(f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of token ids") from None
-        if not all(_is_int(i) for i in ids):
-            bad = next(i for i in ids if not _is_int(i))
-            raise DraftInputError(f"`input_ids` holds {bad!r} ({type(bad).__name__}); expected int token ids")
-    if not ids:
-        raise DraftInputError("`input_ids` is empty; expected a prompt of at least one token")
-    if not all(0 <= i < vocab_size for i in ids):
-        raise DraftInputError(f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) (the target's vocabulary)")
-    return torch.tensor([ids], dtype=torch.long)
-
-
-def _describe_value(value) -> str:
-    if isinstance(value, torch.nn.Module):
-        return f"a {type(value).__name__} module"
-    text = " ".join(repr(value).split())
-    return f"{text[:60]}..." if len(text) > 60 else text
-
-
 def _check_models(target, drafter) -> int:
     """``target`` is a Transformers causal LM (not a drafter), ``drafter`` an EAGLE-3.1 drafter; returns the
     target's vocabulary size."""
     from .engines import looks_like_a_drafter
 
     if not isinstance(drafter, Eagle31MLAForCausalLM):
-        raise DraftInputError(f"`drafter` is {_describe_value(drafter)} ({type(drafter).__name__}); expected an "
+        raise DraftInputError(f"`drafter` is {describe_value(drafter)}; expected an "
                               "Eagle31MLAForCausalLM")  # fmt: skip
     config = getattr(target, "config", None)
     if not (isinstance(target, torch.nn.Module) and callable(getattr(config, "get_text_config", None))):
-        raise DraftInputError(f"`target` is {_describe_value(target)} ({type(target).__name__}); expected a Transformers "
+        raise DraftInputError(f"`target` is {describe_value(target)}; expected a Transformers "
                               "causal LM (a torch module with a config)")  # fmt: skip
     try:
         as_dict = config.to_dict() if callable(getattr(config, "to_dict", None)) else {}
@@ -612,39 +527,16 @@ def _check_models(target, drafter) -> int:
         raise DraftInputError("`target` is an EAGLE drafter (its config has EAGLE architectures / aux-layer keys); "
                               "expected the target model it drafts for")  # fmt: skip
     vocab = getattr(config.get_text_config(), "vocab_size", None)
-    if not _is_int(vocab) or vocab < 1:
+    if not is_int(vocab) or vocab < 1:
         raise DraftInputError(f"`target` has vocab_size {vocab!r} in its config; expected a positive int")
     return int(vocab)
-
-
-def _check_eos(eos_token_id, vocab_size: int) -> set[int]:
-    """``eos_token_id``: None, an int token id, or a list / tuple / set (or 0-/1-D integer tensor) of them;
-    every id in [0, vocab_size). Strings, bools and floats are refused, never iterated or cast."""
-    expected = f"None, an int token id in [0, {vocab_size}) or a list of them"
-    if eos_token_id is None:
-        return set()
-    value = eos_token_id
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool or value.dim() > 1:
-            raise DraftInputError(f"`eos_token_id` is a {value.dtype} tensor of shape {tuple(value.shape)}; expected {expected}")
-        value = value.tolist()
-    if _is_int(value):
-        ids = [value]
-    elif isinstance(value, (list, tuple, set, frozenset, range)):
-        ids = list(value)
-    else:
-        raise DraftInputError(f"`eos_token_id` is {_describe_value(eos_token_id)} ({type(eos_token_id).__name__}); expected {expected}")
-    for i in ids:
-        if not _is_int(i) or not 0 <= i < vocab_size:
-            raise DraftInputError(f"`eos_token_id` holds {_describe_value(i)} ({type(i).__name__}); expected {expected}")
-    return {int(i) for i in ids}
 
 
 def _check_generator(generator, target) -> None:
     if generator is None:
         return
     if not isinstance(generator, torch.Generator):
-        raise DraftInputError(f"`generator` is {_describe_value(generator)} ({type(generator).__name__}); expected a "
+        raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a "
                               "torch.Generator or None")  # fmt: skip
     device = next(target.parameters()).device
     if generator.device.type != device.type:
@@ -653,24 +545,19 @@ def _check_generator(generator, target) -> None:
 
 def _check_flag(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise DraftInputError(f"`{name}` is {_describe_value(value)} ({type(value).__name__}); expected True or False")
+        raise DraftInputError(f"`{name}` is {describe_value(value)}; expected True or False")
 
 
 def _check_pair(target, drafter) -> None:
+    from .compatibility import Sizes, size_mismatches
+
     text_config = target.config.get_text_config()
     config = drafter.config
-    if text_config.hidden_size != config.target_hidden_size:
-        raise DraftInputError(
-            f"target hidden_size {text_config.hidden_size} != drafter target_hidden_size {config.target_hidden_size}"
-        )
-    if text_config.vocab_size != config.vocab_size:
-        raise DraftInputError(f"target vocab_size {text_config.vocab_size} != drafter vocab_size {config.vocab_size}")
-    declared = config.target_num_hidden_layers
-    if declared is not None and declared != text_config.num_hidden_layers:
-        raise DraftInputError(
-            f"the drafter was built for a {declared}-layer target (target_num_hidden_layers); this target has "
-            f"{text_config.num_hidden_layers}"
-        )
+    built_for = Sizes(config.target_hidden_size, config.vocab_size, config.target_num_hidden_layers)
+    sizes = Sizes(text_config.hidden_size, text_config.vocab_size, text_config.num_hidden_layers)
+    mismatches = size_mismatches(built_for, sizes)
+    if mismatches:
+        raise DraftInputError("; ".join(m.message for m in mismatches))
 
 
 @torch.no_grad()
@@ -699,18 +586,20 @@ def speculative_generate(
     emit fits, and the last few tokens before the limit are decoded by the target alone (they count as
     generated tokens, not as rounds, so the acceptance statistics cover full rounds only)."""
     vocab = _check_models(target, drafter)
-    tree, num_nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens)
+    tree, num_nodes = check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens,
+                                     draft_vocab_size=drafter.config.draft_vocab_size)  # fmt: skip
     _check_pair(target, drafter)
-    eos = _check_eos(eos_token_id, vocab)
+    eos = set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))
     _check_generator(generator, target)
-    prompt = _prompt_tensor(input_ids, vocab)
+    prompt = prompt_tensor(input_ids, vocab)
     limit = context_limit(target, drafter)
     if prompt.shape[1] >= limit:
         raise DraftInputError(f"the prompt has {prompt.shape[1]} tokens; expected fewer than the context limit of "
                               f"{limit} positions (max_position_embeddings), leaving room for a new token")  # fmt: skip
-    if tree and getattr(target.config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
+    attention = getattr(target.config.get_text_config(), "_attn_implementation", None)  # the language model's
+    if tree and attention not in (None, "sdpa", "eager"):
         raise ValueError(
-            f"tree verification passes a custom 4-D attention mask, which {target.config._attn_implementation!r} "
+            f"tree verification passes a custom 4-D attention mask, which {attention!r} "
             "cannot take; load the target with attn_implementation='sdpa' (or 'eager')"
         )
     device = next(target.parameters()).device
@@ -718,9 +607,15 @@ def speculative_generate(
     draft_device, draft_dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     stats = AcceptanceStats(num_steps, num_nodes - 1, num_requests=1)
     accepted_per_round: list[int] = []
+    if tree:
+        draft = functools.partial(_draft_tree, drafter, device=device, num_steps=num_steps, topk=topk,
+                                  num_nodes=num_nodes, dtype=target.dtype)  # fmt: skip
+    else:
+        draft = functools.partial(_draft_chain, drafter, device=device, num_steps=num_steps, temperature=temperature,
+                                  top_p=top_p, generator=generator, vocab_size=vocab)  # fmt: skip
 
     with TargetAuxCapture(target, drafter.config.aux_layer_ids) as capture:
-        tgt = _Target(target, capture)
+        tgt = CachedTarget(target, capture)
         n = prompt.shape[1]
         logits, aux = tgt.forward(prompt, torch.arange(n, device=device)[None], last_only=True)
         token = int(_sample(sampling_probs(logits[:, -1], temperature, top_p), generator))
@@ -731,7 +626,7 @@ def speculative_generate(
         draft_cache = None
         context_limited = False
         while len(out) < max_new_tokens and token not in eos:
-            L = tgt.cache.get_seq_length()  # committed tokens in the target cache; `token` (position L) is not yet
+            L = tgt.length  # committed tokens in the target cache; `token` (position L) is not yet
             if L + 1 >= limit:  # the sequence (L committed + `token`) fills the context
                 context_limited = True
                 break
@@ -741,47 +636,22 @@ def speculative_generate(
                 out.append(token)
                 continue
             # 1. draft (the drafter first catches up on the committed tokens' true target states)
-            if not tree:
-                d = drafter.draft(pending_ids.to(draft_device), pending_aux.to(draft_device, draft_dtype), num_steps,
-                                  temperature=temperature, top_p=top_p, generator=generator,
-                                  past_key_values=draft_cache)  # fmt: skip
-                draft_cache = d.past_key_values
-                drafts = d.tokens.to(device)  # [1, k] target ids
-                nodes = torch.cat([prompt.new_tensor([[token]]), drafts], dim=1)  # [1, k+1]
-                positions, mask = torch.arange(L, L + num_steps + 1, device=device)[None], None
-            else:
-                step = drafter(pending_ids.to(draft_device), aux_hidden_states=pending_aux.to(draft_device, draft_dtype),
-                               past_key_values=draft_cache, use_cache=True, logits_to_keep=1)  # fmt: skip
-                draft_cache = step.past_key_values
-                t = _draft_tree(drafter, draft_cache, step.logits[0, -1], step.hidden_states[0, -1],
-                                draft_cache.get_seq_length() - 1, num_steps, topk, num_nodes, token)  # fmt: skip
-                nodes = t.tokens.to(device)[None]  # [1, N]
-                positions = (L + torch.tensor(t.depth, device=device))[None]  # a node sits at root + its depth
-                mask = t.target_mask(L, target.dtype, device)  # [1, 1, N, L+N]
+            pending = pending_ids.to(draft_device), pending_aux.to(draft_device, draft_dtype)
+            drafted, draft_cache = draft(draft_cache, *pending, token, L)
             draft_cache.crop(L)  # forget this round's draft steps; the accepted tokens are refilled next round
 
             # 2. verify: one target forward over the root and the draft tokens
-            logits, aux = tgt.forward(nodes, positions, mask)  # [1, N, V], [1, N, n·Ht]
-            p = sampling_probs(logits, temperature, top_p)
+            logits, aux = tgt.forward(drafted.nodes, drafted.positions, drafted.mask)  # [1, N, V], [1, N, n·Ht]
 
             # 3. accept
-            if not tree:
-                q = _draft_probs_in_target_vocab(drafter, d.probs, vocab).to(p.device)
-                m, nxt = accept_chain(drafts, q, p, generator)
-                m, path = int(m), list(range(1, int(m) + 1))
-            else:
-                m, path_t, nxt = accept_tree(t.tokens, t.parents, p, generator)
-                m, path = int(m), path_t[0, : int(m)].tolist()
+            m, path, nxt = drafted.accept(sampling_probs(logits, temperature, top_p), generator)
             stats.record(m)
             accepted_per_round.append(m)
 
-            # 4. commit, roll the target cache back to the committed tokens, queue the drafter's refill
+            # 4. roll back the target cache to the committed tokens, commit, queue the drafter's refill
             keep = [0] + path  # the root and the accepted nodes
-            new = nodes[0, path].tolist() + [int(nxt)]
-            if not tree:
-                _crop_target_cache(tgt.cache, L + m + 1)
-            else:
-                _keep_target_cache(tgt.cache, torch.cat([torch.arange(L), L + torch.tensor(keep)]))
+            drafted.roll_back(tgt, L, keep)
+            new = drafted.nodes[0, path].tolist() + [int(nxt)]
             pending_ids = prompt.new_tensor([new])  # [1, m+1]
             pending_aux = aux[:, keep]  # [1, m+1, n·Ht]
             for tok in new:
@@ -799,137 +669,12 @@ def speculative_generate(
 # ----------------------------------------------------------------------------------------------
 
 
-PROMPT_SHAPES = ('a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
-                 '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)')
-
-
-class PromptError(ValueError):
-    """A prompt of a prompts file (or the Python API) that has none of the accepted shapes, or ids
-    outside the target's vocabulary: one line naming the file and line."""
-
-
-def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
-    """``(where, prompt)`` for every prompt of a prompts file, ``where`` being ``file:line``: JSONL
-    (``.jsonl`` / ``.json``: one JSON value per line, each of :data:`PROMPT_SHAPES`, checked here) or
-    plain text (one prompt per non-empty line). The file must be UTF-8 text."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise PromptError(f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not") from None
-    lines = [(f"{path}:{i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if path.suffix not in (".jsonl", ".json"):
-        return lines
-    prompts = []
-    for where, line in lines:
-        try:
-            prompt = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PromptError(f"{where}: not a JSON line ({err})") from None
-        check_prompt_shape(prompt, where)
-        prompts.append((where, prompt))
-    return prompts
-
-
-def read_prompts(path: str | Path) -> list[Any]:
-    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
-    or a bare string / list of ids) or plain text (one prompt per non-empty line); every line's shape
-    is checked (:func:`read_prompt_lines`)."""
-    return [prompt for _, prompt in read_prompt_lines(path)]
-
-
-def _id_list_problem(ids: Any, vocab_size: int | None = None) -> str | None:
-    """Why ``ids`` is not a non-empty list of int token ids (within ``vocab_size`` when given), or None."""
-    if not isinstance(ids, (list, tuple)):
-        return f"a {type(ids).__name__}, not a list of token ids"
-    if not ids:
-        return "an empty list (a prompt needs at least one token)"
-    for i, value in enumerate(ids):
-        if not _is_int(value):
-            return f"{value!r} ({'bool' if isinstance(value, bool) else type(value).__name__}) at index {i}, not an int token id"
-        if vocab_size is not None and not 0 <= value < vocab_size:
-            return f"token id {value} at index {i}, outside the target's vocabulary [0, {vocab_size})"
-    return None
-
-
-def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
-    """Refuse a prompt of none of :data:`PROMPT_SHAPES` (ids must be JSON ints: no bools, floats or strings)."""
-
-    def refuse(what: str):
-        raise PromptError(f"{where}: {what}; expected {PROMPT_SHAPES}")
-
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            refuse("an empty prompt")
-        return
-    if isinstance(prompt, list):
-        problem = _id_list_problem(prompt)
-        if problem:
-            refuse(f"a list holding {problem}" if prompt else problem)
-        return
-    if not isinstance(prompt, dict):
-        refuse(f"{json.dumps(prompt) if prompt is None or isinstance(prompt, (int, float, bool)) else type(prompt).__name__}")
-    keys = [key for key in ("input_ids", "messages", "prompt", "text") if key in prompt]
-    if not keys:
-        refuse(f"an object with keys {sorted(prompt)}")
-    if len(keys) > 1:
-        refuse(f"an object with both {keys[0]!r} and {keys[1]!r} (which one is the prompt?)")
-    key, value = keys[0], prompt[keys[0]]
-    if key == "input_ids":
-        problem = _id_list_problem(value)
-        if problem:
-            refuse(f'"input_ids" is {problem}')
-    elif key == "messages":
-        if not isinstance(value, list) or not value:
-            refuse(f'"messages" is {json.dumps(value)[:60] if not isinstance(value, list) else "an empty list"}')
-        for i, message in enumerate(value):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), (str, list))):  # fmt: skip
-                refuse(f'"messages"[{i}] is {json.dumps(message)[:60]}, not a {{"role": str, "content": str}} object')
-    elif not isinstance(value, str) or not value.strip():
-        refuse(f'"{key}" is {json.dumps(value)[:60]}, not a non-empty string')
-
-
-def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None, where: str = "prompt") -> list[int]:
-    """Token ids of one prompt, checked: its shape (:func:`check_prompt_shape`), ids within ``vocab_size``;
-    text through the tokenizer, chat messages through its chat template (a tokenizer without one is
-    refused by name)."""
-    if isinstance(prompt, torch.Tensor):
-        return _prompt_tensor(prompt, vocab_size or 2**62)[0].tolist()
-    check_prompt_shape(prompt, where)
-    if isinstance(prompt, dict):
-        key = next(key for key in ("input_ids", "messages", "prompt", "text") if key in prompt)
-        if key == "messages":
-            if tokenizer is None:
-                raise PromptError(f"{where}: chat `messages` prompts need a tokenizer")
-            if not getattr(tokenizer, "chat_template", None):
-                raise PromptError(f"{where}: the target's tokenizer has no chat template; give `prompt` or `input_ids`")
-            ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        else:
-            return prompt_token_ids(prompt[key], tokenizer, vocab_size, where)
-    elif isinstance(prompt, str):
-        if tokenizer is None:
-            raise PromptError(f"{where}: text prompts need a tokenizer")
-        ids = list(tokenizer(prompt)["input_ids"])
-    else:
-        ids = list(prompt)
-    problem = _id_list_problem(ids, vocab_size)
-    if problem:
-        raise PromptError(f"{where}: the prompt's ids hold {problem}")
-    return ids
-
-
-def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
-    """Token ids of one prompt (:func:`prompt_token_ids` without a vocabulary bound)."""
-    return prompt_token_ids(prompt, tokenizer)
-
-
 def _default_eos(target) -> list[int]:
+    """The target's EOS ids: its ``generation_config``'s, else its text config's."""
     for source in (getattr(target, "generation_config", None), target.config.get_text_config()):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         if eos is not None:
-            return [eos] if isinstance(eos, int) else list(eos)
+            return list(eos_token_ids(eos))
     return []
 
 
@@ -958,22 +703,23 @@ def measure_acceptance(
     from tqdm.auto import tqdm
 
     vocab = _check_models(target, drafter)
-    _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens)
+    check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens,
+                   draft_vocab_size=drafter.config.draft_vocab_size)  # fmt: skip
     _check_pair(target, drafter)
     _check_flag("ignore_eos", ignore_eos)
     _check_flag("progress", progress)
-    if not _is_int(seed) or not 0 <= seed < 2**63:
-        raise DraftInputError(f"`seed` is {_describe_value(seed)} ({type(seed).__name__}); expected an int in [0, 2**63)")
+    if not is_int(seed) or not 0 <= seed < 2**63:
+        raise DraftInputError(f"`seed` is {describe_value(seed)}; expected an int in [0, 2**63)")
     if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))):
-        raise DraftInputError(f"`tokenizer` is {_describe_value(tokenizer)} ({type(tokenizer).__name__}); expected a "
+        raise DraftInputError(f"`tokenizer` is {describe_value(tokenizer)}; expected a "
                               "Transformers tokenizer or None")  # fmt: skip
     if isinstance(prompts, (str, bytes, bytearray, Mapping, torch.Tensor)) or not isinstance(prompts, _Iterable):
-        raise DraftInputError(f"`prompts` is {_describe_value(prompts)} ({type(prompts).__name__}); expected a list of "
+        raise DraftInputError(f"`prompts` is {describe_value(prompts)}; expected a list of "
                               f"prompts, each {PROMPT_SHAPES}")  # fmt: skip
     prompts = list(prompts)
     if not prompts:
         raise DraftInputError("`prompts` is empty; expected at least one prompt (statistics of no requests are undefined)")
-    eos = sorted(_check_eos(eos_token_id, vocab)) if eos_token_id is not None else None
+    eos = sorted(set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))) if eos_token_id is not None else None
     eos = [] if ignore_eos else (_default_eos(target) if eos is None else eos)
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -993,7 +739,7 @@ def measure_acceptance(
                          "finish_reason": result.finish_reason, "context_limited": result.context_limited})  # fmt: skip
         bar.set_postfix(accept_length=f"{total.mean_accept_length:.3f}")
     if total is None:
-        _, nodes = _check_settings(drafter, num_steps, topk, num_draft_tokens, temperature, top_p, None)
+        _, nodes = check_settings(num_steps, topk, num_draft_tokens, temperature, top_p)
         total = AcceptanceStats(num_steps, nodes - 1)
     settings["num_draft_tokens"] = total.draft_tokens_per_round + 1
     return {"settings": settings, "total": total.to_dict(), "requests": requests}

@@ -29,8 +29,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .aux_layers import AuxLayerIds
+from .capture import capture_target_states
 from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from .prompts import eos_token_ids
 
 __all__ = ["TrainingConfig", "capture_target_states", "ttt_forward", "ttt_loss", "train_drafter", "drafter_for_target"]
 
@@ -52,18 +53,6 @@ class ConcatKVCache(LatentKVCache):
         new = torch.cat([c_kv, k_pe], dim=-1)  # [B, T, C+R]
         self.latent = new if self.latent is None else torch.cat([self.latent, new], dim=1)
         return self.latent
-
-
-@torch.no_grad()
-def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLayerIds):
-    """The target's aux states [B, S, n·Ht] (read as the reference loop reads them) and its
-    next-token distributions [B, S, V] for a batch of token ids [B, S]."""
-    from .speculative import TargetAuxCapture
-
-    with TargetAuxCapture(target, aux_layer_ids) as capture:
-        out = target(input_ids, output_hidden_states=True)
-        aux = capture(out.hidden_states)
-    return aux, torch.softmax(out.logits.float(), dim=-1)
 
 
 def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
@@ -268,10 +257,10 @@ def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -
 
 def tokenize_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:
     """Concatenate the texts (EOS between them) and cut into [N, seq_len] training sequences."""
+    separator = eos_token_ids(tokenizer.eos_token_id)
     ids: list[int] = []
     for text in texts:
         ids.extend(tokenizer(text)["input_ids"])
-        if tokenizer.eos_token_id is not None:
-            ids.append(tokenizer.eos_token_id)
+        ids.extend(separator)
     n = len(ids) // seq_len
     return torch.tensor(ids[: n * seq_len]).view(n, seq_len)

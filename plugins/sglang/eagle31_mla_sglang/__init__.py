@@ -30,8 +30,9 @@ import logging
 import pkgutil
 import sys
 
-from .versions import MLA_DRAFT_ARCHITECTURE as DRAFT_ARCHITECTURE
-from .versions import RELEASES
+from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.engine_facts import release_label
+from eagle31_mla.engine_facts.sglang import RELEASES
 
 __all__ = ["register", "DRAFT_ARCHITECTURE", "CanonicalAuxLayerIds", "PluginHookError", "check_hooks", "hook_problems"]
 
@@ -45,7 +46,7 @@ CONFIGURE_TARGET = f"{_RUNNER}.attention_backend_setup.configure_aux_hidden_stat
 CONFIGURE_CALLER = "sglang.srt.model_executor.model_runner"
 #: SGLang's MLA drafter class; its ``__init__`` gets the hook check (:func:`_guard_the_drafter`).
 DRAFTER_MODULE = "sglang.srt.models.kimi_k25_eagle3"
-SUPPORTED_RELEASES = ", ".join(".".join(map(str, r)) for r in RELEASES)
+SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
 
 _registered = False
 
@@ -182,7 +183,7 @@ def canonical_ids_for_draft(hf_config, num_target_layers: int | None, attention_
     if attention_arch is not None and getattr(attention_arch, "name", str(attention_arch)) != "MLA":
         raise ValueError(
             f"eagle31-mla: SGLang would give the {DRAFT_ARCHITECTURE} draft a {attention_arch} KV cache, not MLA's "
-            "latent one; keep `Eagle3DeepseekV2ForCausalLM` in the draft's `architectures`"
+            f"latent one; keep `{DRAFT_ARCHITECTURE}` in the draft's `architectures`"
         )
     try:
         ids, how = aux_layer_ids_from_attributes(hf_config, num_target_layers)
@@ -230,8 +231,8 @@ def _check_depth(model, ids: CanonicalAuxLayerIds) -> None:
 
 def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
     """Try the one-based, then the zero-based form on the target itself and keep the one after which
-    it stores exactly the wanted layers (SGLang's targets capture the input of layer i, i.e. one-based
-    completed-layer id i, so what they store is directly comparable)."""
+    it stores exactly the wanted layers (what SGLang's targets store is one-based: see
+    :mod:`eagle31_mla.engine_facts.sglang`, so it is directly comparable)."""
     wanted = list(ids.aux_layer_ids.one_based)
     pp_group = getattr(model, "pp_group", None) or getattr(getattr(model, "language_model", None), "pp_group", None)
     if pp_group is not None and not pp_group.is_last_rank:

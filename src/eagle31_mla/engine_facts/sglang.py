@@ -1,6 +1,5 @@
 """What SGLang does with an EAGLE-3 MLA draft, by release and by target class: the one place to look.
 
-Importable without SGLang (the ``eagle31-mla doctor`` command reads it on machines without an engine).
 Facts are read from the sglang 0.5.23 wheel (``srt/configs/model_config.py``,
 ``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``, each target's
 ``set_eagle3_layers_to_capture``) and from upstream main for the Kimi-K3 capture; only 0.5.23 is
@@ -9,21 +8,25 @@ installed by the test suite.
 How ids reach a target: SGLang passes ONLY the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``,
 raw, to the target's ``set_eagle3_layers_to_capture`` (top-level ids size the drafter's ``fc`` but
 are ignored for capture, silently). The target stores ``layers_to_capture`` and captures the input of
-layer i for each stored i, i.e. one-based completed-layer id i. Without ids it uses [2, n//2, n-3].
+layer i for each stored i, i.e. one-based completed-layer id i (:func:`~eagle31_mla.engine_facts.captures_layer_input`).
+Without ids it uses [2, n//2, n-3].
+
+SGLang's hard-coded MLA list (``ModelConfig``) holds one EAGLE-3 drafter name,
+:data:`~eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`: a draft under any other name
+silently gets an MHA-shaped KV cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from eagle31_mla.engines import parse_release
+from ..aux_layers import engine_default_one_based_ids
+from . import FIRST_ID_HEURISTIC, KIMI_K3_ARCHITECTURES, ONE_BASED, PLUS_ONE, parse_release, release_label
 
 __all__ = [
-    "MLA_DRAFT_ARCHITECTURE",
     "FIRST_ID_HEURISTIC_TARGETS",
     "PLUS_ONE_TARGETS",
-    "KIMI_K3_TARGETS",
     "SUPPORTED_FROM",
     "RELEASES",
     "SglangFeatures",
@@ -32,10 +35,6 @@ __all__ = [
     "target_reading",
     "stored_layers",
 ]
-
-#: The one EAGLE-3 drafter name in SGLang's hard-coded MLA list (``ModelConfig``): a draft under any
-#: other name silently gets an MHA-shaped KV cache.
-MLA_DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 
 #: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
 #: zero-based list starting at 1 and a one-based list starting above 1 both work; any other first id
@@ -61,10 +60,9 @@ PLUS_ONE_TARGETS = (
     "BailingMoeV2ForCausalLM",
     "LongcatFlashForCausalLM",
 )
-#: Kimi-K3 target classes. 0.5.23 has no EAGLE-3 capture for them (starting EAGLE-3 raises); upstream
-#: main (and this package's plugin, :mod:`.kimi_k3`) stores one-based ids unchanged and captures the
-#: prefix-only AttnRes stream after each.
-KIMI_K3_TARGETS = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
+# Kimi-K3 targets (KIMI_K3_ARCHITECTURES): 0.5.23 has no EAGLE-3 capture for them (starting EAGLE-3
+# raises); upstream main (and this project's SGLang plugin) stores one-based ids unchanged and captures
+# the prefix-only AttnRes stream after each.
 
 SUPPORTED_FROM = (0, 5, 23)
 #: Releases whose facts were read: the version checks run over these when none is named.
@@ -87,7 +85,7 @@ class SglangFeatures:
         return self.version >= SUPPORTED_FROM
 
     def describe(self) -> str:
-        return "SGLang " + ".".join(map(str, self.version))
+        return "SGLang " + release_label(self.version)
 
 
 def features(version: tuple[int, int, int]) -> SglangFeatures:
@@ -98,21 +96,19 @@ def target_reading(architectures: Sequence[str]) -> str | None:
     """How a target class reads the ids it is given: "first_id_heuristic", "plus_one", "one_based"
     (Kimi-K3), or None when this table does not know the class."""
     for name in architectures:
-        if name in KIMI_K3_TARGETS:
-            return "one_based"
+        if name in KIMI_K3_ARCHITECTURES:
+            return ONE_BASED
         if name in FIRST_ID_HEURISTIC_TARGETS:
-            return "first_id_heuristic"
+            return FIRST_ID_HEURISTIC
         if name in PLUS_ONE_TARGETS:
-            return "plus_one"
+            return PLUS_ONE
     return None
 
 
 def stored_layers(reading: str, ids: Sequence[int] | None, num_layers: int) -> list[int]:
     """What a target stores (= the one-based layers it captures) when given ``ids`` (None: default)."""
     if ids is None:
-        from eagle31_mla.aux_layers import engine_default_one_based_ids
-
         return engine_default_one_based_ids(num_layers)
-    if reading == "plus_one" or (reading == "first_id_heuristic" and ids and ids[0] == 1):
+    if reading == PLUS_ONE or (reading == FIRST_ID_HEURISTIC and ids and ids[0] == 1):
         return [i + 1 for i in ids]
     return list(ids)

@@ -1,0 +1,142 @@
+"""The target side of a Transformers target: the drafter's aux states read out of its forward, and the
+target as the reference loop drives it (one ``DynamicCache``, rolled back to the committed tokens).
+
+Aux states are read at the drafter's canonical ids (``config.aux_layer_ids``, one-based: id k =
+``hidden_states[k]``, see :mod:`eagle31_mla.aux_layers`). One exception: in Transformers 5 the last
+entry ``hidden_states[num_hidden_layers]`` is AFTER the final norm, while engines capture the pre-norm
+residual stream; an id equal to the target's depth is therefore read with a forward hook on the last
+decoder layer (its pre-norm output). Training (:func:`capture_target_states`) and the reference loop
+(:class:`CachedTarget`) read them the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import torch
+
+from .aux_layers import AuxLayerIds
+
+__all__ = ["CachedTarget", "TargetAuxCapture", "capture_target_states"]
+
+
+def _decoder_layers(target) -> Any:
+    for get in (lambda m: m.get_decoder().layers, lambda m: m.model.layers):
+        try:
+            return get(target)
+        except AttributeError:
+            continue
+    return None
+
+
+class TargetAuxCapture:
+    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``).
+
+    Id k is ``hidden_states[k]`` (:attr:`AuxLayerIds.hidden_states_indices`); an id equal to the target
+    depth is taken pre-norm from a forward hook on the last decoder layer (see the module docstring).
+    Use as a context manager, or call :meth:`close` to remove the hook."""
+
+    def __init__(self, target, aux_layer_ids: AuxLayerIds):
+        text_config = target.config.get_text_config()
+        self.depth = text_config.num_hidden_layers
+        self.ids = aux_layer_ids.with_target_depth(self.depth)  # ids beyond the target's depth are refused
+        self.indices = self.ids.hidden_states_indices
+        self._last: torch.Tensor | None = None
+        self._handle = None
+        if self.depth in self.indices:
+            layers = _decoder_layers(target)
+            if layers is None or len(layers) != self.depth:
+                raise ValueError(
+                    f"aux id {self.depth} is the target's last layer, which Transformers returns after the final norm; "
+                    f"reading its pre-norm output needs the decoder layers (`model.layers`), not found on "
+                    f"{type(target).__name__}"
+                )
+            self._handle = layers[-1].register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output) -> None:
+        self._last = output[0] if isinstance(output, (tuple, list)) else output
+
+    def __call__(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+        if hidden_states is None or len(hidden_states) != self.depth + 1:
+            raise ValueError(
+                f"the target returned {None if hidden_states is None else len(hidden_states)} hidden states; "
+                f"expected num_hidden_layers + 1 = {self.depth + 1} (embeddings, then one per layer)"
+            )
+        states = [self._last if i == self.depth else hidden_states[i] for i in self.indices]
+        return torch.cat(states, dim=-1)  # [B, T, n·Ht], ascending layer order
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def __enter__(self) -> "TargetAuxCapture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@torch.no_grad()
+def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLayerIds):
+    """The target's aux states [B, S, n·Ht] (read as the reference loop reads them) and its
+    next-token distributions [B, S, V] for a batch of token ids [B, S]: what training learns from."""
+    with TargetAuxCapture(target, aux_layer_ids) as capture:
+        out = target(input_ids, output_hidden_states=True)
+        aux = capture(out.hidden_states)
+    return aux, torch.softmax(out.logits.float(), dim=-1)
+
+
+def _cache_keyword(target) -> str:
+    """Transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns)."""
+    params = inspect.signature(target.forward).parameters
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+
+
+class CachedTarget:
+    """The target as the reference loop needs it: forwards that fill one ``DynamicCache`` and return
+    (logits, aux states), and the roll back of that cache to the committed tokens."""
+
+    def __init__(self, model, capture: TargetAuxCapture):
+        from transformers import DynamicCache
+
+        self.model, self.capture = model, capture
+        self.device = next(model.parameters()).device  # the embeddings' device: inputs go there
+        self.cache = DynamicCache(config=model.config)
+        self.cache_keyword = _cache_keyword(model)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache: the committed ones between rounds."""
+        return self.cache.get_seq_length()
+
+    def forward(self, ids, positions, mask=None, last_only=False):
+        kwargs = {self.cache_keyword: self.cache, "use_cache": True, "output_hidden_states": True, "position_ids": positions}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if last_only and self.keeps_logits:
+            kwargs["logits_to_keep"] = 1  # a long prompt's logits over a large vocabulary are not needed
+        out = self.model(ids, **kwargs)
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return logits.to(self.device), self.capture(out.hidden_states).to(self.device)  # [1, T, V], [1, T, n·Ht]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (a chain's accepted prefix): any cache layer can."""
+        removed = self.cache.get_seq_length() - length
+        if removed > 0:
+            self.cache.crop(-removed)  # negative: tokens to remove (a positive value is a length on < 5.18 only)
+
+    def keep(self, positions: torch.Tensor) -> None:
+        """Keep only ``positions`` (ascending) of every layer: an accepted tree path moves into place."""
+        from transformers.cache_utils import DynamicLayer
+
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise TypeError(
+                    f"tree verification needs plain DynamicLayer cache layers; the target's cache has "
+                    f"{type(layer).__name__} (sliding-window or linear-attention layers cannot drop single positions)"
+                )
+            layer.keys = layer.keys.index_select(-2, positions.to(layer.keys.device))
+            layer.values = layer.values.index_select(-2, positions.to(layer.values.device))

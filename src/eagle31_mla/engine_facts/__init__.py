@@ -1,0 +1,83 @@
+"""What the serving engines do, as plain data and pure functions: one module per engine.
+
+:mod:`.vllm`, :mod:`.sglang` and :mod:`.tokenspeed` hold each engine's facts by release; this module
+holds what they share (engine names, version strings, Kimi-K3's names). Nothing here imports an engine
+(or torch), so ``eagle31-mla doctor`` / ``serve-command`` read the facts anywhere, and the plugins
+import them from here: the core never imports a plugin.
+
+The draft architecture every engine serves this drafter as is
+:data:`eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+__all__ = [
+    "ENGINES",
+    "ENGINE_NAMES",
+    "PLUGIN_INSTALL",
+    "parse_release",
+    "release_label",
+    "KIMI_K3_MODEL_TYPE",
+    "KIMI_K3_MULTIMODAL",
+    "KIMI_K3_LANGUAGE_MODEL",
+    "KIMI_K3_ARCHITECTURES",
+    "is_kimi_k3_model",
+    "ONE_BASED",
+    "PLUS_ONE",
+    "FIRST_ID_HEURISTIC",
+    "captures_layer_input",
+]
+
+ENGINES = ("vllm", "sglang", "tokenspeed")
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
+#: The install line of this project's plugin for an engine (TokenSpeed has none).
+PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
+
+
+def parse_release(version: str, engine: str) -> tuple[int, int, int]:
+    """A release string as a tuple: "0.22.1", "0.22", "0.32.0+cpu" -> (0, 22, 1), (0, 22, 0), (0, 32, 0)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not match:
+        raise ValueError(f"cannot read a {ENGINE_NAMES[engine]} version from {version!r}")
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+def release_label(version: tuple[int, ...]) -> str:
+    """(0, 27) -> "0.27"; (0, 5, 23) -> "0.5.23"."""
+    return ".".join(map(str, version))
+
+
+# ---- Kimi-K3, the target the published drafter was trained for ----------------------------------------
+
+KIMI_K3_MODEL_TYPE = "kimi_k3"
+#: The class a Kimi-K3 checkpoint's config.json names (the multimodal wrapper) ...
+KIMI_K3_MULTIMODAL = "KimiK3ForConditionalGeneration"
+#: ... and its language model, which engines also serve on its own.
+KIMI_K3_LANGUAGE_MODEL = "KimiK3LinearForCausalLM"
+#: Every Kimi-K3 target class name the engines' tables key on.
+KIMI_K3_ARCHITECTURES = (KIMI_K3_MULTIMODAL, KIMI_K3_LANGUAGE_MODEL)
+
+
+def is_kimi_k3_model(model_type: str | None, architectures: Sequence[str] | None) -> bool:
+    """A Kimi-K3 target: its ``model_type``, or any class name of the family (``KimiK3...``)."""
+    return model_type == KIMI_K3_MODEL_TYPE or any("KimiK3" in a for a in architectures or ())
+
+
+# ---- how a target class reads the aux-layer ids it is handed ----------------------------------------------
+
+#: Stores one-based completed-layer ids as they are and captures AFTER each of those layers.
+ONE_BASED = "one_based"
+#: Adds 1 to every id (reads zero-based "output of layer x" ids).
+PLUS_ONE = "plus_one"
+#: Adds 1 only when the first id is 1 (SGLang's DeepSeek/Kimi-K2.x targets).
+FIRST_ID_HEURISTIC = "first_id_heuristic"
+
+
+def captures_layer_input(reading: str | None) -> bool:
+    """Whether a target class with this id ``reading`` captures the INPUT of layer i for stored id i
+    (SGLang's and TokenSpeed's non-Kimi-K3 targets). Such a target cannot reach the output of its last
+    layer: there is no layer after it whose input that would be."""
+    return reading in (PLUS_ONE, FIRST_ID_HEURISTIC)

@@ -1,0 +1,273 @@
+"""Prompts and corpora as users hand them in, and the one reading of ``eos_token_id``.
+
+A prompts file (``acceptance``, the demo) holds one prompt per line: JSONL, each line one of
+:data:`PROMPT_SHAPES`, or plain text. A training corpus (``train --text``) holds one document per line:
+text, or JSONL objects with a ``"text"`` string. Every line is checked when read, and a refusal names
+the file and line.
+
+This module does not import torch (the config checks of :mod:`eagle31_mla.engines` can use
+:func:`eos_token_ids` without it): a value can only be a tensor once torch is loaded, and the
+functions that build tensors import it themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PROMPT_SHAPES",
+    "PromptError",
+    "check_prompt_shape",
+    "eos_token_ids",
+    "is_int",
+    "prompt_tensor",
+    "prompt_token_ids",
+    "read_corpus",
+    "read_prompt_lines",
+    "read_prompts",
+]
+
+PROMPT_SHAPES = ('a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
+                 '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)')  # fmt: skip
+
+
+class PromptError(ValueError):
+    """A prompt of a prompts file (or the Python API) that has none of the accepted shapes, or ids
+    outside the target's vocabulary: one line naming the file and line."""
+
+
+def is_int(value) -> bool:
+    """An int of any integral type (numpy's too) but not a bool: what token ids and counts of the
+    Python API may be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_tensor(value) -> bool:
+    torch = sys.modules.get("torch")  # not loaded: nothing is a tensor
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _draft_input_error(message: str) -> Exception:
+    from .modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
+
+    return DraftInputError(message)
+
+
+def _shown(value) -> str:
+    """A refused value as the library's messages show it."""
+    from .modeling_eagle31_mla import describe_value
+
+    return describe_value(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# End-of-sequence ids
+# ----------------------------------------------------------------------------------------------
+
+
+def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False) -> tuple[int, ...]:
+    """The one reading of an ``eos_token_id`` setting: None, an int token id, or a list / tuple / set /
+    range (or a 0-/1-D integer tensor) of them, as a tuple of ints in the given order.
+
+    ``strict`` (an argument of the Python API): anything else, and ids outside [0, ``vocab_size``), is a
+    :class:`~eagle31_mla.modeling_eagle31_mla.DraftInputError` naming ``eos_token_id``; strings, bools
+    and floats are refused, never iterated or cast. Not strict (a config's or tokenizer's value, whose
+    own checks report it): what is not an id is left out."""
+    within = f" in [0, {vocab_size})" if vocab_size is not None else ""
+
+    def refuse(what: str):
+        raise _draft_input_error(f"`eos_token_id` {what}; expected None, an int token id{within} or a list of them")
+
+    if value is None:
+        return ()
+    items = value
+    if _is_tensor(value):
+        import torch
+
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool or value.dim() > 1:
+            if strict:
+                refuse(f"is a {value.dtype} tensor of shape {tuple(value.shape)}")
+            return ()
+        items = value.tolist()
+    if is_int(items):
+        items = [items]
+    elif not isinstance(items, (list, tuple, set, frozenset, range)):
+        if strict:
+            refuse(f"is {_shown(value)}")
+        return ()
+
+    def fits(i) -> bool:
+        return is_int(i) and (vocab_size is None or 0 <= i < vocab_size)
+
+    if strict:
+        for i in items:
+            if not fits(i):
+                refuse(f"holds {_shown(i)}")
+    return tuple(int(i) for i in items if fits(i))
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts
+# ----------------------------------------------------------------------------------------------
+
+
+def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
+    """``(where, prompt)`` for every prompt of a prompts file, ``where`` being ``file:line``: JSONL
+    (``.jsonl`` / ``.json``: one JSON value per line, each of :data:`PROMPT_SHAPES`, checked here) or
+    plain text (one prompt per non-empty line). The file must be UTF-8 text."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptError(f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not") from None
+    lines = [(f"{path}:{i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if path.suffix not in (".jsonl", ".json"):
+        return lines
+    prompts = []
+    for where, line in lines:
+        try:
+            prompt = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise PromptError(f"{where}: not a JSON line ({err})") from None
+        check_prompt_shape(prompt, where)
+        prompts.append((where, prompt))
+    return prompts
+
+
+def read_prompts(path: str | Path) -> list[Any]:
+    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
+    or a bare string / list of ids) or plain text (one prompt per non-empty line); every line's shape
+    is checked (:func:`read_prompt_lines`)."""
+    return [prompt for _, prompt in read_prompt_lines(path)]
+
+
+def read_corpus(path: str | Path) -> list[str]:
+    """The documents of a training corpus: one per non-empty line, text or (JSONL) an object with a
+    ``"text"`` string; at least one must be non-empty."""
+    texts = []
+    for where, line in read_prompt_lines(path):
+        text = line.get("text") if isinstance(line, dict) else line
+        if not isinstance(text, str):
+            raise PromptError(f"{where}: expected a text line or a JSON object with a \"text\" string")
+        if text.strip():
+            texts.append(text)
+    if not texts:
+        raise PromptError(f"expected at least one non-empty document, {path} has none")
+    return texts
+
+
+def _id_list_problem(ids: Any, vocab_size: int | None = None) -> str | None:
+    """Why ``ids`` is not a non-empty list of int token ids (within ``vocab_size`` when given), or None."""
+    if not isinstance(ids, (list, tuple)):
+        return f"a {type(ids).__name__}, not a list of token ids"
+    if not ids:
+        return "an empty list (a prompt needs at least one token)"
+    for i, value in enumerate(ids):
+        if not is_int(value):
+            return f"{value!r} ({'bool' if isinstance(value, bool) else type(value).__name__}) at index {i}, not an int token id"
+        if vocab_size is not None and not 0 <= value < vocab_size:
+            return f"token id {value} at index {i}, outside the target's vocabulary [0, {vocab_size})"
+    return None
+
+
+def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
+    """Refuse a prompt of none of :data:`PROMPT_SHAPES` (ids must be JSON ints: no bools, floats or strings)."""
+
+    def refuse(what: str):
+        raise PromptError(f"{where}: {what}; expected {PROMPT_SHAPES}")
+
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            refuse("an empty prompt")
+        return
+    if isinstance(prompt, list):
+        problem = _id_list_problem(prompt)
+        if problem:
+            refuse(f"a list holding {problem}" if prompt else problem)
+        return
+    if not isinstance(prompt, dict):
+        refuse(f"{json.dumps(prompt) if prompt is None or isinstance(prompt, (int, float, bool)) else type(prompt).__name__}")
+    keys = [key for key in ("input_ids", "messages", "prompt", "text") if key in prompt]
+    if not keys:
+        refuse(f"an object with keys {sorted(prompt)}")
+    if len(keys) > 1:
+        refuse(f"an object with both {keys[0]!r} and {keys[1]!r} (which one is the prompt?)")
+    key, value = keys[0], prompt[keys[0]]
+    if key == "input_ids":
+        problem = _id_list_problem(value)
+        if problem:
+            refuse(f'"input_ids" is {problem}')
+    elif key == "messages":
+        if not isinstance(value, list) or not value:
+            refuse(f'"messages" is {json.dumps(value)[:60] if not isinstance(value, list) else "an empty list"}')
+        for i, message in enumerate(value):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), (str, list))):  # fmt: skip
+                refuse(f'"messages"[{i}] is {json.dumps(message)[:60]}, not a {{"role": str, "content": str}} object')
+    elif not isinstance(value, str) or not value.strip():
+        refuse(f'"{key}" is {json.dumps(value)[:60]}, not a non-empty string')
+
+
+def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None, where: str = "prompt") -> list[int]:
+    """Token ids of one prompt, checked: its shape (:func:`check_prompt_shape`), ids within ``vocab_size``;
+    text through the tokenizer, chat messages through its chat template (a tokenizer without one is
+    refused by name)."""
+    if _is_tensor(prompt):
+        return prompt_tensor(prompt, vocab_size or 2**62)[0].tolist()
+    check_prompt_shape(prompt, where)
+    if isinstance(prompt, dict):
+        key = next(key for key in ("input_ids", "messages", "prompt", "text") if key in prompt)
+        if key == "messages":
+            if tokenizer is None:
+                raise PromptError(f"{where}: chat `messages` prompts need a tokenizer")
+            if not getattr(tokenizer, "chat_template", None):
+                raise PromptError(f"{where}: the target's tokenizer has no chat template; give `prompt` or `input_ids`")
+            ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        else:
+            return prompt_token_ids(prompt[key], tokenizer, vocab_size, where)
+    elif isinstance(prompt, str):
+        if tokenizer is None:
+            raise PromptError(f"{where}: text prompts need a tokenizer")
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        ids = list(prompt)
+    problem = _id_list_problem(ids, vocab_size)
+    if problem:
+        raise PromptError(f"{where}: the prompt's ids hold {problem}")
+    return ids
+
+
+def prompt_tensor(input_ids, vocab_size: int):
+    """``input_ids`` of the Python API as a [1, n] int64 tensor: a tensor of integer dtype ([n] or [1, n])
+    or a sequence of ints (a list, a tuple or a 1-D integer numpy array); floats, bools and ids outside
+    the vocabulary are a DraftInputError, never cast."""
+    import torch
+
+    from .modeling_eagle31_mla import DraftInputError
+
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise DraftInputError(f"`input_ids` has dtype {input_ids.dtype}; expected integer token ids")
+        if input_ids.dim() > 2 or (input_ids.dim() == 2 and input_ids.shape[0] != 1):
+            raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected one prompt: [n] or [1, n]")
+        ids = input_ids.reshape(-1).tolist()
+    else:
+        try:
+            ids = list(input_ids)
+        except TypeError:
+            raise DraftInputError(f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of "
+                                  "token ids") from None  # fmt: skip
+        if not all(is_int(i) for i in ids):
+            bad = next(i for i in ids if not is_int(i))
+            raise DraftInputError(f"`input_ids` holds {bad!r} ({type(bad).__name__}); expected int token ids")
+    if not ids:
+        raise DraftInputError("`input_ids` is empty; expected a prompt of at least one token")
+    if not all(0 <= i < vocab_size for i in ids):
+        raise DraftInputError(f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) "
+                              "(the target's vocabulary)")  # fmt: skip
+    return torch.tensor([ids], dtype=torch.long)
