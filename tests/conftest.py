@@ -1,12 +1,11 @@
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import netguard  # noqa: E402
+from tests.support import netguard
+from tests.support.engine_policy import ENGINE_VERSION_SKIP
 
 # Before anything imports huggingface_hub/transformers (they read these at import time): no network,
 # and a private, empty HF home whose hub cache the tests fill themselves.
@@ -22,19 +21,15 @@ for _key in ("HF_HUB_DISABLE_TELEMETRY", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
 # sent, but it is a connect to another host, and the guard below counts it).
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
-# No network, in this process and in every Python subprocess a test starts (tests/netguard.py): a
+# No network, in this process and in every Python subprocess a test starts (tests/support/netguard.py): a
 # connection to another host or a DNS lookup raises and is recorded; `no_network` fails the session
 # if any was attempted. Installed here, before test modules import any library.
 _NETGUARD_LOG = _HF_HOME / "netguard.log"
 os.environ[netguard.LOG_ENV] = str(_NETGUARD_LOG)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(Path(__file__).parent / "netguard_site")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    [str(Path(netguard.__file__).parent / "netguard_site")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
 )
 netguard.install()
-
-# Golden vectors from an independent implementation (copied from ../shared/golden; see its README).
-GOLDEN = Path(__file__).parent / "golden"
-
 
 # ---- engines an environment must provide: their tests fail instead of skipping -----------------------
 #
@@ -45,7 +40,6 @@ GOLDEN = Path(__file__).parent / "golden"
 # least one test marked with the engine must be selected. The only skips kept are those raised by
 # `engine_version_skip`, which say which engine version makes the test inapplicable.
 REQUIRE_ENGINES_ENV = "EAGLE31_REQUIRE_ENGINES"
-ENGINE_VERSION_SKIP = "inapplicable to this engine version: "
 ENGINES = ("vllm", "sglang")  # each is also a pytest marker
 
 
@@ -58,15 +52,6 @@ def required_engines(environ=os.environ) -> dict[str, str | None]:
             raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV}: unknown engine {name!r} (expected one of {ENGINES})")
         required[name] = version or None
     return required
-
-
-def engine_version_skip(engine: str, reason: str):
-    """Skip a test that cannot apply to the installed release of ``engine`` (named in the reason, with
-    its version): the one kind of skip a run that requires the engine accepts."""
-    import importlib
-
-    version = getattr(importlib.import_module(engine), "__version__", "?")
-    pytest.skip(f"{ENGINE_VERSION_SKIP}{engine} {version}: {reason}")
 
 
 def _names_engine(text: str, engine: str) -> bool:
@@ -135,7 +120,7 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"skipped ({_skip_reason(report)}), but this run requires {engine} "
                            f"({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)}): a test of a required "
-                           "engine may only skip through conftest.engine_version_skip")  # fmt: skip
+                           "engine may only skip through tests.support.engine_policy.engine_version_skip")  # fmt: skip
 
 
 _SELECTED_BY_ENGINE: dict[str, int] = {}

@@ -31,7 +31,7 @@ TRACEBACK_ENV = "EAGLE31_MLA_TRACEBACK"
 #
 # Every argument that takes a value has a type function from here (or ``choices``): bad values are refused
 # while parsing, before any model is loaded, as one line naming the argument and what was expected.
-# ``bad`` lists the classes of bad value each type refuses; tests/test_cli_corpus.py feeds one value of
+# ``bad`` lists the classes of bad value each type refuses; tests/cli/test_cli_corpus.py feeds one value of
 # each class to every argument of every subcommand (an argument without a rule fails that test).
 
 
@@ -769,7 +769,7 @@ def _serve_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line (tests/test_cli_corpus.py enumerates its arguments)."""
+    """The whole command line (tests/cli/test_cli_corpus.py enumerates its arguments)."""
     parser = _Parser(prog="eagle31-mla", description="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, "
                                      "roster, acceptance, train, inspect, convert, doctor, serve-command.",
                                      epilog=EXIT_CODES)  # fmt: skip

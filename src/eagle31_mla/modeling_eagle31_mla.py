@@ -537,7 +537,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     # -- argument checks ----------------------------------------------------------------------------
 
     #: forward's switches: name -> (accepts None, what is expected). A new switch goes here and into
-    #: tests/test_runtime_corpus.py, which fails for a forward argument with no bad values.
+    #: tests/unit/test_runtime_corpus.py, which fails for a forward argument with no bad values.
     FLAG_ARGUMENTS = {
         "use_cache": (True, "None or a bool (None: the config's use_cache, or True when a cache is passed)"),
         "absorb": (True, "None or a bool (None: absorbed attention when earlier tokens are cached)"),

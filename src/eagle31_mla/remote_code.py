@@ -2,7 +2,7 @@
 
 The library is the one source of truth: each file of :data:`REMOTE_CODE_FILES` is copied under a banner
 into the checkout's ``modeling/`` folder. :func:`generate` writes them (``python scripts/sync_modeling.py``),
-:func:`drift` says which differ (tests/test_remote_code.py fails on any).
+:func:`drift` says which differ (tests/unit/test_remote_code.py fails on any).
 """
 
 from __future__ import annotations

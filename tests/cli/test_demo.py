@@ -1,0 +1,116 @@
+"""The main job: the embedded pair, speculative decoding on it, and agreement between engines."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
+
+from tests.support.paths import ROOT
+
+
+def test_embedded_pair_is_small_and_complete():
+    files = [p for p in DEMO_DIR.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 20 * 2**20
+    for name in ("target/config.json", "target/model.safetensors", "target/tokenizer.json",
+                 "draft/config.json", "draft/model.safetensors", "prompts.jsonl"):  # fmt: skip
+        assert (DEMO_DIR / name).is_file(), name
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576  # what vLLM's CPU MLA kernels take
+
+
+def test_prompts_are_held_out_from_the_training_corpus():
+    from eagle31_mla.testing import demo_corpus
+
+    _, seen = demo_corpus(seed=0, n=6000)
+    for prompt in demo_prompts():
+        name, _, _, color, animal = prompt.split(".")[0].split(" ")
+        assert (name, animal, color) not in seen, prompt
+
+
+@pytest.fixture(scope="module")
+def hf_result():
+    return run_demo("hf", num_prompts=8, max_new_tokens=48)
+
+
+def test_demo_reaches_the_accept_length_goal(hf_result, capsys):
+    assert hf_result.accept_length >= 2.5
+    assert len(hf_result.acceptance_per_position) == 3
+    assert all(1 >= a >= b >= 0 for a, b in zip(hf_result.acceptance_per_position, hf_result.acceptance_per_position[1:]))
+    assert hf_result.num_generated_tokens == 8 * 48
+    with capsys.disabled():
+        print("\n" + hf_result.report(show=1))
+
+
+def test_demo_command(capsys):
+    from eagle31_mla.cli import main
+
+    assert main(["demo", "--prompts", "2", "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "0"], "argument --prompts: expected a positive integer"),
+    (["--prompts", "1000"], "argument --prompts: expected at most "),
+    (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
+    (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
+    (["--num-steps", "99999999999"], "argument --num-steps: expected a positive integer <= 64 (draft steps)"),
+])  # fmt: skip
+def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
+    from eagle31_mla.cli import main
+
+    assert main(["demo", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and message in err and "Traceback" not in err
+
+
+@pytest.mark.vllm
+def test_vllm_and_the_reference_agree(hf_result):
+    pytest.importorskip("vllm", reason="needs the vLLM extra")
+    vllm_result = run_demo("vllm", num_prompts=8, max_new_tokens=48)
+    assert vllm_result.outputs == hf_result.outputs  # greedy: the same text
+    assert abs(vllm_result.accept_length - hf_result.accept_length) <= 0.02
+    for a, b in zip(vllm_result.acceptance_per_position, hf_result.acceptance_per_position):
+        assert abs(a - b) <= 0.03
+
+
+@pytest.mark.slow
+def test_rebuild_script_is_deterministic(tmp_path):
+    """scripts/build_demo_pair.py (in --quick mode: the same code, tiny step counts), run twice, writes
+    byte-identical folders, and its configs are those of the shipped pair (only the step count differs)."""
+    import os
+    import subprocess
+
+    script = ROOT / "scripts" / "build_demo_pair.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: float sums in one fixed order
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for out in folders:
+        run = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], capture_output=True,
+                             text=True, env=env, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(folders[1]) for p in folders[1].rglob("*") if p.is_file())
+    assert {"target/model.safetensors", "draft/model.safetensors", "prompts.jsonl"} <= {str(f) for f in files}
+    for name in files:
+        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), f"{name} differs between builds"
+
+    def config(path):
+        return {k: v for k, v in json.loads(path.read_text()).items() if k != "transformers_version"}
+
+    for part in ("target", "draft"):
+        assert config(folders[0] / part / "config.json") == config(DEMO_DIR / part / "config.json"), part
+    shipped = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
+    assert {**json.loads((folders[0] / "draft" / "training.json").read_text()), "steps": shipped["steps"]} == shipped
+
+
+def test_demo_past_the_context_limit_stops_there_with_a_note(capsys):
+    """--max-new-tokens beyond the pair's 512 positions: generation stops at the limit, said in one note."""
+    from eagle31_mla.cli import main
+
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 prompt(s) stopped at the context limit of 512 positions" in out

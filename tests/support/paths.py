@@ -1,0 +1,9 @@
+"""Where the test suite's files are: one home for the paths tests used to derive from their own location."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+TESTS = ROOT / "tests"
+SUPPORT = TESTS / "support"
+# Golden vectors from an independent implementation (copied from ../shared/golden; see its README).
+GOLDEN = TESTS / "golden"

@@ -1,0 +1,187 @@
+"""The layering, read from the source: the core (``src/``) never imports an engine plugin, and no
+module imports itself back through others (module-level and function-level imports alike: a lazy
+import that closes a cycle is still a cycle)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.paths import ROOT
+#: Where each top-level package lives; a module's name is its path below one of these.
+SOURCE_ROOTS = (ROOT / "src", ROOT / "plugins" / "vllm", ROOT / "plugins" / "sglang")
+CORE_ROOT = ROOT / "src"
+PLUGIN_PACKAGES = ("eagle31_mla_vllm", "eagle31_mla_sglang")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the module (or module.attribute) it names, absolute
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules_under(roots) -> dict[str, Path]:
+    """Every ``.py`` below the roots, by module name (package folders need an ``__init__.py``)."""
+    found = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                found[module_name(path, root)] = path
+    return found
+
+
+def imports_of(name: str, path: Path) -> list[Import]:
+    """Every import in the file, wherever it sits (module level, functions, ``if TYPE_CHECKING``),
+    relative ones made absolute, plus ``importlib.import_module("...")`` / ``__import__("...")`` with a
+    string literal."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(name, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            # `from p import x` imports module p.x when there is one, else takes x from p (resolved in import_graph)
+            found += [Import(name, prefix if alias.name == "*" else f"{prefix}.{alias.name}", node.lineno)
+                      for alias in node.names]  # fmt: skip
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                target = node.args[0].value
+                if target.startswith("."):  # import_module(".x", __package__)
+                    target = package + target
+                found.append(Import(name, target, node.lineno))
+    return found
+
+
+def core_imports_of_plugins(core_root: Path, plugin_packages=PLUGIN_PACKAGES) -> list[Import]:
+    return [
+        imp
+        for name, path in modules_under([core_root]).items()
+        for imp in imports_of(name, path)
+        if imp.target.split(".")[0] in plugin_packages
+    ]
+
+
+def import_graph(roots) -> dict[str, set[str]]:
+    """Intra-project edges: module -> the project modules it imports (``from pkg import name`` counts
+    as importing ``pkg.name`` when that is a module, else ``pkg``; imports of other projects are left out)."""
+    modules = modules_under(roots)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imp in imports_of(name, path):
+            target = imp.target
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search, colours white/grey/black)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+# ---- the project ---------------------------------------------------------------------------------------
+
+
+def test_the_core_never_imports_a_plugin():
+    found = core_imports_of_plugins(CORE_ROOT)
+    listed = "\n".join(f"  {i.module}:{i.line} imports {i.target}" for i in found)
+    assert not found, "src/ imports a plugin package:\n" + listed
+
+
+def test_no_import_cycle():
+    graph = import_graph(SOURCE_ROOTS)
+    assert "eagle31_mla.engines" in graph and "eagle31_mla_vllm" in graph  # the roots were read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_engine_facts_and_rules_import_without_an_engine_or_torch():
+    """The engine facts, the serve-time rules and ``serve-command`` load where neither engine (nor torch)
+    is installed."""
+    code = (
+        "import sys\n"
+        "for name in ('vllm', 'sglang', 'torch', 'transformers', 'eagle31_mla_vllm', 'eagle31_mla_sglang'):\n"
+        "    sys.modules[name] = None\n"
+        "import eagle31_mla.engine_facts.vllm, eagle31_mla.engine_facts.sglang, eagle31_mla.engine_facts.tokenspeed\n"
+        "import eagle31_mla.compatibility, eagle31_mla.engines, eagle31_mla.serving\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ---- the checker itself catches what it is for ------------------------------------------------------
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_checker_finds_planted_violations(tmp_path):
+    core, plugin = tmp_path / "src", tmp_path / "plugin"
+    write(core, {
+        "eagle31_mla/__init__.py": "",
+        "eagle31_mla/a.py": "from . import b\n",
+        "eagle31_mla/b.py": "def later():\n    from .c import thing\n",
+        "eagle31_mla/c.py": "import eagle31_mla.a\nthing = 1\n",  # a -> b -> c -> a, the middle edge lazy
+        "eagle31_mla/d.py": "import importlib\n\ndef f():\n    return importlib.import_module('eagle31_mla_vllm.x')\n",
+        "eagle31_mla/e.py": "from eagle31_mla_sglang import register\n",
+        "eagle31_mla/sub/__init__.py": "",
+        "eagle31_mla/sub/f.py": "from ..e import register\n",
+    })  # fmt: skip
+    write(plugin, {"eagle31_mla_vllm/__init__.py": "from eagle31_mla import a\n", "eagle31_mla_vllm/model.py": ""})
+    planted = {(i.module, i.target.split(".")[0]) for i in core_imports_of_plugins(core)}
+    assert planted == {("eagle31_mla.d", "eagle31_mla_vllm"), ("eagle31_mla.e", "eagle31_mla_sglang")}
+    graph = import_graph([core, plugin])
+    assert "eagle31_mla.e" in graph["eagle31_mla.sub.f"]  # a relative import two levels up, resolved
+    cycle = find_cycle(graph)
+    assert cycle is not None and cycle[0] == cycle[-1]
+    assert set(cycle) == {"eagle31_mla.a", "eagle31_mla.b", "eagle31_mla.c"}
+    # without the lazy import there is no cycle
+    write(core, {"eagle31_mla/b.py": "def later():\n    pass\n"})
+    assert find_cycle(import_graph([core, plugin])) is None

@@ -1,0 +1,330 @@
+"""The drafter's math equals SPEC §3, written out independently in reference_math.py."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.support import reference_math as ref
+from tests.support.paths import GOLDEN
+from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+
+TOL = 1e-5
+
+FORMS = {
+    "eagle31_yarn": dict(fc_norm=True, norm_output=True, rope_parameters=dict(YARN)),
+    "eagle31_plain": dict(fc_norm=True, norm_output=True, rope_parameters=dict(PLAIN_ROPE)),
+    "eagle3_yarn": dict(fc_norm=False, norm_output=False, rope_parameters=dict(YARN)),
+    "eagle3_plain": dict(fc_norm=False, norm_output=False, rope_parameters=dict(PLAIN_ROPE)),
+    "fc_norm_only": dict(fc_norm=True, norm_output=False, rope_parameters=dict(YARN)),
+    "norm_output_only": dict(fc_norm=False, norm_output=True, rope_parameters=dict(PLAIN_ROPE)),
+}
+
+
+def drafter_from_file(folder, seed, form):
+    """A tiny drafter written as config.json + safetensors and loaded back: the library and the
+    reference then each read that raw file their own way (the reference never sees the library's parse)."""
+    model = tiny_drafter(seed=seed, **FORMS[form])
+    write_checkpoint(folder, published_style_config(model), model.state_dict())
+    return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def reference(model, input_ids, aux=None, h=None, positions=None, variant="exact"):
+    """The reference's outputs for ``model``, a drafter loaded from a folder: its numbers come from that
+    folder's raw config.json (reference_math.config_dict), its weights from the model."""
+    w = {k: v.detach() for k, v in model.state_dict().items()}
+    cfg = ref.config_dict(model.config.name_or_path)
+    if h is None:
+        h = ref.combine(w, cfg, aux, variant)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    return ref.forward(w, cfg, input_ids, h, positions, variant)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_first_step_equals_reference(form, tmp_path):
+    model = drafter_from_file(tmp_path, seed=3, form=form)
+    ids, aux = aux_inputs(model.config, batch=2, length=9)
+    out = model(ids, aux_hidden_states=aux)
+    logits, state = reference(model, ids, aux)
+    assert out.logits.shape == (2, 9, model.config.draft_vocab_size)
+    assert (out.logits - logits).abs().max() <= TOL
+    assert (out.hidden_states - state).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
+def test_reference_catches_each_silent_bug(form, tmp_path):
+    """The comparison above can fail: every deliberate bug moves the outputs far beyond TOL."""
+    model = drafter_from_file(tmp_path, seed=3, form=form)
+    ids, aux = aux_inputs(model.config, batch=1, length=9)
+    out = model(ids, aux_hidden_states=aux)
+    applicable = ["neox_rope", "no_rope", "wrong_state", "hidden_first"]
+    if form == "eagle31_yarn":
+        applicable += ["skip_fc_norm", "no_mscale"]
+    for variant in applicable:
+        logits, state = reference(model, ids, aux, variant=variant)
+        gap = max((out.logits - logits).abs().max().item(), (out.hidden_states - state).abs().max().item())
+        assert gap > 1e-2, f"variant {variant} is indistinguishable from the model (gap {gap})"
+
+
+@pytest.mark.parametrize("name", ["eagle31_yarn", "eagle3_plain"])
+def test_golden_vectors(name):
+    """Third opinion: outputs of an independent fp32 implementation shipped with the project."""
+    model = Eagle31MLAForCausalLM.from_pretrained(GOLDEN / name)
+    e = load_file(GOLDEN / name / "expected.safetensors")
+    out = model(e["input_ids"], aux_hidden_states=e["aux_hidden_states"])
+    assert (out.logits - e["logits"]).abs().max() <= TOL
+    assert (out.hidden_states - e["next_hidden_states"]).abs().max() <= TOL
+    for absorb in (True, False):
+        first = model(e["input_ids"], aux_hidden_states=e["aux_hidden_states"])
+        step = model(e["decode_input_ids"], hidden_states=first.hidden_states[:, -1:],
+                     position_ids=e["decode_position_ids"], past_key_values=first.past_key_values, absorb=absorb)  # fmt: skip
+        assert (step.logits - e["decode_logits"]).abs().max() <= TOL
+        assert (step.hidden_states - e["decode_next_hidden_states"]).abs().max() <= TOL
+    # and our own reference agrees with the golden file too
+    logits, _ = reference(model, e["input_ids"], e["aux_hidden_states"])
+    assert (logits - e["logits"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("form", ["eagle31_yarn", "eagle3_plain"])
+@pytest.mark.parametrize("absorb", [True, False])
+def test_cached_chain_equals_recompute_from_scratch(form, absorb, tmp_path):
+    """Three chained draft steps through the latent cache == one uncached pass over all positions."""
+    model = drafter_from_file(tmp_path, seed=5, form=form)
+    ids, aux = aux_inputs(model.config, batch=2, length=6)
+    out = model(ids, aux_hidden_states=aux)
+    cache = out.past_key_values
+    chain_ids, chain_states, chain_logits = [], [out.hidden_states], [out.logits]
+    next_id = out.logits[:, -1:].argmax(-1)
+    state = out.hidden_states[:, -1:]
+    for _ in range(3):
+        step = model(next_id, hidden_states=state, past_key_values=cache, absorb=absorb)
+        chain_ids.append(next_id)
+        chain_logits.append(step.logits)
+        chain_states.append(step.hidden_states)
+        state, next_id = step.hidden_states, step.logits.argmax(-1)
+    assert cache.get_seq_length() == 9
+
+    # From scratch: the fed-in state at each chain position is the previous position's output state.
+    all_ids = torch.cat([ids] + chain_ids, dim=1)
+    h_in = torch.cat([model.combine_hidden_states(aux)] + [s[:, -1:] for s in chain_states[:-1]], dim=1)
+    scratch = model(all_ids, hidden_states=h_in, use_cache=False, absorb=False)
+    assert (torch.cat(chain_logits, 1) - scratch.logits).abs().max() <= TOL
+    assert (torch.cat(chain_states, 1) - scratch.hidden_states).abs().max() <= TOL
+    # and the independent reference agrees with the whole chain
+    logits, state = reference(model, all_ids, h=h_in)
+    assert (torch.cat(chain_logits, 1) - logits).abs().max() <= TOL
+
+
+def test_absorbed_equals_naive_for_multi_token_steps():
+    model = tiny_drafter(seed=7)
+    ids, aux = aux_inputs(model.config, batch=2, length=5)
+    h = torch.randn(2, 4, model.config.hidden_size)
+    more = torch.randint(0, model.config.vocab_size, (2, 4))
+    results = []
+    for absorb in (True, False):
+        cache = model(ids, aux_hidden_states=aux).past_key_values
+        results.append(model(more, hidden_states=h, past_key_values=cache, absorb=absorb))
+    assert (results[0].logits - results[1].logits).abs().max() <= TOL
+    assert (results[0].hidden_states - results[1].hidden_states).abs().max() <= TOL
+
+
+def test_latent_cache_stores_only_c_kv_and_k_pe():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, batch=1, length=5)
+    cache = model(ids, aux_hidden_states=aux).past_key_values
+    assert isinstance(cache, LatentKVCache)
+    assert cache.c_kv.shape[-1] == model.config.kv_lora_rank
+    assert cache.k_pe.shape[-1] == model.config.qk_rope_head_dim
+    assert cache.nbytes_per_token() == (32 + 16) * 4
+    # the stored c_kv is normalised (kv_a_layernorm applied) and k_pe is rotated: recompute both
+    attn = model.layers[0].self_attn
+    x = torch.cat([model.layers[0].input_layernorm(model.embed_tokens(ids)),
+                   model.layers[0].hidden_norm(model.combine_hidden_states(aux))], -1)  # fmt: skip
+    c_kv, k_pe = attn.kv_a_proj_with_mqa(x).split([32, 16], -1)
+    assert torch.allclose(cache.c_kv[:, :5], attn.kv_a_layernorm(c_kv), atol=1e-6)
+    assert not torch.allclose(cache.k_pe[:, 1:5], k_pe[:, 1:], atol=1e-3)  # rotated for positions > 0
+    assert torch.allclose(cache.k_pe[:, 0], k_pe[:, 0], atol=1e-6)  # position 0: identity rotation
+
+
+def test_kimi_k3_cache_is_1152_bytes_per_token():
+    from eagle31_mla import Eagle31MLAConfig
+
+    cache = LatentKVCache.for_model(Eagle31MLAConfig(), 1, dtype=torch.bfloat16, device="cpu", capacity=4)
+    assert cache.nbytes_per_token() == 1152
+    assert cache.nbytes_allocated() == 4 * 1152
+
+
+def test_cache_grows_and_crops():
+    model = tiny_drafter()
+    ids, aux = aux_inputs(model.config, batch=1, length=300)  # beyond the initial capacity
+    cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu", capacity=8)
+    full = model(ids, aux_hidden_states=aux, past_key_values=cache)
+    assert cache.get_seq_length() == 300
+    cache.crop(200)
+    again = model(ids[:, 200:], aux_hidden_states=aux[:, 200:], past_key_values=cache, absorb=False)
+    assert (again.logits - full.logits[:, 200:]).abs().max() <= TOL
+
+
+def test_padding_mask_matches_unpadded_rows():
+    model = tiny_drafter(seed=2)
+    ids, aux = aux_inputs(model.config, batch=1, length=6)
+    alone = model(ids, aux_hidden_states=aux)
+    pad = 3  # left padding, positions still start at 0 for the real tokens
+    ids_p = torch.cat([torch.zeros(1, pad, dtype=torch.long), ids], 1)
+    aux_p = torch.cat([torch.zeros(1, pad, aux.shape[-1]), aux], 1)
+    mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 6)], 1).long()
+    positions = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.arange(6)[None]], 1)
+    padded = model(ids_p, aux_hidden_states=aux_p, attention_mask=mask, position_ids=positions)
+    assert (padded.logits[:, pad:] - alone.logits).abs().max() <= TOL
+
+
+def test_draft_greedy_equals_manual_chain():
+    """draft's greedy chain is the argmax chain of forward. The manual chain computes the context's
+    logits for every position (a matrix product of another shape than draft's one-row one), so it
+    may round differently: it is fed draft's own tokens, and each must be an argmax within TOL of
+    the manual logits, and the argmax itself wherever the top-2 margin exceeds TOL (no near-tie)."""
+    model = tiny_drafter(seed=11)
+    ids, aux = aux_inputs(model.config, batch=2, length=7)
+    drafted = model.draft(ids, aux, num_tokens=4)
+    out = model(ids, aux_hidden_states=aux)
+    state, logits, cache = out.hidden_states[:, -1:], out.logits[:, -1], out.past_key_values
+    for k in range(4):
+        token = drafted.tokens[:, k]  # target ids = draft ids here (full vocabulary)
+        top2 = logits.topk(2, dim=-1).values  # [B, 2]
+        assert (logits.gather(-1, token[:, None])[:, 0] >= top2[:, 0] - TOL).all()
+        clear = top2[:, 0] - top2[:, 1] > TOL
+        assert torch.equal(token[clear], logits.argmax(-1)[clear])  # integer ids: exact
+        step = model(token[:, None], hidden_states=state, past_key_values=cache)
+        state, logits = step.hidden_states, step.logits[:, -1]
+    assert drafted.probs.shape == (2, 4, model.config.draft_vocab_size)
+    assert drafted.past_key_values.get_seq_length() == 7 + 3
+
+
+
+def test_logits_to_keep_is_the_tail_of_the_full_logits():
+    model = tiny_drafter(seed=12)
+    ids, aux = aux_inputs(model.config, batch=2, length=6)
+    full = model(ids, aux_hidden_states=aux, use_cache=False)
+    for keep in (1, 3):
+        tail = model(ids, aux_hidden_states=aux, use_cache=False, logits_to_keep=keep)
+        assert tail.logits.shape == (2, keep, model.config.draft_vocab_size)
+        assert torch.allclose(tail.logits, full.logits[:, -keep:], atol=1e-6)  # a 1-row product may take the mv kernel
+        assert torch.equal(tail.hidden_states, full.hidden_states)  # same kernels on the same shapes: exact
+
+def test_draft_sampling_temperature_and_top_p():
+    model = tiny_drafter(seed=11)
+    ids, aux = aux_inputs(model.config, batch=1, length=7)
+    g = torch.Generator().manual_seed(0)
+    a = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
+    g = torch.Generator().manual_seed(0)
+    b = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
+    assert torch.equal(a.tokens, b.tokens)  # seeded, same computation on the same shapes: reproducible
+    probs = a.probs[0, 0]
+    assert torch.allclose(probs.sum(), torch.tensor(1.0))
+    # top-p keeps the smallest prefix of the sorted distribution whose mass reaches 0.9 (logits of
+    # the last position only, as draft computes them: the same one-row product, so the same cutoff)
+    full = torch.softmax(model(ids, aux_hidden_states=aux, logits_to_keep=1).logits[0, -1] / 0.8, -1)
+    order = full.argsort(descending=True)
+    kept = int(((full[order].cumsum(0) - full[order]) < 0.9).sum())
+    assert int((probs > 0).sum()) == kept
+    assert torch.allclose(probs[order[:kept]], full[order[:kept]] / full[order[:kept]].sum(), atol=1e-6)
+    # the chosen tokens always come from the kept set
+    for _ in range(20):
+        t = model.draft(ids, aux, num_tokens=1, temperature=0.8, top_p=0.9).tokens[0, 0]
+        assert probs[t] > 0
+
+
+def test_pruned_vocabulary_drafts_target_ids():
+    model = tiny_drafter(seed=4, draft_vocab_size=120)
+    ids, aux = aux_inputs(model.config, batch=1, length=5)
+    out = model(ids, aux_hidden_states=aux, logits_to_keep=1)  # the one-row product draft computes: same argmax
+    assert out.logits.shape[-1] == 120
+    drafted = model.draft(ids, aux, num_tokens=2)
+    draft_id = out.logits[0, -1].argmax()
+    assert drafted.tokens[0, 0] == draft_id + model.d2t[draft_id]
+    assert model.t2d[drafted.tokens[0, 0]]
+
+
+def test_bf16_stays_close_to_fp32():
+    model = tiny_drafter(seed=9)
+    ids, aux = aux_inputs(model.config, batch=2, length=12)
+    ref32 = model(ids, aux_hidden_states=aux)
+    model16 = tiny_drafter(seed=9).to(torch.bfloat16)
+    out16 = model16(ids, aux_hidden_states=aux.bfloat16())
+    assert out16.logits.dtype == torch.bfloat16
+    assert out16.past_key_values.nbytes_per_token() == (32 + 16) * 2
+    scale = ref32.logits.abs().max()
+    assert (out16.logits.float() - ref32.logits).abs().max() <= 0.05 * scale
+    agree = (out16.logits.argmax(-1) == ref32.logits.argmax(-1)).float().mean()
+    assert agree >= 0.9
+
+
+# bf16 holds 8 significant bits: one unit in the last place is at most 2^-7 of the value. The two CPU
+# paths below differ only in roundings inside the attention (scores and probabilities rounded to bf16
+# on the native path, kept in fp32 on the other), each under half an ulp, and later bf16 roundings
+# pass such differences on; 4 ulps at the output's scale bounds them with margin (measured: about 1),
+# while a real bug (a lost scale, mask or rotation) moves outputs by O(1).
+def bf16_tolerance(reference: torch.Tensor) -> float:
+    return 4 * 2**-7 * reference.abs().max().item()
+
+
+@pytest.fixture
+def cpu_bf16(monkeypatch):
+    """Force the absorbed attention's CPU path: native bf16 products (True) or fp32 ones (False)."""
+    import eagle31_mla.modeling_eagle31_mla as modeling
+
+    def force(native: bool) -> None:
+        monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", native)
+
+    return force
+
+
+def test_cpu_bf16_choice_is_made_in_one_place(cpu_bf16, monkeypatch):
+    import eagle31_mla.modeling_eagle31_mla as modeling
+
+    cpu_bf16(False)
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
+    assert modeling.latent_attention_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16  # not a CPU
+    cpu_bf16(True)
+    assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+    for value, native in (("0", False), ("1", True)):
+        monkeypatch.setenv("EAGLE31_CPU_NATIVE_BF16", value)
+        assert modeling._detect_cpu_native_bf16() is native
+    monkeypatch.setenv("EAGLE31_CPU_NATIVE_BF16", "yes")
+    with pytest.raises(ValueError, match="EAGLE31_CPU_NATIVE_BF16='yes'; expected 0"):
+        modeling._detect_cpu_native_bf16()
+    monkeypatch.delenv("EAGLE31_CPU_NATIVE_BF16")
+    assert isinstance(modeling._detect_cpu_native_bf16(), bool)  # torch's CPU capabilities, or /proc/cpuinfo
+
+
+def test_cpu_bf16_attention_paths_agree(cpu_bf16):
+    """The fp32 attention taken on CPUs without native bf16 equals the native bf16 one within bf16
+    rounding: the attention alone, and a masked multi-token decode step of the whole drafter."""
+    model = tiny_drafter(seed=9).to(torch.bfloat16)
+    attention = model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q_nope = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
+    q_pe = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
+    latent = torch.randn(2, 500, 32 + 16, generator=g).bfloat16()
+    mask = torch.rand(2, 1, 3, 500, generator=g) < 0.8
+    ids, aux = aux_inputs(model.config, batch=2, length=300)
+    cores, steps = [], []
+    for native in (True, False):
+        cpu_bf16(native)
+        cores.append(attention._absorbed(q_nope, q_pe, latent, mask).float())
+        with torch.no_grad():
+            out = model(ids, aux_hidden_states=aux.bfloat16())
+            steps.append(model(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True))
+    assert (cores[0] - cores[1]).abs().max() <= bf16_tolerance(cores[0])
+    for name in ("logits", "hidden_states"):
+        native, fp32 = getattr(steps[0], name).float(), getattr(steps[1], name).float()
+        assert (native - fp32).abs().max() <= bf16_tolerance(native), name
+    # and both stay with the fp32 model (bf16 weights and inputs: a looser, relative bound, as above)
+    model32 = tiny_drafter(seed=9)
+    with torch.no_grad():
+        out = model32(ids, aux_hidden_states=aux)
+        ref = model32(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True)
+    for step in steps:
+        assert (step.logits.float() - ref.logits).abs().max() <= 0.05 * ref.logits.abs().max()

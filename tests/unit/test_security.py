@@ -1,0 +1,248 @@
+"""No unsafe loading, no network: pickle is refused unless opted in (and then tensors only), and
+nothing opens a network connection at import, in the CLI, or anywhere in the test suite.
+
+(Related, elsewhere: Hub loads pin a ``revision`` in tests/unit/test_hub.py; modeling/ imports only torch,
+transformers and the standard library in tests/unit/test_remote_code.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support import netguard
+from eagle31_mla import CheckpointError, Eagle31MLAForCausalLM
+from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter
+
+from tests.support.paths import ROOT, SUPPORT
+
+
+class Payload:
+    """What a malicious pickle carries: unpickling it runs a shell command (here: creates a file)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def pickle_folder(folder: Path, model, state=None, filename="pytorch_model.bin") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(published_style_config(model)))
+    torch.save(model.state_dict() if state is None else state, folder / filename)
+    return folder
+
+
+def same_logits(a, b) -> bool:
+    """Exact on purpose: the same weights (a copy through the pickle and safetensors files), the same
+    kernels on the same shapes, in one process: any difference is a loading difference, not rounding."""
+    ids, aux = aux_inputs(a.config, 1, 5)
+    return torch.equal(a(ids, aux_hidden_states=aux).logits, b(ids, aux_hidden_states=aux).logits)
+
+
+# ---- pickle ------------------------------------------------------------------------------------
+
+
+def test_pickle_is_refused_by_default(tmp_path):
+    folder = pickle_folder(tmp_path, tiny_drafter())
+    with pytest.raises(CheckpointError) as err:
+        Eagle31MLAForCausalLM.from_pretrained(folder)
+    message = str(err.value)
+    assert "pytorch_model.bin" in message and "can run arbitrary code" in message
+    assert "safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')" in message
+    assert "allow_pickle=True" in message
+
+
+@pytest.mark.parametrize("filename", ["pytorch_model.bin", "drafter.pt"])
+def test_pickle_loads_when_opted_in(tmp_path, filename):
+    model = tiny_drafter(seed=4)
+    loaded = Eagle31MLAForCausalLM.from_pretrained(pickle_folder(tmp_path, model, filename=filename), allow_pickle=True)
+    assert same_logits(loaded, model)
+
+
+def test_sharded_pickle_with_index(tmp_path):
+    model = tiny_drafter(seed=5)
+    state = model.state_dict()
+    names = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[:9], "pytorch_model-00002-of-00002.bin": names[9:]}
+    pickle_folder(tmp_path, model, state={})  # config.json (and an empty pytorch_model.bin, ignored: the index wins)
+    (tmp_path / "pytorch_model.bin").unlink()
+    for file, keys in shards.items():
+        torch.save({k: state[k] for k in keys}, tmp_path / file)
+    index = {"weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    (tmp_path / "training_args.bin").write_bytes(b"not read")
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True), model)
+
+
+def test_opted_in_pickle_goes_through_the_same_checks(tmp_path):
+    model = tiny_drafter(seed=6)
+    state = dict(model.state_dict())
+    del state["norm.weight"]
+    state["layers.0.self_attn.kv_b_proj.weight"] = torch.zeros(144, 16)
+    folder = pickle_folder(tmp_path, model, state=state)
+    with pytest.raises(CheckpointError) as err:
+        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
+    message = str(err.value)
+    assert f"checkpoint in {folder} (pickle weights) does not match its config (2 problem(s))" in message
+    assert "missing tensor 'norm.weight', expected shape [64]" in message
+    assert "'layers.0.self_attn.kv_b_proj.weight' has shape [144, 16], expected [144, 32]" in message
+
+
+def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
+    model = tiny_drafter()
+    marker = tmp_path / "payload-ran"
+    state = dict(model.state_dict(), **{"norm.weight": Payload(marker)})  # a trojan among real tensors
+    folder = pickle_folder(tmp_path / "draft", model, state=state)
+    with pytest.raises(CheckpointError) as err:
+        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
+    assert not marker.exists(), "the pickle's payload ran"
+    message = str(err.value)
+    assert "pytorch_model.bin was refused by torch.load(weights_only=True) (" in message
+    assert "GLOBAL posix.system" in message  # what the weights-only unpickler refused
+    assert "could run code when loaded; nothing in it was executed" in message
+    assert "weights_only` set to `False`" not in message  # torch's own advice to retry unsafely is not passed on
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    # Control: the payload is live, and a plain (unsafe) unpickle would have run it.
+    torch.load(folder / "pytorch_model.bin", weights_only=False)
+    assert marker.exists()
+
+
+def test_pickle_that_is_not_a_state_dict(tmp_path):
+    model = tiny_drafter()
+    folder = pickle_folder(tmp_path, model, state=list(model.state_dict().values()))
+    with pytest.raises(CheckpointError, match=r"pytorch_model.bin holds a list; expected a state dict \(tensor name -> tensor\)"):
+        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
+
+
+def test_several_pickles_without_an_index(tmp_path):
+    model = tiny_drafter()
+    pickle_folder(tmp_path, model, filename="a.pt")
+    torch.save({}, tmp_path / "b.pt")
+    with pytest.raises(CheckpointError, match=r"several pickle files \(a.pt, b.pt\) and no pytorch_model.bin.index.json"):
+        Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True)
+
+
+def test_safetensors_win_over_pickle(tmp_path):
+    """With both present the pickle is never opened, opted in or not."""
+    model = tiny_drafter(seed=7)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"garbage: would fail if read")
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True), model)
+
+
+def test_no_torch_load_without_weights_only_in_the_library():
+    """Every torch.load in the library and the remote code passes weights_only=True."""
+    root = ROOT
+    for path in [*root.joinpath("src").rglob("*.py"), *root.joinpath("modeling").glob("*.py"), *root.joinpath("plugins").rglob("*.py")]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "torch.load(" in line and "`" not in line:
+                assert "weights_only=True" in line, f"{path}:{number}: {line.strip()}"
+
+
+# ---- network -----------------------------------------------------------------------------------
+
+PRELUDE = f"""
+import importlib.util, json, runpy, socket, sys
+spec = importlib.util.spec_from_file_location("netguard", {str(SUPPORT / "netguard.py")!r})
+netguard = sys.modules["netguard"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(netguard)
+netguard.install()
+"""
+
+
+def run_guarded(body: str) -> list[str]:
+    """Run ``body`` in a fresh interpreter with the network guard installed first; returns the attempts."""
+    env = {k: v for k, v in os.environ.items() if k != netguard.LOG_ENV}  # its attempts are reported here, not logged
+    site = str(SUPPORT / "netguard_site")  # the prelude, not the suite's sitecustomize, installs the guard here
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site)
+    script = PRELUDE + body + "\nprint('ATTEMPTS ' + json.dumps(netguard.ATTEMPTS))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("ATTEMPTS "))
+    return json.loads(line.removeprefix("ATTEMPTS "))
+
+
+def test_imports_and_cli_help_open_no_connection():
+    body = """
+import importlib, pkgutil
+import eagle31_mla, eagle31_mla_vllm, eagle31_mla_sglang
+eagle31_mla.Eagle31MLAForCausalLM, eagle31_mla.Eagle31MLAConfig
+for module in pkgutil.iter_modules(eagle31_mla.__path__):  # every module of the library
+    importlib.import_module(f"eagle31_mla.{module.name}")
+sys.argv = ["eagle31-mla", "--help"]
+try:
+    runpy.run_module("eagle31_mla.cli", run_name="__main__")
+except SystemExit as exit:
+    assert exit.code == 0, exit.code
+try:  # control: the guard is live in this process
+    socket.create_connection(("192.0.2.1", 443), timeout=1)
+except netguard.NetworkAccessBlocked:
+    pass
+"""
+    assert run_guarded(body) == ["connect to 192.0.2.1:443"]  # the control, and nothing else
+
+
+def test_vllm_plugin_registration_opens_no_connection():
+    pytest.importorskip("vllm", reason="needs the vLLM extra")
+    body = """
+import vllm, eagle31_mla_vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+eagle31_mla_vllm.register()
+"""
+    assert run_guarded(body) == []
+
+
+def test_the_suite_guard_refuses_other_hosts_and_keeps_loopback(monkeypatch):
+    assert netguard.is_installed()
+    monkeypatch.delenv(netguard.LOG_ENV)  # deliberate attempts: kept out of the session's log
+    before = len(netguard.ATTEMPTS)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(netguard.NetworkAccessBlocked):
+        s.connect(("192.0.2.1", 80))  # TEST-NET-1: never routed
+    with pytest.raises(netguard.NetworkAccessBlocked):
+        socket.getaddrinfo("huggingface.co", 443)
+    assert netguard.ATTEMPTS[before:] == ["connect to 192.0.2.1:80", "DNS lookup of 'huggingface.co'"]
+    del netguard.ATTEMPTS[before:]  # deliberate: not a leak for the session check
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:  # loopback still works
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with socket.create_connection(server.getsockname(), timeout=5):
+            conn, _ = server.accept()
+            conn.close()
+    a, b = socket.socketpair()  # and Unix sockets
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+    a.close(), b.close()
+
+
+def test_a_subprocess_the_guard_cannot_enter_is_reported(tmp_path):
+    """Were the guard to fail to install in a subprocess, that subprocess would be unguarded: it says
+    so in the guard's log, which fails the session (conftest.no_network)."""
+    import shutil
+
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(Path(netguard.__file__).parent / "netguard_site" / "sitecustomize.py", site)
+    (tmp_path / "netguard.py").write_text("raise ImportError('a broken guard')\n")  # what sitecustomize loads
+    log = tmp_path / "log"
+    out = subprocess.run([sys.executable, "-c", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(site), netguard.LOG_ENV: str(log)})  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "False"
+    assert "network guard NOT installed" in log.read_text() and "a broken guard" in log.read_text()
+
+
+def test_subprocesses_of_the_suite_are_guarded_too():
+    out = subprocess.run([sys.executable, "-c", "import socket, netguard; print(netguard.is_installed())"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "True", out.stderr

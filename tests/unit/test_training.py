@@ -1,0 +1,190 @@
+"""Test-time training: the unrolled recurrence is exactly what drafting does, and training works."""
+
+import json
+
+import pytest
+import torch
+
+from eagle31_mla import LatentKVCache
+from eagle31_mla.training import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
+from tests.support.tiny import aux_inputs, tiny_drafter
+
+# fp32: the unrolled (masked, one pass) and step-by-step (cached) paths reduce over different lengths and
+# orders; rounding of ~1e-7 relative per op over one layer of width <= 96 stays far below this.
+TOL = 1e-5
+
+
+def test_diagonal_mask_literal():
+    expected = torch.tensor([
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(diagonal_mask(3, 2, None, "cpu"), expected)
+    anchored = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 1, 0, 1]], dtype=torch.bool)  # anchors 1 and 3, S = 4
+    assert torch.equal(diagonal_mask(4, 1, torch.tensor([1, 3]), "cpu")[:, :6], anchored)
+
+
+@pytest.mark.parametrize("form", [dict(fc_norm=True, norm_output=True), dict(fc_norm=False, norm_output=False)])
+def test_ttt_equals_teacher_forced_drafting(form):
+    """Depth k at position t == drafting k steps after a context ending at t, fed the true tokens."""
+    model = tiny_drafter(seed=4, **form)
+    S, depth = 9, 4
+    ids, aux = aux_inputs(model.config, 1, S)
+    with torch.no_grad():
+        unrolled = [logits for _, logits, _ in ttt_forward(model, ids, aux, depth)]
+        for t in range(S - depth):
+            cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu")
+            out = model(ids[:, 1 : t + 2], aux_hidden_states=aux[:, : t + 1], past_key_values=cache)
+            assert (out.logits[:, t] - unrolled[0][:, t]).abs().max() <= TOL
+            state = out.hidden_states[:, -1:]
+            for k in range(1, depth):
+                if t + 1 + k >= S:
+                    break
+                out = model(ids[:, t + 1 + k : t + 2 + k], hidden_states=state, past_key_values=cache,
+                            position_ids=torch.tensor([[t + k]]))  # fmt: skip
+                assert (out.logits[:, 0] - unrolled[k][:, t]).abs().max() <= TOL, (t, k)
+                state = out.hidden_states
+
+
+def test_anchored_ttt_equals_full_ttt_at_the_anchors():
+    model = tiny_drafter(seed=5)
+    ids, aux = aux_inputs(model.config, 2, 10)
+    anchors = torch.tensor([1, 4, 6])
+    with torch.no_grad():
+        full = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3)]
+        anchored = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, anchors)]
+    assert torch.allclose(anchored[0], full[0], atol=TOL)
+    for k in (1, 2):
+        assert torch.allclose(anchored[k], full[k][:, anchors], atol=TOL)
+
+
+def tiny_target(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def new_drafter(target):
+    torch.manual_seed(1)
+    return drafter_for_target(target, intermediate_size=64, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,
+                              qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, max_position_embeddings=128,
+                              eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters={"rope_type": "default"})  # fmt: skip
+
+
+def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
+    target = tiny_target()
+    sequences = torch.randint(3, 64, (32, 24), generator=torch.Generator().manual_seed(0))
+    config = dict(steps=8, batch_size=8, seq_len=24, depth=3, lr=1e-2, warmup=2, save_every=100)
+
+    straight = train_drafter(target, new_drafter(target), sequences, tmp_path / "a", TrainingConfig(**config), progress=False)
+    train_drafter(target, new_drafter(target), sequences, tmp_path / "b", TrainingConfig(**config), progress=False, stop_at=3)
+    log = TrainingConfig(**config)  # a new process would pick up here: new objects, the same folder
+    resumed = train_drafter(target, new_drafter(target), sequences, tmp_path / "b", log, progress=False)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert [e["step"] for e in log.log] == list(range(1, 9))
+
+    long = TrainingConfig(**{**config, "steps": 40, "save_every": 40})
+    train_drafter(target, new_drafter(target), sequences, tmp_path / "c", long, progress=False)
+    first, last = long.log[0], long.log[-1]
+    assert last["loss"] < 0.8 * first["loss"], (first, last)
+    assert last["acc"][0] > first["acc"][0]
+
+
+def test_training_writes_the_published_layout(tmp_path):
+    from safetensors import safe_open
+
+    target = tiny_target()
+    sequences = torch.randint(3, 64, (8, 16), generator=torch.Generator().manual_seed(0))
+    train_drafter(target, new_drafter(target), sequences, tmp_path, TrainingConfig(steps=2, batch_size=4, depth=2), progress=False)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "fc_norm.0.weight" in names and "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
+    assert not any(n.startswith(("midlayer.", "model.")) for n in names)
+
+
+def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
+    """`eagle31-mla train` on the embedded demo target: a folder in the published layout that loads
+    with the ids asked for, EAGLE-3 when asked, and a second run with more steps resumes."""
+    import json
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    text = tmp_path / "corpus.jsonl"
+    stories = [json.dumps({"text": f"Ann has {n} red apples and gives the dog {n + 1} of them."}) for n in range(60)]
+    text.write_text("\n".join(stories) + "\n")
+    common = ["train", "--target", str(DEMO_DIR / "target"), "--text", str(text), "--out", str(tmp_path / "d"),
+              "--batch-size", "2", "--seq-len", "16", "--depth", "2", "--quiet", "--device", "cpu"]  # fmt: skip
+    assert main([*common, "--steps", "2", "--aux-layers", "1,2,3", "--eagle3"]) == 0
+    assert "EAGLE-3," in capsys.readouterr().out
+    first = json.loads((tmp_path / "d" / "training.json").read_text())
+    assert first["steps"] == 2
+    caplog.set_level("INFO", logger="eagle31_mla.training")
+    assert main([*common, "--steps", "3", "--aux-layers", "1,2,3", "--eagle3"]) == 0
+    assert "resuming from step 2" in caplog.text
+    drafter = Eagle31MLAForCausalLM.from_pretrained(tmp_path / "d")
+    assert drafter.config.aux_layer_ids.one_based == (1, 2, 3)
+    assert not drafter.config.fc_norm and not drafter.config.norm_output
+    state = torch.load(tmp_path / "d" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3 and [e["step"] for e in json.loads(state["log"])] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--target": "missing-target"}, "missing-target"),
+    ({"--text": "missing.txt"}, "missing.txt"),
+    ({"--aux-layers": "1,two,3"}, "--aux-layers: expected comma-separated ints"),
+])  # fmt: skip
+def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
+    from eagle31_mla.demo import DEMO_DIR
+    from tests.support.engine_configs import usage_error_line
+
+    (tmp_path / "corpus.txt").write_text("Ann has red apples.\n" * 50)
+    args = {"--target": str(DEMO_DIR / "target"), "--text": str(tmp_path / "corpus.txt"), "--out": str(tmp_path / "d")}
+    args.update({k: str(tmp_path / v) if k != "--aux-layers" else v for k, v in change.items()})
+    argv = ["train", "--steps", "1", "--quiet", "--device", "cpu"] + [x for kv in args.items() for x in kv]
+    assert message in usage_error_line(argv, capsys)
+    assert not (tmp_path / "d").exists()  # nothing written
+
+
+def test_default_aux_ids_follow_the_target_depth():
+    from eagle31_mla.training import default_aux_layer_ids
+
+    assert default_aux_layer_ids(93) == [2, 46, 90] and default_aux_layer_ids(61) == [2, 30, 58]
+    assert default_aux_layer_ids(4) == [1, 2, 3] and default_aux_layer_ids(2) == [1, 2]
+    for depth in range(1, 100):
+        ids = default_aux_layer_ids(depth)
+        assert ids == sorted(set(ids)) and 1 <= ids[0] and ids[-1] <= depth
+
+
+def test_train_without_aux_layers_on_the_demo_target(tmp_path, capsys):
+    """No --aux-layers: the default follows the 4-layer target's depth (not Kimi-K3's [2, 46, 90])."""
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat who liked to eat fish every day.\n" * 20)
+    assert main(["train", "--target", str(DEMO_DIR / "target"), "--text", str(tmp_path / "corpus.txt"), "--out",
+                 str(tmp_path / "out"), "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--quiet",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    assert "aux layers" in capsys.readouterr().out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+
+
+def test_train_refuses_a_drafter_as_target_and_bad_text_before_loading(tmp_path, capsys):
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    (tmp_path / "ok.txt").write_text("hello there\n")
+    for target, text, message in ((DEMO_DIR / "draft", tmp_path / "ok.txt", "argument --target: "),
+                                  (DEMO_DIR / "target", tmp_path / "corpus.jsonl", "corpus.jsonl:2")):
+        code = main(["train", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "o"), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Loading" not in err, err
