@@ -43,9 +43,18 @@ def eagle3_drafter(target, sequences, work: Path):
     recipe = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
     shipped = json.loads((DEMO_DIR / "draft" / "config.json").read_text())
     torch.manual_seed(2)  # as scripts/build_demo_pair.py
-    keys = ("intermediate_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-            "qk_rope_head_dim", "v_head_dim", "max_position_embeddings", "rope_parameters",
-            "eagle_aux_hidden_state_layer_ids")  # fmt: skip
+    keys = (
+        "intermediate_size",
+        "num_attention_heads",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "max_position_embeddings",
+        "rope_parameters",
+        "eagle_aux_hidden_state_layer_ids",
+    )
     drafter = drafter_for_target(target, fc_norm=False, norm_output=False, **{k: shipped[k] for k in keys})
     train_drafter(target, drafter, sequences, folder, TrainingConfig(**recipe))  # resumes: a no-op once trained
     return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -74,8 +83,9 @@ def aux_states_one_layer_early():
 def measure(target, drafter, prompts, tokenizer, steps=3, new_tokens=48) -> dict:
     from eagle31_mla.speculative import measure_acceptance
 
-    total = measure_acceptance(target, drafter, prompts, num_steps=steps, max_new_tokens=new_tokens,
-                               tokenizer=tokenizer, ignore_eos=True)["total"]  # fmt: skip
+    total = measure_acceptance(
+        target, drafter, prompts, num_steps=steps, max_new_tokens=new_tokens, tokenizer=tokenizer, ignore_eos=True
+    )["total"]
     return {"accept_length": total["mean_accept_length"], "per_position": total["acceptance_rate_per_position"]}
 
 
@@ -124,8 +134,10 @@ def main() -> None:
         off_by_one[-1] = measure(target, drafter, prompts, tokenizer)
 
     lengths = {n: len(tokenizer(ps[0])["input_ids"]) for n, ps in by_context.items()}
-    print(f"# Model card claims in miniature ({time.strftime('%Y-%m-%d')}; {len(prompts)} held-out prompts, "
-          f"48 new tokens each, greedy; {time.time() - start:.0f} s)\n")  # fmt: skip
+    print(
+        f"# Model card claims in miniature ({time.strftime('%Y-%m-%d')}; {len(prompts)} held-out prompts, "
+        f"48 new tokens each, greedy; {time.time() - start:.0f} s)\n"
+    )
     print("## 1. EAGLE-3.1 vs EAGLE-3, same training budget\n")
     print(
         "| drafter | accept length (3 steps) | per position (3 steps) "
@@ -133,8 +145,10 @@ def main() -> None:
     )
     print("|---|--:|---|--:|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['held_out']['accept_length']:.2f} | {fmt(r['held_out']['per_position'])} | "
-              f"{r['depth6']['accept_length']:.2f} | {fmt(r['depth6']['per_position'])} |")  # fmt: skip
+        print(
+            f"| {name} | {r['held_out']['accept_length']:.2f} | {fmt(r['held_out']['per_position'])} | "
+            f"{r['depth6']['accept_length']:.2f} | {fmt(r['depth6']['per_position'])} |"
+        )
     print("\nBy context length (held-out prompt after n other stories; 3 steps):\n")
     print("| drafter | " + " | ".join(f"n={n} (~{lengths[n]} tokens)" for n in by_context) + " |")
     print("|---|" + "--:|" * len(by_context))
@@ -143,8 +157,10 @@ def main() -> None:
     print("\n## 2. Serving with aux ids off by one (EAGLE-3.1, 3 steps)\n")
     print("| aux layers fed | accept length | per position |")
     print("|---|--:|---|")
-    print(f"| trained: one-based {trained_ids} | {rows['EAGLE-3.1']['held_out']['accept_length']:.2f} | "
-          f"{fmt(rows['EAGLE-3.1']['held_out']['per_position'])} |")  # fmt: skip
+    print(
+        f"| trained: one-based {trained_ids} | {rows['EAGLE-3.1']['held_out']['accept_length']:.2f} | "
+        f"{fmt(rows['EAGLE-3.1']['held_out']['per_position'])} |"
+    )
     for shift, label in ((1, "one layer late"), (-1, "one layer early")):
         r = off_by_one[shift]
         print(f"| {label}: {[i + shift for i in trained_ids]} | {r['accept_length']:.2f} | {fmt(r['per_position'])} |")

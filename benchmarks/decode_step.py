@@ -108,7 +108,14 @@ def time_step(model, context: int, steps: int, absorb: bool, device, reads: Stre
                 reads.sample()
             sync(device)
             t = time.perf_counter()
-            model(token, hidden_states=state, position_ids=position, past_key_values=cache, absorb=absorb, check_values=False)
+            model(
+                token,
+                hidden_states=state,
+                position_ids=position,
+                past_key_values=cache,
+                absorb=absorb,
+                check_values=False,
+            )
             sync(device)
             if i >= 2:  # warm-up
                 times.append(time.perf_counter() - t)
@@ -144,8 +151,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--naive-context", type=int, default=32768, help="context for absorbed vs naive (0: skip)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune"],
-                        help="torch.compile the model first with this mode (reduce-overhead: CUDA graphs)")
+    parser.add_argument(
+        "--compile",
+        default=None,
+        choices=["default", "reduce-overhead", "max-autotune"],
+        help="torch.compile the model first with this mode (reduce-overhead: CUDA graphs)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
 
@@ -169,8 +180,10 @@ def main() -> None:
         nbytes = step_bytes(model, context)
         step = time_step(model, context, args.steps, absorb=True, device=device, reads=reads)
         floor = nbytes / reads.rate()
-        print(f"| {context} | {nbytes / 1e9:.3f} GB | {reads.rate() / 1e9:.1f} | {floor * 1e3:.1f} | {step * 1e3:.1f} | "
-              f"{nbytes / step / 1e9:.1f} | {step / floor:.2f} |")  # fmt: skip
+        print(
+            f"| {context} | {nbytes / 1e9:.3f} GB | {reads.rate() / 1e9:.1f} | {floor * 1e3:.1f} | {step * 1e3:.1f} | "
+            f"{nbytes / step / 1e9:.1f} | {step / floor:.2f} |"
+        )
         del reads
     lm_head = model.lm_head.weight
     share = lm_head.numel() * lm_head.element_size() / step_bytes(model, args.contexts[0])
@@ -190,8 +203,10 @@ def main() -> None:
             modeling.CPU_NATIVE_BF16 = chosen
         taken = "native bf16" if chosen else "fp32"
         print(f"\nabsorbed attention alone at {context} tokens, by CPU path (this CPU takes {taken}):")
-        print(f"| native bf16 products (ms) | fp32 products over an fp32 copy of the cache (ms) |\n|--:|--:|\n"
-              f"| {paths[True] * 1e3:.1f} | {paths[False] * 1e3:.1f} |")  # fmt: skip
+        print(
+            f"| native bf16 products (ms) | fp32 products over an fp32 copy of the cache (ms) |\n|--:|--:|\n"
+            f"| {paths[True] * 1e3:.1f} | {paths[False] * 1e3:.1f} |"
+        )
 
 
 def absorbed_vs_naive(model, context: int, steps: int, device) -> None:
@@ -202,10 +217,14 @@ def absorbed_vs_naive(model, context: int, steps: int, device) -> None:
     print(f"\nabsorbed latent attention vs naive decompression at {context} tokens:")
     print("| measured | absorbed (ms) | naive (ms) | naive / absorbed |")
     print("|---|--:|--:|--:|")
-    print(f"| attention alone (query -> per-head output) | {core_absorbed * 1e3:.1f} | {core_naive * 1e3:.1f} | "
-          f"{core_naive / core_absorbed:.1f}x |")  # fmt: skip
-    print(f"| whole decode step (+ the weight reads both share) | {absorbed * 1e3:.1f} | {naive * 1e3:.1f} | "
-          f"{naive / absorbed:.1f}x |")  # fmt: skip
+    print(
+        f"| attention alone (query -> per-head output) | {core_absorbed * 1e3:.1f} | {core_naive * 1e3:.1f} | "
+        f"{core_naive / core_absorbed:.1f}x |"
+    )
+    print(
+        f"| whole decode step (+ the weight reads both share) | {absorbed * 1e3:.1f} | {naive * 1e3:.1f} | "
+        f"{naive / absorbed:.1f}x |"
+    )
 
 
 if __name__ == "__main__":

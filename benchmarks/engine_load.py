@@ -48,12 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to build the models (default: a temp dir)")
     args = parser.parse_args(argv)
 
-    from tests.support.vllm_harness import (
-        VOCAB, acceptance_report, build_target, early_exit_draft, make_llm, mixed_load, run_load, spec_metrics,
-        write_draft,
-    )  # fmt: skip
-
     import vllm
+
+    from tests.support.vllm_harness import (
+        VOCAB,
+        acceptance_report,
+        build_target,
+        early_exit_draft,
+        make_llm,
+        mixed_load,
+        run_load,
+        spec_metrics,
+        write_draft,
+    )
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="eagle31-engine-load-"))
     t0 = time.perf_counter()
@@ -79,12 +86,26 @@ def main(argv: list[str] | None = None) -> int:
     for r in requests:
         by_kind.setdefault(r.kind, []).append(r)
     greedy_equal = [r for r in by_kind.get("greedy", []) if spec.tokens[r.id] == baseline.tokens[r.id]]
-    failures += [f"{r.id}: greedy output differs from the output without speculation" for r in by_kind.get("greedy", []) if r not in greedy_equal]
-    failures += [f"{r.id}: finished {spec.finish.get(r.id)!r}, expected 'length'" for r in by_kind.get("greedy", []) + by_kind.get("sampled", [])
-                 if spec.finish.get(r.id) != "length"]  # fmt: skip
-    sampled_ok = [r for r in by_kind.get("sampled", [])
-                  if len(spec.tokens[r.id]) == r.max_tokens and all(0 <= t < VOCAB for t in spec.tokens[r.id])]  # fmt: skip
-    failures += [f"{r.id}: sampled output of length {len(spec.tokens[r.id])}" for r in by_kind.get("sampled", []) if r not in sampled_ok]
+    failures += [
+        f"{r.id}: greedy output differs from the output without speculation"
+        for r in by_kind.get("greedy", [])
+        if r not in greedy_equal
+    ]
+    failures += [
+        f"{r.id}: finished {spec.finish.get(r.id)!r}, expected 'length'"
+        for r in by_kind.get("greedy", []) + by_kind.get("sampled", [])
+        if spec.finish.get(r.id) != "length"
+    ]
+    sampled_ok = [
+        r
+        for r in by_kind.get("sampled", [])
+        if len(spec.tokens[r.id]) == r.max_tokens and all(0 <= t < VOCAB for t in spec.tokens[r.id])
+    ]
+    failures += [
+        f"{r.id}: sampled output of length {len(spec.tokens[r.id])}"
+        for r in by_kind.get("sampled", [])
+        if r not in sampled_ok
+    ]
     aborted_ok = []
     for r in by_kind.get("aborted", []):
         got = spec.tokens[r.id]
@@ -92,15 +113,23 @@ def main(argv: list[str] | None = None) -> int:
         if spec.finish.get(r.id) == "aborted" and r.abort_after <= len(got) < r.max_tokens and prefix:
             aborted_ok.append(r)
         else:
-            failures.append(f"{r.id}: abort after {r.abort_after} tokens gave {spec.finish.get(r.id)!r} with {len(got)} tokens")
+            failures.append(
+                f"{r.id}: abort after {r.abort_after} tokens gave {spec.finish.get(r.id)!r} with {len(got)} tokens"
+            )
     capped = by_kind["context-limit"][0]
     capped_tokens = spec.tokens.get(capped.id, [])
-    capped_ok = (spec.finish.get(capped.id) == "length" and capped_tokens == baseline.tokens.get(capped.id)
-                 and len(capped.prompt_ids) + len(capped_tokens) == args.max_model_len)  # fmt: skip
+    capped_ok = (
+        spec.finish.get(capped.id) == "length"
+        and capped_tokens == baseline.tokens.get(capped.id)
+        and len(capped.prompt_ids) + len(capped_tokens) == args.max_model_len
+    )
     if not capped_ok:
         failures.append(f"context-limit: {spec.finish.get(capped.id)!r} after {len(capped_tokens)} tokens")
     refused = spec.finish.get("over-long", "")
-    if not (refused.startswith("refused: VLLMValidationError") and f"maximum context length is {args.max_model_len}" in refused):
+    if not (
+        refused.startswith("refused: VLLMValidationError")
+        and f"maximum context length is {args.max_model_len}" in refused
+    ):
         failures.append(f"over-long prompt: {refused!r}")
     if spec.wall_s > args.bound:
         failures.append(f"serving took {spec.wall_s:.1f} s > bound {args.bound:.0f} s")
@@ -108,23 +137,36 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"drafter class {drafter_class}")
 
     n = len(requests)
-    print(f"\nengine under load: vLLM {vllm.__version__} ({platform.machine()}, {os.cpu_count()} CPUs), "
-          f"drafter {drafter_class}, k = {args.k}, max_model_len {args.max_model_len}, {date.today()}")  # fmt: skip
+    print(
+        f"\nengine under load: vLLM {vllm.__version__} ({platform.machine()}, {os.cpu_count()} CPUs), "
+        f"drafter {drafter_class}, k = {args.k}, max_model_len {args.max_model_len}, {date.today()}"
+    )
     rows = [
         ("requests (all in one engine at once)", f"{n}"),
         ("greedy: equal to no speculation", f"{len(greedy_equal)} / {len(by_kind.get('greedy', []))}"),
         ("sampled (T 0.8, top-p 0.95): ran to max_tokens", f"{len(sampled_ok)} / {len(by_kind.get('sampled', []))}"),
         ("aborted midway: stopped, greedy ones a prefix", f"{len(aborted_ok)} / {len(by_kind.get('aborted', []))}"),
-        ("prompt + max_tokens past the context limit",
-         f"{spec.finish.get(capped.id)} after {len(capped_tokens)} tokens (prompt {len(capped.prompt_ids)})"
-         + (", = no speculation" if capped_ok else "")),
-        ("prompt alone past the context limit", "refused: VLLMValidationError" if refused.startswith("refused: VLLMValidationError") else refused),
-        ("serving wall time, speculative", f"{spec.wall_s:.1f} s ({spec.steps} engine steps; bound {args.bound:.0f} s)"),
+        (
+            "prompt + max_tokens past the context limit",
+            f"{spec.finish.get(capped.id)} after {len(capped_tokens)} tokens (prompt {len(capped.prompt_ids)})"
+            + (", = no speculation" if capped_ok else ""),
+        ),
+        (
+            "prompt alone past the context limit",
+            "refused: VLLMValidationError" if refused.startswith("refused: VLLMValidationError") else refused,
+        ),
+        (
+            "serving wall time, speculative",
+            f"{spec.wall_s:.1f} s ({spec.steps} engine steps; bound {args.bound:.0f} s)",
+        ),
         ("serving wall time, no speculation (greedy only)", f"{baseline.wall_s:.1f} s ({baseline.steps} engine steps)"),
-        ("accept length (tokens per verification step)", f"{report['accept_length']:.2f} over {report['drafts']} drafts, "
-         f"per position {[round(x, 3) for x in report['per_position_rate']]}"),
+        (
+            "accept length (tokens per verification step)",
+            f"{report['accept_length']:.2f} over {report['drafts']} drafts, "
+            f"per position {[round(x, 3) for x in report['per_position_rate']]}",
+        ),
         ("total, with model building and two engine start-ups", f"{total:.0f} s"),
-    ]  # fmt: skip
+    ]
     width = max(len(name) for name, _ in rows)
     print(f"| {'check':<{width}} | result |\n|{'-' * (width + 2)}|--------|")
     for name, value in rows:

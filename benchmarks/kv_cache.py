@@ -16,8 +16,16 @@ import argparse
 
 import torch
 
-K3 = dict(hidden_size=7168, num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1536, kv_lora_rank=512,
-          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)  # fmt: skip
+K3 = dict(
+    hidden_size=7168,
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+)
 
 
 def cache_bytes(cache) -> tuple[int, str]:
@@ -51,8 +59,14 @@ def ours(tokens: int) -> int:
 def transformers_deepseek_v3(tokens: int) -> int:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    config = DeepseekV3Config(vocab_size=1024, intermediate_size=256, num_hidden_layers=1, first_k_dense_replace=1,
-                              max_position_embeddings=4096, **K3)  # fmt: skip
+    config = DeepseekV3Config(
+        vocab_size=1024,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=4096,
+        **K3,
+    )
     model = DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
     with torch.inference_mode():
         out = model(torch.randint(0, 1024, (1, tokens)), use_cache=True)
@@ -62,8 +76,15 @@ def transformers_deepseek_v3(tokens: int) -> int:
 def mha_eagle3(tokens: int) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=1024, hidden_size=7168, intermediate_size=256, num_hidden_layers=1,
-                         num_attention_heads=64, num_key_value_heads=64, head_dim=128)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=7168,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        head_dim=128,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     with torch.inference_mode():
         out = model(torch.randint(0, 1024, (1, tokens)), use_cache=True)
@@ -78,9 +99,12 @@ def main() -> None:
 
     rows = [
         ("eagle31-mla latent cache (c_kv 512 + k_pe 64)", *ours(args.tokens)),
-        (f"Transformers {transformers.__version__} DeepseekV3 attention, same MLA dims", *transformers_deepseek_v3(args.tokens)),
+        (
+            f"Transformers {transformers.__version__} DeepseekV3 attention, same MLA dims",
+            *transformers_deepseek_v3(args.tokens),
+        ),
         ("MHA EAGLE-3 drafter (Llama layer), 64 heads x 128", *mha_eagle3(args.tokens)),
-    ]  # fmt: skip
+    ]
     base = rows[0][1] / args.tokens
     print(f"# KV cache per token per layer, bf16, measured after a forward over {args.tokens} tokens\n")
     print("| cache | tensors held | bytes / token | vs latent |")

@@ -112,27 +112,40 @@ def main() -> None:
         print("| load | load (s) | load + read all (s) | peak RSS | peak RSS / file |")
         print("|---|--:|--:|--:|--:|")
         best = {}
-        for how, label in (("plain", "safetensors.torch.load_file"), ("library", "Eagle31MLAForCausalLM.from_pretrained")):
+        for how, label in (
+            ("plain", "safetensors.torch.load_file"),
+            ("library", "Eagle31MLAForCausalLM.from_pretrained"),
+        ):
             r = min(runs[how], key=lambda x: x["load_and_read_s"])
             best[how] = r
-            print(f"| {label} | {r['load_s']:.2f} | {r['load_and_read_s']:.2f} | {r['peak_rss'] / 2**30:.2f} GiB | "
-                  f"{r['peak_rss'] / size:.2f} |")  # fmt: skip
+            print(
+                f"| {label} | {r['load_s']:.2f} | {r['load_and_read_s']:.2f} | {r['peak_rss'] / 2**30:.2f} GiB | "
+                f"{r['peak_rss'] / size:.2f} |"
+            )
         ratio = best["library"]["load_and_read_s"] / best["plain"]["load_and_read_s"]
         rss = best["library"]["peak_rss"] / best["plain"]["peak_rss"]
-        print(f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {rss:.2f}x;"
-              f" same bytes (SHA-256 of every tensor): {best['library']['sha256'] == best['plain']['sha256']}")  # fmt: skip
+        print(
+            f"\nlibrary / plain: time {ratio:.2f}x, peak RSS {rss:.2f}x;"
+            f" same bytes (SHA-256 of every tensor): {best['library']['sha256'] == best['plain']['sha256']}"
+        )
         if len({r["sha256"] for rs in runs.values() for r in rs}) != 1:
-            raise SystemExit("the library's load holds other bytes than the file: " + str({h: [r["sha256"] for r in rs] for h, rs in runs.items()}))
+            raise SystemExit(
+                "the library's load holds other bytes than the file: "
+                + str({h: [r["sha256"] for r in rs] for h, rs in runs.items()})
+            )
         converted = folder.parent / (folder.name + "-converted")
         try:
-            out = subprocess.run([sys.executable, "-c", CONVERT, str(folder), str(converted)], capture_output=True,
-                                 text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", CONVERT, str(folder), str(converted)], capture_output=True, text=True, check=True
+            )
             c = json.loads(out.stdout.strip().splitlines()[-1])
         finally:
             shutil.rmtree(converted, ignore_errors=True)
-        print(f"\neagle31-mla convert of the same checkpoint: {c['bytes']:,} bytes of tensors in {c['seconds']:.1f} s, "
-              f"peak RSS {c['peak_rss'] / 2**30:.2f} GiB = {c['peak_rss'] / size:.3f} x the file "
-              f"(wrote {', '.join(n for n in c['files'] if n.endswith('.safetensors'))})")  # fmt: skip
+        print(
+            f"\neagle31-mla convert of the same checkpoint: {c['bytes']:,} bytes of tensors in {c['seconds']:.1f} s, "
+            f"peak RSS {c['peak_rss'] / 2**30:.2f} GiB = {c['peak_rss'] / size:.3f} x the file "
+            f"(wrote {', '.join(n for n in c['files'] if n.endswith('.safetensors'))})"
+        )
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(folder, ignore_errors=True)

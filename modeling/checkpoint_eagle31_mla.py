@@ -18,9 +18,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -111,9 +112,19 @@ def layout_of(names: str | Iterable[str]) -> str:
 
 #: safetensors dtype name -> torch dtype name (``torch.<name>``; the float8 ones only in torches that have them).
 SAFETENSORS_DTYPE_NAMES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-}  # fmt: skip
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 _INT_DTYPES = {"I64", "I32", "I16", "I8", "U8"}
 
 
@@ -157,7 +168,9 @@ def resolve_model_folder(
     if path.exists():
         raise ValueError(f"{path} is a file; pass the folder that holds config.json and the safetensors")
     if looks_like_a_local_path(name_or_path):  # say so, instead of the Hub's repo-id validation error
-        raise FileNotFoundError(f"{os.fspath(name_or_path)}: no such folder (a local path; a Hub repo id looks like 'org/name')")
+        raise FileNotFoundError(
+            f"{os.fspath(name_or_path)}: no such folder (a local path; a Hub repo id looks like 'org/name')"
+        )
     from huggingface_hub import constants, snapshot_download
 
     # Offline mode means cache only, whatever the revision (some huggingface_hub releases still list
@@ -169,7 +182,8 @@ def resolve_model_folder(
         cache_dir=cache_dir,
         local_files_only=bool(local_files_only) or offline,
         token=token,
-        allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"] + ([f"*{suffix}" for suffix in PICKLE_SUFFIXES] if allow_pickle else []),
+        allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"]
+        + ([f"*{suffix}" for suffix in PICKLE_SUFFIXES] if allow_pickle else []),
     )
     return Path(folder)
 
@@ -215,7 +229,9 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
     def refuse_irregular(path: Path, what: str, expected: str, shown: str | None = None) -> None:
         kind = not_a_regular_file(path)
         if kind:  # never opened: a FIFO would block the loader, /dev/zero would never end
-            raise CheckpointError(f"{what} {shown or path.name!r} in {folder} is {kind}; expected a regular file ({expected})")
+            raise CheckpointError(
+                f"{what} {shown or path.name!r} in {folder} is {kind}; expected a regular file ({expected})"
+            )
 
     def shards(index: Path) -> list[Path]:
         expected = f"{index.name} is not a valid index: expected JSON with a `weight_map` of tensor name -> file"
@@ -228,7 +244,13 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
             raise CheckpointError(f"{expected} ({type(err).__name__}: {str(err)[:200]})") from None
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
-            got = f"a {type(data).__name__}" if not isinstance(data, dict) else "no `weight_map` object" if weight_map is None else f"a {type(weight_map).__name__} `weight_map`"
+            got = (
+                f"a {type(data).__name__}"
+                if not isinstance(data, dict)
+                else "no `weight_map` object"
+                if weight_map is None
+                else f"a {type(weight_map).__name__} `weight_map`"
+            )
             raise CheckpointError(f"{expected}, got {got}")
         values = list(weight_map.values())
         if not values:
@@ -253,7 +275,8 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
         absent = [f for f in files if not (folder / f).is_file()]
         if absent:
             raise CheckpointError(
-                f"{index.name} names shard(s) {absent} that are not in {folder}; expected every shard it names next to it"
+                f"{index.name} names shard(s) {absent} that are not in {folder}; expected every "
+                "shard it names next to it"
             )
         if index.name.endswith(".safetensors.index.json"):
             _check_index_agrees(index, weight_map, files)
@@ -325,7 +348,9 @@ def _check_index_agrees(index: Path, weight_map: dict, files: list[str]) -> None
                 "from another save, or an edited index? Save or download the checkpoint again"
             )
     for shard, names in held.items():
-        unlisted = sorted(n for n in names if n not in weight_map)  # listed under another shard too: read_headers names both
+        unlisted = sorted(
+            n for n in names if n not in weight_map
+        )  # listed under another shard too: read_headers names both
         if unlisted:
             raise CheckpointError(
                 f"{shard} in {index.parent} holds tensor {unlisted[0][:120]!r}"
@@ -343,8 +368,10 @@ def _path_problem(path: Path) -> str | None:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(str(path.parent))[:200]
-        return (f"the path of {os.fsencode(path.name)[:120]!r} is not valid UTF-8 (its folder is {shown!r}); safetensors "
-                "needs a UTF-8 path: rename or move the folder to a UTF-8 name (the file itself may be fine)")  # fmt: skip
+        return (
+            f"the path of {os.fsencode(path.name)[:120]!r} is not valid UTF-8 (its folder is {shown!r}); safetensors "
+            "needs a UTF-8 path: rename or move the folder to a UTF-8 name (the file itself may be fine)"
+        )
     return None
 
 
@@ -357,18 +384,25 @@ def _pickle_to_safetensors(files: list[Path], out: Path) -> None:
 
     logger.warning("allow_pickle=True: reading %s with torch.load(weights_only=True)", ", ".join(f.name for f in files))
     weight_map = {}
-    for i, file in enumerate(files):
+    for file in files:
         try:
             tensors = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as err:  # the weights-only unpickler raises on any global it does not allow
             lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-            reason = next((line for line in lines if "GLOBAL" in line), lines[-1])  # not torch's "retry unsafely" advice
+            reason = next(
+                (line for line in lines if "GLOBAL" in line), lines[-1]
+            )  # not torch's "retry unsafely" advice
             raise CheckpointError(
                 f"{file} was refused by torch.load(weights_only=True) ({reason}): it is damaged or holds objects other "
-                "than tensors, which could run code when loaded; nothing in it was executed. Ask for safetensors weights"
+                "than tensors, which could run code when loaded; nothing in it was executed. Ask "
+                "for safetensors weights"
             ) from None
-        if not isinstance(tensors, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in tensors.items()):
-            raise CheckpointError(f"{file} holds a {type(tensors).__name__}; expected a state dict (tensor name -> tensor)")
+        if not isinstance(tensors, dict) or not all(
+            isinstance(k, str) and torch.is_tensor(v) for k, v in tensors.items()
+        ):
+            raise CheckpointError(
+                f"{file} holds a {type(tensors).__name__}; expected a state dict (tensor name -> tensor)"
+            )
         seen, flat = set(), {}
         for name, tensor in tensors.items():  # safetensors stores neither shared nor strided storage
             ptr = tensor.untyped_storage().data_ptr()
@@ -402,8 +436,11 @@ def read_headers(files: Iterable[Path]) -> dict[str, tuple[Path, str, tuple[int,
                     canonical = canonical_tensor_name(name)
                     if canonical in entries:
                         first_file, first = entries[canonical][:2]
-                        where = (f"in {file.name}" if first_file == file else
-                                 f"in two files: {first!r} in {first_file.name}, {name!r} in {file.name}")  # fmt: skip
+                        where = (
+                            f"in {file.name}"
+                            if first_file == file
+                            else f"in two files: {first!r} in {first_file.name}, {name!r} in {file.name}"
+                        )
                         raise CheckpointError(
                             f"tensors {first!r} and {name!r} both map to {canonical!r} ({where}); expected one "
                             "tensor per name (keep one)"
@@ -432,9 +469,11 @@ def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
         logger.info("checkpoint has 'd2t' but no 't2d'; deriving t2d from d2t")
     problems = []
     stored_norms = sum(1 for n in entries if n.startswith("fc_norm."))
-    aux_count = (f" (the checkpoint has {stored_norms} fc_norm weight(s), one per aux state, but the config names "
-                 f"{config.num_aux_hidden_states} aux layers, {config.aux_layer_ids.describe()}: expected as many "
-                 "aux-layer ids in config.json as the checkpoint was trained with)")  # fmt: skip
+    aux_count = (
+        f" (the checkpoint has {stored_norms} fc_norm weight(s), one per aux state, but the config names "
+        f"{config.num_aux_hidden_states} aux layers, {config.aux_layer_ids.describe()}: expected as many "
+        "aux-layer ids in config.json as the checkpoint was trained with)"
+    )
     for name in sorted(set(expected) - set(entries) - ({"t2d"} if derive_t2d else set())):
         hint = ""
         if name.startswith("fc_norm.") and stored_norms:
@@ -452,7 +491,9 @@ def validate_checkpoint(folder: Path, model: nn.Module) -> tuple[dict, bool]:
             hint = aux_count
         elif name in ("d2t", "t2d"):
             hint = " (a vocab map, but config draft_vocab_size equals vocab_size)"
-        problems.append(f"unexpected tensor {entries[name][1]!r}: the drafter this config describes has no such tensor{hint}")
+        problems.append(
+            f"unexpected tensor {entries[name][1]!r}: the drafter this config describes has no such tensor{hint}"
+        )
     for name in sorted(set(entries) & set(expected)):
         _, original, shape, st_dtype = entries[name]
         if shape != expected[name]:
@@ -538,7 +579,9 @@ def finite_probe(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack(torch.aminmax(tensor))
 
 
-def _check_finite(folder: Path, probes: list[tuple[str, torch.Tensor]], state: dict, entries: dict, dtype: torch.dtype) -> None:
+def _check_finite(
+    folder: Path, probes: list[tuple[str, torch.Tensor]], state: dict, entries: dict, dtype: torch.dtype
+) -> None:
     """Refuse, by name, every loaded weight holding NaN or inf (one host sync for all the probes)."""
     import torch
 
@@ -560,7 +603,9 @@ def _check_finite(folder: Path, probes: list[tuple[str, torch.Tensor]], state: d
 
             with safe_open(file, framework="pt", device="cpu") as f:
                 if bool(torch.isfinite(f.get_tensor(original)).all()):
-                    where = f" after conversion from {st_dtype} to {dtype} (finite in the file, out of range for {dtype})"
+                    where = (
+                        f" after conversion from {st_dtype} to {dtype} (finite in the file, out of range for {dtype})"
+                    )
         problems.append(f"tensor {original!r} in {file.name} holds {nan} NaN and {inf} inf value(s){where}")
     if problems:
         raise CheckpointError(

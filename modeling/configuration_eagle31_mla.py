@@ -21,14 +21,21 @@ import logging
 import math
 import os
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig
 
-from .aux_layers import KIMI_K3_AUX_LAYER_IDS, AuxLayerIds, AuxLayerIdError, aux_layer_ids_from_config, write_aux_layer_ids
+from .aux_layers import (
+    KIMI_K3_AUX_LAYER_IDS,
+    AuxLayerIdError,
+    AuxLayerIds,
+    aux_layer_ids_from_config,
+    write_aux_layer_ids,
+)
 
 __all__ = ["Eagle31MLAConfig", "ConfigError"]
 
@@ -59,8 +66,12 @@ DEFAULT_ROPE_THETA = 10000.0  # what Transformers assumes when a file names no t
 
 #: The remote-code files a checkpoint folder carries (``trust_remote_code=True`` loads them), in import
 #: order; modeling/ is generated from these (:mod:`eagle31_mla.remote_code`) and convert copies them.
-REMOTE_CODE_FILES = ("aux_layers.py", "configuration_eagle31_mla.py", "checkpoint_eagle31_mla.py",
-                     "modeling_eagle31_mla.py")  # fmt: skip
+REMOTE_CODE_FILES = (
+    "aux_layers.py",
+    "configuration_eagle31_mla.py",
+    "checkpoint_eagle31_mla.py",
+    "modeling_eagle31_mla.py",
+)
 
 #: The ``auto_map`` every saved or converted config.json carries: which class of which remote-code file
 #: each Auto class loads.
@@ -114,7 +125,10 @@ DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "unit_open": (lambda v: 0 < v < 1, "> 0 and < 1"),
     # rope domains: bounded where a sane range is obvious (larger values overflow YaRN's math)
     "rope_theta": (lambda v: 1 < v <= MAX_ROPE_THETA, f"> 1 and <= {MAX_ROPE_THETA:g}"),
-    "rope_positive": (lambda v: MIN_ROPE_NUMBER <= v <= MAX_ROPE_NUMBER, f">= {MIN_ROPE_NUMBER:g} and <= {MAX_ROPE_NUMBER:g}"),
+    "rope_positive": (
+        lambda v: MIN_ROPE_NUMBER <= v <= MAX_ROPE_NUMBER,
+        f">= {MIN_ROPE_NUMBER:g} and <= {MAX_ROPE_NUMBER:g}",
+    ),
     "rope_non_negative": (lambda v: 0 <= v <= MAX_ROPE_NUMBER, f">= 0 and <= {MAX_ROPE_NUMBER:g}"),
     "rope_at_least_1": (lambda v: 1 <= v <= MAX_ROPE_NUMBER, f">= 1 and <= {MAX_ROPE_NUMBER:g}"),
     "": (lambda v: True, ""),
@@ -122,11 +136,25 @@ DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 #: Floating-point dtypes a drafter can be built in, by every name accepted for them.
 FLOAT_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
-    "float": torch.float32, "half": torch.float16, "double": torch.float64,
-}  # fmt: skip
-_DTYPE_SPELLINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64", "f32": "float32",
-                    "f16": "float16", "bfloat": "bfloat16", "float8": None, "int8": None}  # fmt: skip
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "float": torch.float32,
+    "half": torch.float16,
+    "double": torch.float64,
+}
+_DTYPE_SPELLINGS = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+    "f32": "float32",
+    "f16": "float16",
+    "bfloat": "bfloat16",
+    "float8": None,
+    "int8": None,
+}
 
 
 @dataclass(frozen=True)
@@ -144,7 +172,9 @@ class ConfigField:
     optional: bool = False
     rope_type: str = ""
     hint: str = ""
-    derived: bool = False  # computed from other fields: a value given must agree with them (Eagle31MLAConfig._check_derived)
+    derived: bool = (
+        False  # computed from other fields: a value given must agree with them (Eagle31MLAConfig._check_derived)
+    )
 
     @property
     def key(self) -> str:
@@ -242,7 +272,9 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
     _size("target_num_hidden_layers", optional=True),
     _size("num_aux_hidden_states", optional=True),
     ConfigField("qk_head_dim", "int", "size", optional=True, derived=True),  # = qk_nope + qk_rope
-    ConfigField("head_dim", "int", "size", optional=True, derived=True),  # = qk_rope (Transformers' form) or qk_nope + qk_rope
+    ConfigField(
+        "head_dim", "int", "size", optional=True, derived=True
+    ),  # = qk_rope (Transformers' form) or qk_nope + qk_rope
     ConfigField("rms_norm_eps", "float", "unit_open"),
     ConfigField("initializer_range", "float", "non_negative"),
     ConfigField("hidden_act", "str"),
@@ -268,8 +300,12 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
     ConfigField("rope_parameters.attention_factor", "float", "rope_positive", optional=True, rope_type="yarn"),
     ConfigField("rope_parameters.truncate", "bool", optional=True, rope_type="yarn"),
     # keys of the nested eagle_config dict (its aux-layer ids are read by aux_layers' own rule)
-    ConfigField("eagle_config.use_aux_hidden_state", "bool", optional=True,
-                hint=" (this drafter's `fc` takes the concatenated aux states: true, or leave it out)"),
+    ConfigField(
+        "eagle_config.use_aux_hidden_state",
+        "bool",
+        optional=True,
+        hint=" (this drafter's `fc` takes the concatenated aux states: true, or leave it out)",
+    ),
 )
 TOP_LEVEL_FIELDS = tuple(f for f in CONFIG_FIELDS if "." not in f.name)
 ROPE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.nested)
@@ -354,8 +390,10 @@ class DuplicateKeyError(Exception):
         self.key, self.first, self.second = key, first, second
 
     def describe(self) -> str:
-        return (f"gives key {self.key[:100]!r} twice in one object (first {_show(self.first)}, then "
-                f"{_show(self.second)}); expected each key once (a JSON reader keeps the last one silently)")  # fmt: skip
+        return (
+            f"gives key {self.key[:100]!r} twice in one object (first {_show(self.first)}, then "
+            f"{_show(self.second)}); expected each key once (a JSON reader keeps the last one silently)"
+        )
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -385,9 +423,19 @@ def not_a_regular_file(path: Path) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
-            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")  # fmt: skip
+    kind = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
     if path.is_symlink():
         return f"a symlink to {os.path.realpath(path)}, which is {kind}"
     return kind
@@ -416,14 +464,15 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"{path} {err.describe()}") from None
     except RecursionError:
         raise ConfigError(
-            f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
+            f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} "
+            "levels (a config nests 2)"
         ) from None
     except ValueError as err:  # JSONDecodeError, and a number of more than 4300 digits
         raise ConfigError(f"{path} is not valid JSON ({err}); expected a JSON object of settings") from None
     return check_config_dict(data, str(path))
 
 
-def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Tensor, float]:
+def rope_frequencies(config: Eagle31MLAConfig, device=None) -> tuple[torch.Tensor, float]:
     """The RoPE inverse frequencies [R/2] and attention scaling of ``config``'s rope slice: YaRN through
     Transformers' own rope init (``ROPE_INIT_FUNCTIONS["yarn"]``), plain RoPE by the usual formula. The one
     computation the model uses, and the one the config checks at construction."""
@@ -443,9 +492,12 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
 
 
 #: Keys of rope types this drafter does not support, by type: named when one turns up in a dict of another type.
-_OTHER_ROPE_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
-                    "longrope": ("short_factor", "long_factor", "short_mscale", "long_mscale"),
-                    "llama3": ("low_freq_factor", "high_freq_factor")}  # fmt: skip
+_OTHER_ROPE_KEYS = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "longrope": ("short_factor", "long_factor", "short_mscale", "long_mscale"),
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+}
 
 
 def _foreign_rope_key(source: str, key: Any, rope_type: str, given: dict) -> str:
@@ -457,12 +509,16 @@ def _foreign_rope_key(source: str, key: Any, rope_type: str, given: dict) -> str
     allowed = sorted({"rope_theta"} | {f.key for f in ROPE_FIELDS if f.rope_type == rope_type})
     what = f"{rope_type} rope" + ("" if named else f" (the dict names no `{type_key}`)")
     if rope_type != "yarn" and key in yarn_keys:
-        return (f"`{source}.{key}` is a yarn setting, but the rope dict is {what}, which has no `{key}`: "
-                f"set `{type_key}: yarn` to use it (the published drafter's rope), or remove `{key}`")  # fmt: skip
+        return (
+            f"`{source}.{key}` is a yarn setting, but the rope dict is {what}, which has no `{key}`: "
+            f"set `{type_key}: yarn` to use it (the published drafter's rope), or remove `{key}`"
+        )
     others = [t for t, keys in _OTHER_ROPE_KEYS.items() if key in keys]
     belongs = f" (a setting of {'/'.join(others)} rope, which this drafter does not support)" if others else ""
-    return (f"`{source}.{str(key)[:80]}` is not a setting of {what}{belongs}; expected only "
-            f"{', '.join(f'`{k}`' for k in allowed)} besides `{type_key}`")
+    return (
+        f"`{source}.{str(key)[:80]}` is not a setting of {what}{belongs}; expected only "
+        f"{', '.join(f'`{k}`' for k in allowed)} besides `{type_key}`"
+    )
 
 
 def _normalise_rope(
@@ -597,8 +653,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         model_type = kwargs.pop("model_type", None)
         if model_type is not None and model_type not in ACCEPTED_MODEL_TYPES:
             raise ConfigError(
-                f"`model_type` is {model_type!r}; an EAGLE-3(.1) MLA drafter config says one of "
-                f"{ACCEPTED_MODEL_TYPES}"
+                f"`model_type` is {model_type!r}; an EAGLE-3(.1) MLA drafter config says one of {ACCEPTED_MODEL_TYPES}"
             )
         if kwargs.pop("mla_use_nope", None):
             logger.info(
@@ -632,22 +687,26 @@ class Eagle31MLAConfig(PretrainedConfig):
         self._check(rope_defaulted)
 
     @classmethod
-    def kimi_k3(cls, **overrides) -> "Eagle31MLAConfig":
+    def kimi_k3(cls, **overrides) -> Eagle31MLAConfig:
         """The published drafter, `lightseekorg/kimi-k3-eagle3.1-mla` (the no-argument config), with the keys a
         file reads differently written out, so it means the same however it is passed on. ``overrides``
         change single settings (e.g. ``target_num_hidden_layers``)."""
-        published = {"fc_norm": True, "norm_output": True, "rope_parameters": dict(KIMI_K3_ROPE_PARAMETERS),
-                     "eagle_aux_hidden_state_layer_ids": list(KIMI_K3_AUX_LAYER_IDS.one_based)}  # fmt: skip
+        published = {
+            "fc_norm": True,
+            "norm_output": True,
+            "rope_parameters": dict(KIMI_K3_ROPE_PARAMETERS),
+            "eagle_aux_hidden_state_layer_ids": list(KIMI_K3_AUX_LAYER_IDS.one_based),
+        }
         return cls(**{**published, **overrides})
 
     @classmethod
-    def from_json_file(cls, json_file: str | os.PathLike) -> "Eagle31MLAConfig":
+    def from_json_file(cls, json_file: str | os.PathLike) -> Eagle31MLAConfig:
         """A ``config.json`` read as :meth:`from_dict` reads it (Transformers' own ``from_json_file`` calls the
         constructor, which would give missing keys Kimi-K3's values instead of their meaning in files)."""
         return cls.from_dict(cls._dict_from_json_file(json_file))
 
     @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> Eagle31MLAConfig:
         """Read a ``config.json`` dict: absent keys take their meaning in files (see module docstring)."""
         config_dict = dict(check_config_dict(config_dict))
         config_dict.setdefault("fc_norm", False)
@@ -681,7 +740,7 @@ class Eagle31MLAConfig(PretrainedConfig):
     def _set_aux_layer_ids(self, kwargs: dict) -> None:
         if self.eagle_config is not None and not isinstance(self.eagle_config, dict):
             raise ConfigError(
-                f"`eagle_config` must be a dict (e.g. {{\"eagle_aux_hidden_state_layer_ids\": [2, 46, 90]}}), got "
+                f'`eagle_config` must be a dict (e.g. {{"eagle_aux_hidden_state_layer_ids": [2, 46, 90]}}), got '
                 f"{self.eagle_config!r}"
             )
         eagle_config = dict(self.eagle_config or {})
@@ -694,7 +753,9 @@ class Eagle31MLAConfig(PretrainedConfig):
                 "drafter's `fc` takes the concatenated aux states"
             )
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
-            ids = AuxLayerIds(KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers)  # the no-arg config: Kimi-K3's
+            ids = AuxLayerIds(
+                KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers
+            )  # the no-arg config: Kimi-K3's
         else:
             raw = {
                 "eagle_aux_hidden_state_layer_ids": self.eagle_aux_hidden_state_layer_ids,
@@ -776,7 +837,9 @@ class Eagle31MLAConfig(PretrainedConfig):
             if not beyond:
                 continue
             if given is not None and name not in given and value == getattr(type(self), name, None):
-                logger.info("%s: Kimi-K3's default %s is beyond vocab_size %s; left unset", name, value, self.vocab_size)
+                logger.info(
+                    "%s: Kimi-K3's default %s is beyond vocab_size %s; left unset", name, value, self.vocab_size
+                )
                 setattr(self, name, None)
                 continue
             raise ConfigError(
@@ -791,7 +854,8 @@ class Eagle31MLAConfig(PretrainedConfig):
         if qk is not None and qk != self.qk_head_dim:
             raise ConfigError(
                 f"`qk_head_dim` is {qk}, but `qk_nope_head_dim` + `qk_rope_head_dim` = {self.qk_nope_head_dim} + "
-                f"{self.qk_rope_head_dim} = {self.qk_head_dim}; expected {self.qk_head_dim} (it is derived: or leave it out)"
+                f"{self.qk_rope_head_dim} = {self.qk_head_dim}; expected {self.qk_head_dim} (it is "
+                "derived: or leave it out)"
             )
         head = given.get("head_dim")
         accepted = (self.qk_rope_head_dim, self.qk_head_dim)  # Transformers' DeepSeek form; q/k's full head width
@@ -832,8 +896,10 @@ class Eagle31MLAConfig(PretrainedConfig):
         if self.rope_parameters["rope_type"] == "yarn":
             original = self.rope_parameters["original_max_position_embeddings"]
             if original > self.max_position_embeddings:
-                whose = (" (the constructor's default rope, Kimi-K3's YaRN, as no rope settings were given: pass "
-                         "`rope_parameters`, e.g. {'rope_type': 'default'}, or a larger max_position_embeddings)")  # fmt: skip
+                whose = (
+                    " (the constructor's default rope, Kimi-K3's YaRN, as no rope settings were given: pass "
+                    "`rope_parameters`, e.g. {'rope_type': 'default'}, or a larger max_position_embeddings)"
+                )
                 raise ConfigError(
                     f"yarn `original_max_position_embeddings` ({original}) exceeds `max_position_embeddings` "
                     f"({self.max_position_embeddings}); it must be <= max_position_embeddings"
@@ -853,7 +919,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         try:
             inv_freq, scaling = rope_frequencies(self)
             softmax_scale = self.softmax_scale
-            mscale = (_yarn_mscale(rope["factor"], rope.get("mscale") or 1.0) if rope["rope_type"] == "yarn" else 1.0)
+            mscale = _yarn_mscale(rope["factor"], rope.get("mscale") or 1.0) if rope["rope_type"] == "yarn" else 1.0
             if not bool(torch.isfinite(inv_freq).all()) or not bool((inv_freq > 0).all()):
                 problem = f"its inverse frequencies are not all finite and > 0 (got {_show(inv_freq.tolist())})"
             elif not (_finite(scaling) and scaling > 0):
@@ -901,5 +967,18 @@ def _field_names(cls: type) -> frozenset[str]:
 
 __all__ += ["rope_frequencies", "EAGLE_CONFIG_FIELDS", "MAX_ROPE_NUMBER", "MAX_ROPE_THETA", "MIN_ROPE_NUMBER"]
 __all__ += ["REMOTE_CODE_FILES", "AUTO_MAP", "describe_rope", "ENGINE_ARCHITECTURE"]
-__all__ += ["ACCEPTED_MODEL_TYPES", "KIMI_K3_ROPE_PARAMETERS", "CONFIG_FIELDS", "ConfigField", "resolve_dtype",
-            "read_config_file", "check_config_dict", "loads_json", "DuplicateKeyError", "not_a_regular_file", "MAX_INDEX", "MAX_CONFIG_DEPTH", "FLOAT_DTYPES"]
+__all__ += [
+    "ACCEPTED_MODEL_TYPES",
+    "KIMI_K3_ROPE_PARAMETERS",
+    "CONFIG_FIELDS",
+    "ConfigField",
+    "resolve_dtype",
+    "read_config_file",
+    "check_config_dict",
+    "loads_json",
+    "DuplicateKeyError",
+    "not_a_regular_file",
+    "MAX_INDEX",
+    "MAX_CONFIG_DEPTH",
+    "FLOAT_DTYPES",
+]

@@ -119,7 +119,9 @@ class DraftInputError(ValueError, TypeError):
 def _type_name(value) -> str:
     """``list``, ``numpy.ndarray``, ``torch.Tensor``, ``transformers.DynamicCache``: the type as users know it."""
     kind = type(value)
-    return kind.__qualname__ if kind.__module__ == "builtins" else kind.__module__.split(".")[0] + "." + kind.__qualname__
+    return (
+        kind.__qualname__ if kind.__module__ == "builtins" else kind.__module__.split(".")[0] + "." + kind.__qualname__
+    )
 
 
 def describe_value(value) -> str:
@@ -133,12 +135,18 @@ def describe_value(value) -> str:
 
 def _expect_tensor(name: str, value, expected: str) -> None:
     if not isinstance(value, torch.Tensor):
-        hint = " (convert it with torch.as_tensor, on the drafter's device)" if isinstance(value, (list, tuple)) or hasattr(value, "__array__") else ""
+        hint = (
+            " (convert it with torch.as_tensor, on the drafter's device)"
+            if isinstance(value, (list, tuple)) or hasattr(value, "__array__")
+            else ""
+        )
         raise DraftInputError(f"`{name}` is {describe_value(value)}; expected {expected} as a torch.Tensor{hint}")
     kind = _unusual_tensor(value)
     if kind:
-        raise DraftInputError(f"`{name}` is {kind}; expected {expected} as a dense (strided) torch.Tensor "
-                              "(convert it with `.to_dense()` / `.dequantize()` first)")  # fmt: skip
+        raise DraftInputError(
+            f"`{name}` is {kind}; expected {expected} as a dense (strided) torch.Tensor "
+            "(convert it with `.to_dense()` / `.dequantize()` first)"
+        )
 
 
 def _unusual_tensor(value: torch.Tensor) -> str | None:
@@ -160,8 +168,10 @@ def _expect_index_dtype(name: str, value: torch.Tensor, what: str) -> None:
     """Token ids and positions: int64 or int32 (what the embedding takes). Narrower ones (bool, uint8,
     int8, int16) are refused: they wrap inside range checks, or cannot hold a 163,840-token vocabulary."""
     if value.dtype not in (torch.int64, torch.int32):
-        raise DraftInputError(f"`{name}` has dtype {value.dtype}; expected int64 (or int32) {what} (cast with `.long()`; "
-                         "bool and narrower integers are refused: they wrap or cannot hold every id)")  # fmt: skip
+        raise DraftInputError(
+            f"`{name}` has dtype {value.dtype}; expected int64 (or int32) {what} (cast with `.long()`; "
+            "bool and narrower integers are refused: they wrap or cannot hold every id)"
+        )
 
 
 #: Whether this CPU computes bf16 natively (AVX-512 BF16, AMX-BF16, Arm BF16). None: detected once, on
@@ -221,21 +231,33 @@ class LatentKVCache:
     MAX_SIZE = 2**31 - 1
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        for name, value in (("batch_size", batch_size), ("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim),
-                            ("capacity", capacity)):  # fmt: skip
+        for name, value in (
+            ("batch_size", batch_size),
+            ("kv_lora_rank", kv_lora_rank),
+            ("rope_dim", rope_dim),
+            ("capacity", capacity),
+        ):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= self.MAX_SIZE:
-                raise DraftInputError(f"LatentKVCache `{name}` is {describe_value(value)}; expected an int >= 1 and <= {self.MAX_SIZE}")
+                raise DraftInputError(
+                    f"LatentKVCache `{name}` is {describe_value(value)}; expected an int >= 1 and <= {self.MAX_SIZE}"
+                )
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise DraftInputError(f"LatentKVCache `dtype` is {describe_value(dtype)}; expected a floating-point torch.dtype "
-                                  "(the drafter's, e.g. torch.bfloat16)")  # fmt: skip
+            raise DraftInputError(
+                f"LatentKVCache `dtype` is {describe_value(dtype)}; expected a floating-point torch.dtype "
+                "(the drafter's, e.g. torch.bfloat16)"
+            )
         try:
             device = torch.device(device)
         except (TypeError, ValueError, RuntimeError):
-            raise DraftInputError(f"LatentKVCache `device` is {describe_value(device)}; expected a torch.device or a device "
-                                  "name such as 'cpu' or 'cuda:0' (the drafter's)") from None  # fmt: skip
+            raise DraftInputError(
+                f"LatentKVCache `device` is {describe_value(device)}; expected a torch.device or a device "
+                "name such as 'cpu' or 'cuda:0' (the drafter's)"
+            ) from None
         self.kv_lora_rank = int(kv_lora_rank)
         self.rope_dim = int(rope_dim)
-        self.latent = torch.empty(int(batch_size), int(capacity), self.kv_lora_rank + self.rope_dim, dtype=dtype, device=device)  # [B, cap, C+R]
+        self.latent = torch.empty(
+            int(batch_size), int(capacity), self.kv_lora_rank + self.rope_dim, dtype=dtype, device=device
+        )  # [B, cap, C+R]
         self.length = 0
         self._owner = None  # weakref to the drafter that wrote it first (see bind)
         self._owner_config = None
@@ -246,8 +268,12 @@ class LatentKVCache:
         model = model_or_config if isinstance(model_or_config, nn.Module) else None
         config = model.config if model is not None else model_or_config
         if not all(isinstance(getattr(config, k, None), int) for k in ("kv_lora_rank", "qk_rope_head_dim")):
-            raise DraftInputError(f"LatentKVCache.for_model takes an Eagle31MLAConfig or drafter, got {describe_value(model_or_config)}")
-        cache = cls(batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity)
+            raise DraftInputError(
+                f"LatentKVCache.for_model takes an Eagle31MLAConfig or drafter, got {describe_value(model_or_config)}"
+            )
+        cache = cls(
+            batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity
+        )
         if model is not None:
             cache.bind(model)
         return cache
@@ -331,7 +357,9 @@ class Eagle31MLAAttention(nn.Module):
         self.q_b_proj = Eagle31MLALinear(config.q_lora_rank, self.num_heads * config.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = Eagle31MLALinear(in_width, config.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_a_layernorm = Eagle31MLARMSNorm(config.kv_lora_rank, config.rms_norm_eps)
-        self.kv_b_proj = Eagle31MLALinear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.kv_b_proj = Eagle31MLALinear(
+            config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False
+        )
         self.o_proj = Eagle31MLALinear(self.num_heads * self.v_dim, config.hidden_size, bias=False)
 
     def forward(
@@ -546,12 +574,27 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         "check_values": (False, "a bool"),
     }
     #: keywords Transformers callers may pass that change nothing here: name -> the values accepted.
-    IGNORED_KEYWORDS = {"return_dict": (None, True), "output_attentions": (None, False), "output_hidden_states": (None, False)}
+    IGNORED_KEYWORDS = {
+        "return_dict": (None, True),
+        "output_attentions": (None, False),
+        "output_hidden_states": (None, False),
+    }
 
     def _check_inputs(
-        self, input_ids, aux_hidden_states, hidden_states, position_ids, values: bool = True, *,
-        past_key_values=None, attention_mask=None, use_cache=None, absorb=None, logits_to_keep=0, extra=None,
-    ) -> None:  # fmt: skip
+        self,
+        input_ids,
+        aux_hidden_states,
+        hidden_states,
+        position_ids,
+        values: bool = True,
+        *,
+        past_key_values=None,
+        attention_mask=None,
+        use_cache=None,
+        absorb=None,
+        logits_to_keep=0,
+        extra=None,
+    ) -> None:
         """Refuse, with an :class:`DraftInputError` (ValueError and TypeError) naming the argument and what
         was expected, before any compute and before the cache is touched: a non-tensor (a numpy array or
         a list is refused, never converted), the wrong shape, dtype (floats must be the drafter's dtype:
@@ -567,10 +610,14 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         for key, value in (extra or {}).items():
             if key not in self.IGNORED_KEYWORDS:
                 hint = " (pass `position_ids`)" if key == "cache_position" else ""
-                raise DraftInputError(f"`{key}` is not an argument of this drafter's forward{hint}; expected one of "
-                                 f"{[n for n in inspect.signature(self.forward).parameters if n != 'kwargs']}")  # fmt: skip
+                raise DraftInputError(
+                    f"`{key}` is not an argument of this drafter's forward{hint}; expected one of "
+                    f"{[n for n in inspect.signature(self.forward).parameters if n != 'kwargs']}"
+                )
             if not any(value is ok for ok in self.IGNORED_KEYWORDS[key]):
-                raise DraftInputError(f"`{key}` is {value!r}; expected one of {self.IGNORED_KEYWORDS[key]} (not supported)")
+                raise DraftInputError(
+                    f"`{key}` is {value!r}; expected one of {self.IGNORED_KEYWORDS[key]} (not supported)"
+                )
         for name, (optional, what) in self.FLAG_ARGUMENTS.items():
             value = {"use_cache": use_cache, "absorb": absorb, "check_values": values}[name]
             if not (isinstance(value, bool) or (optional and value is None)):
@@ -583,13 +630,21 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             )
         _expect_tensor("input_ids", input_ids, "a [B, T] tensor of token ids")
         if input_ids.dim() != 2:
-            raise DraftInputError(f"`input_ids` must be a [B, T] tensor of token ids, got shape {tuple(input_ids.shape)}; expected 2 dims")
+            raise DraftInputError(
+                f"`input_ids` must be a [B, T] tensor of token ids, got shape {tuple(input_ids.shape)}; expected 2 dims"
+            )
         _expect_index_dtype("input_ids", input_ids, "token ids")
         B, T = input_ids.shape
         if B < 1 or T < 1:
-            raise DraftInputError(f"`input_ids` has shape {(B, T)}; expected at least one sequence and one token (B, T >= 1)")
+            raise DraftInputError(
+                f"`input_ids` has shape {(B, T)}; expected at least one sequence and one token (B, T >= 1)"
+            )
         if aux_hidden_states is not None:
-            name, given, width = "aux_hidden_states", aux_hidden_states, config.num_aux_hidden_states * config.target_hidden_size
+            name, given, width = (
+                "aux_hidden_states",
+                aux_hidden_states,
+                config.num_aux_hidden_states * config.target_hidden_size,
+            )
             what = f"{config.num_aux_hidden_states} aux states × target_hidden_size {config.target_hidden_size}"
         else:
             name, given, width, what = "hidden_states", hidden_states, config.hidden_size, "hidden_size"
@@ -599,11 +654,15 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if not given.is_floating_point():
             raise DraftInputError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor ({dtype})")
         if given.dtype != dtype:
-            raise DraftInputError(f"`{name}` has dtype {given.dtype}; expected {dtype}, the drafter's dtype (cast with `.to({dtype})`)")
+            raise DraftInputError(
+                f"`{name}` has dtype {given.dtype}; expected {dtype}, the drafter's dtype (cast with `.to({dtype})`)"
+            )
         if position_ids is not None:
             _expect_tensor("position_ids", position_ids, f"a [B, T] = [{B}, {T}] (or [1, {T}]) tensor of positions")
             if position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B):
-                raise DraftInputError(f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)} or {(1, T)}")
+                raise DraftInputError(
+                    f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)} or {(1, T)}"
+                )
             _expect_index_dtype("position_ids", position_ids, "positions")
 
         if past_key_values is not None:
@@ -612,25 +671,46 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         S = past + T
         if position_ids is None and S > config.max_position_embeddings:
             raise DraftInputError(
-                f"`input_ids`: the cache holds {past} tokens, so these {T} new token(s) take positions up to {S - 1}, beyond "
-                f"max_position_embeddings {config.max_position_embeddings}; expected at most {config.max_position_embeddings - past} new token(s)"
+                f"`input_ids`: the cache holds {past} tokens, so these {T} new token(s) take "
+                f"positions up to {S - 1}, beyond "
+                f"max_position_embeddings {config.max_position_embeddings}; expected at most "
+                f"{config.max_position_embeddings - past} new token(s)"
             )
         if attention_mask is not None:
-            _expect_tensor("attention_mask", attention_mask, f"a [B, S] = {(B, S)} tensor of 0/1 or a [B, 1, T, S] bool tensor")
+            _expect_tensor(
+                "attention_mask", attention_mask, f"a [B, S] = {(B, S)} tensor of 0/1 or a [B, 1, T, S] bool tensor"
+            )
             if attention_mask.dim() == 2:
                 if attention_mask.shape != (B, S):
-                    raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)} "
-                                     f"([B, cached + new tokens], 1 = real token)")  # fmt: skip
+                    raise DraftInputError(
+                        f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)} "
+                        f"([B, cached + new tokens], 1 = real token)"
+                    )
                 if attention_mask.is_floating_point() or attention_mask.is_complex():
-                    raise DraftInputError(f"`attention_mask` has dtype {attention_mask.dtype}; expected bool or integer 0/1 "
-                                     "(1 = real token; an additive float mask would be read the wrong way round)")  # fmt: skip
+                    raise DraftInputError(
+                        f"`attention_mask` has dtype {attention_mask.dtype}; expected bool or integer 0/1 "
+                        "(1 = real token; an additive float mask would be read the wrong way round)"
+                    )
             elif attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
-                raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)} and dtype {attention_mask.dtype}; "
-                                 f"expected a 2-D {(B, S)} 0/1 mask or a 4-D bool mask of shape {(B, 1, T, S)} (True = attend)")  # fmt: skip
-        if not isinstance(logits_to_keep, numbers.Integral) or isinstance(logits_to_keep, bool) or not 0 <= logits_to_keep <= T:
-            raise DraftInputError(f"`logits_to_keep` is {describe_value(logits_to_keep)}; expected an int in [0, {T}] "
-                             "(0 = logits at every position, N = the last N)")  # fmt: skip
-        for arg, value in (("input_ids", input_ids), (name, given), ("position_ids", position_ids), ("attention_mask", attention_mask)):
+                raise DraftInputError(
+                    f"`attention_mask` has shape {tuple(attention_mask.shape)} and dtype {attention_mask.dtype}; "
+                    f"expected a 2-D {(B, S)} 0/1 mask or a 4-D bool mask of shape {(B, 1, T, S)} (True = attend)"
+                )
+        if (
+            not isinstance(logits_to_keep, numbers.Integral)
+            or isinstance(logits_to_keep, bool)
+            or not 0 <= logits_to_keep <= T
+        ):
+            raise DraftInputError(
+                f"`logits_to_keep` is {describe_value(logits_to_keep)}; expected an int in [0, {T}] "
+                "(0 = logits at every position, N = the last N)"
+            )
+        for arg, value in (
+            ("input_ids", input_ids),
+            (name, given),
+            ("position_ids", position_ids),
+            ("attention_mask", attention_mask),
+        ):
             if value is not None and value.device != device:
                 raise DraftInputError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
         if not values or torch.compiler.is_compiling():
@@ -657,12 +737,19 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             low, high = int(position_ids.min()), int(position_ids.max())
             raise DraftInputError(
                 f"`position_ids` reach {high if high >= config.max_position_embeddings else low}, "
-                + (f"beyond max_position_embeddings {config.max_position_embeddings}" if high >= config.max_position_embeddings else "below 0")
+                + (
+                    f"beyond max_position_embeddings {config.max_position_embeddings}"
+                    if high >= config.max_position_embeddings
+                    else "below 0"
+                )
                 + f" (expected positions in [0, {config.max_position_embeddings}))"
             )
         if rest and not rest.pop(0):
-            raise DraftInputError(f"`attention_mask` holds values other than 0 and 1 (e.g. {sorted(set(attention_mask.unique().tolist()))[:5]}); "
-                             "expected 1 = real token, 0 = padding")  # fmt: skip
+            raise DraftInputError(
+                "`attention_mask` holds values other than 0 and 1 (e.g. "
+                f"{sorted(set(attention_mask.unique().tolist()))[:5]}); "
+                "expected 1 = real token, 0 = padding"
+            )
 
     def _check_cache(self, cache, batch_size: int, use_cache) -> None:
         """A cache must be this drafter's kind, for this batch and drafter, in its dtype and on its
@@ -670,12 +757,15 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         config = self.config
         if not isinstance(cache, LatentKVCache):
             raise DraftInputError(
-                f"`past_key_values` is a {_type_name(cache)}; expected this drafter's LatentKVCache (from a previous call's "
+                f"`past_key_values` is a {_type_name(cache)}; expected this drafter's LatentKVCache "
+                "(from a previous call's "
                 "`past_key_values`, or `LatentKVCache.for_model`), or None"
             )
         if use_cache is False:
-            raise DraftInputError("`past_key_values` was given with use_cache=False; expected use_cache=True or None to read "
-                             "and extend the cache, or no cache")  # fmt: skip
+            raise DraftInputError(
+                "`past_key_values` was given with use_cache=False; expected use_cache=True or None to read "
+                "and extend the cache, or no cache"
+            )
         latent = cache.latent
         if latent is None:  # an empty cache that allocates on first use (training's ConcatKVCache)
             self._check_cache_owner(cache)
@@ -683,7 +773,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         length, capacity = cache.get_seq_length(), latent.shape[1] if latent.dim() == 3 else 0
         if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 <= length <= capacity:
             raise DraftInputError(
-                f"`past_key_values` has length {describe_value(length) if not isinstance(length, numbers.Integral) else length}, "
+                "`past_key_values` has length "
+                f"{describe_value(length) if not isinstance(length, numbers.Integral) else length}, "
                 f"outside [0, {capacity}] (its capacity); expected a cache whose length only the drafter's calls and "
                 "`crop` changed (a cache edited by hand would be read wrongly)"
             )
@@ -691,18 +782,24 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         rope = latent.shape[-1] - rank
         problems = []
         if latent.shape[0] != batch_size:
-            problems.append(f"batch size {latent.shape[0]} (these inputs have batch size {batch_size}: a cache holds one row "
-                            "per sequence)")  # fmt: skip
+            problems.append(
+                f"batch size {latent.shape[0]} (these inputs have batch size {batch_size}: a cache holds one row "
+                "per sequence)"
+            )
         if (rank, rope) != (config.kv_lora_rank, config.qk_rope_head_dim):
-            problems.append(f"kv_lora_rank {rank} + rope dim {rope} per token (this drafter: kv_lora_rank "
-                            f"{config.kv_lora_rank} + qk_rope_head_dim {config.qk_rope_head_dim}; a cache of another drafter)")  # fmt: skip
+            problems.append(
+                f"kv_lora_rank {rank} + rope dim {rope} per token (this drafter: kv_lora_rank "
+                f"{config.kv_lora_rank} + qk_rope_head_dim {config.qk_rope_head_dim}; a cache of another drafter)"
+            )
         if latent.dtype != self.fc.weight.dtype:
             problems.append(f"dtype {latent.dtype} (this drafter: {self.fc.weight.dtype})")
         if latent.device != self.fc.weight.device:
             problems.append(f"device {latent.device} (this drafter: {self.fc.weight.device})")
         if problems:
-            raise DraftInputError("`past_key_values` does not fit: it has " + "; ".join(problems) + "; expected a cache built "
-                             "for these inputs by this drafter (or None)")  # fmt: skip
+            raise DraftInputError(
+                "`past_key_values` does not fit: it has " + "; ".join(problems) + "; expected a cache built "
+                "for these inputs by this drafter (or None)"
+            )
         self._check_cache_owner(cache)
 
     def _check_cache_owner(self, cache) -> None:
@@ -713,11 +810,12 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if bound is not None and bound[0] is not self:
             owner, owner_config = bound
             differs = _config_differences(owner_config, config) if owner_config is not None else []
-            what = ("another drafter (since deleted)" if owner is None else "another drafter instance")
+            what = "another drafter (since deleted)" if owner is None else "another drafter instance"
             raise DraftInputError(
                 f"`past_key_values` was written by {what}"
                 + (f" whose config differs: {'; '.join(differs)}" if differs else " (same config, other weights)")
-                + "; expected a cache written by this drafter (its c_kv is normalised with the writer's weights and its "
+                + "; expected a cache written by this drafter (its c_kv is normalised with the "
+                "writer's weights and its "
                 "k_pe rotated under the writer's rope schedule), or a fresh one (None, or LatentKVCache.for_model)"
             )
 
@@ -744,9 +842,19 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         ``check_values=False`` skips the value checks (one host sync), for steps a drafting loop feeds
         with the drafter's own outputs; types, shapes, dtypes, devices and the cache are always checked
         (see ``_check_inputs``). Tensors only: numpy arrays and lists are refused, not converted."""
-        self._check_inputs(input_ids, aux_hidden_states, hidden_states, position_ids, values=check_values,
-                           past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache,
-                           absorb=absorb, logits_to_keep=logits_to_keep, extra=kwargs)  # fmt: skip
+        self._check_inputs(
+            input_ids,
+            aux_hidden_states,
+            hidden_states,
+            position_ids,
+            values=check_values,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            absorb=absorb,
+            logits_to_keep=logits_to_keep,
+            extra=kwargs,
+        )
         B, T = input_ids.shape
         if use_cache is None:
             use_cache = True if past_key_values is not None else self.config.use_cache
@@ -809,18 +917,31 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         one position further, attending to everything cached. Every argument is checked before
         anything is computed or cached (sampling settings by :func:`check_sampling_settings`)."""
         if not isinstance(num_tokens, numbers.Integral) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise DraftInputError(f"`num_tokens` is {describe_value(num_tokens)}; expected an int >= 1 (tokens to draft)")
+            raise DraftInputError(
+                f"`num_tokens` is {describe_value(num_tokens)}; expected an int >= 1 (tokens to draft)"
+            )
         check_sampling_settings(temperature, top_p)
         if generator is not None:
             if not isinstance(generator, torch.Generator):
                 raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a torch.Generator or None")
             if generator.device.type != self.fc.weight.device.type:
-                raise DraftInputError(f"`generator` is on {generator.device}; expected one on the drafter's device "
-                                 f"({self.fc.weight.device.type})")  # fmt: skip
+                raise DraftInputError(
+                    f"`generator` is on {generator.device}; expected one on the drafter's device "
+                    f"({self.fc.weight.device.type})"
+                )
         if aux_hidden_states is None:
-            raise DraftInputError("`aux_hidden_states` is None; expected the [B, T, n·Ht] captured target states of the context")
-        self._check_inputs(input_ids, aux_hidden_states, None, position_ids, past_key_values=past_key_values,
-                           use_cache=True, logits_to_keep=1)  # fmt: skip
+            raise DraftInputError(
+                "`aux_hidden_states` is None; expected the [B, T, n·Ht] captured target states of the context"
+            )
+        self._check_inputs(
+            input_ids,
+            aux_hidden_states,
+            None,
+            position_ids,
+            past_key_values=past_key_values,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         # Later steps are fed the drafter's own outputs and skip forward's value checks; only their
         # positions can still go wrong, so check the furthest one here, before anything is cached.
@@ -831,11 +952,20 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             position = torch.full_like(input_ids[:, -1:], past + input_ids.shape[1] - 1, dtype=torch.long)
             last = past + input_ids.shape[1] - 1 + num_tokens - 1
         if last >= self.config.max_position_embeddings:
-            raise DraftInputError(f"`position_ids` reach {last}, beyond max_position_embeddings "
-                             f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context); "
-                             "expected a shorter context or fewer tokens")  # fmt: skip
-        out = self(input_ids, aux_hidden_states=aux_hidden_states, position_ids=position_ids,
-                   past_key_values=past_key_values, use_cache=True, logits_to_keep=1, check_values=False)  # fmt: skip
+            raise DraftInputError(
+                f"`position_ids` reach {last}, beyond max_position_embeddings "
+                f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context); "
+                "expected a shorter context or fewer tokens"
+            )
+        out = self(
+            input_ids,
+            aux_hidden_states=aux_hidden_states,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=True,
+            logits_to_keep=1,
+            check_values=False,
+        )
         cache = out.past_key_values
         logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
         tokens, probs = [], []
@@ -846,15 +976,23 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             if step == num_tokens - 1:
                 break
             position = position + 1
-            out = self(tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache,
-                       use_cache=True, check_values=False)  # fmt: skip
+            out = self(
+                tokens[-1][:, None],
+                hidden_states=state,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+                check_values=False,
+            )
             logits, state = out.logits, out.hidden_states
-        return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state)
+        return DraftOutput(
+            tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state
+        )
 
     # -- loading ------------------------------------------------------------------------------------
 
     @classmethod
-    def on_meta_device(cls, config: Eagle31MLAConfig, dtype: torch.dtype | None = None) -> "Eagle31MLAForCausalLM":
+    def on_meta_device(cls, config: Eagle31MLAConfig, dtype: torch.dtype | None = None) -> Eagle31MLAForCausalLM:
         """The model's structure with no storage: for rosters and for loading without a second copy."""
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype or config.dtype or torch.float32)
@@ -879,7 +1017,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         token: str | bool | None = None,
         allow_pickle: bool = False,
         **kwargs,
-    ) -> "Eagle31MLAForCausalLM":
+    ) -> Eagle31MLAForCausalLM:
         """Load from a local folder or a Hub repo id (through huggingface_hub: its cache, ``revision``,
         offline mode). Every tensor is checked against the config before anything is loaded; a missing,
         unexpected or misshaped tensor is an error, never a random weight.
@@ -892,8 +1030,18 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
 
         if model_args:
             raise TypeError(f"unexpected positional arguments {model_args!r}")
-        ignored = {"trust_remote_code", "code_revision", "_from_auto", "_commit_hash", "adapter_kwargs",
-                   "_from_pipeline", "subfolder", "use_safetensors", "low_cpu_mem_usage", "attn_implementation"}  # fmt: skip
+        ignored = {
+            "trust_remote_code",
+            "code_revision",
+            "_from_auto",
+            "_commit_hash",
+            "adapter_kwargs",
+            "_from_pipeline",
+            "subfolder",
+            "use_safetensors",
+            "low_cpu_mem_usage",
+            "attn_implementation",
+        }
         unknown = set(kwargs) - ignored
         if kwargs.get("attn_implementation") not in ATTN_IMPLEMENTATIONS:
             raise ConfigError(
@@ -901,24 +1049,35 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                 "(this drafter's MLA attention is its own code: naive for a prompt, absorbed over the latent cache "
                 "for decode; there is no sdpa or flash-attention variant to switch to)"
             )
-        if kwargs.get("device_map") is not None and device is None and isinstance(kwargs["device_map"], (str, torch.device)):
+        if (
+            kwargs.get("device_map") is not None
+            and device is None
+            and isinstance(kwargs["device_map"], (str, torch.device))
+        ):
             device = kwargs["device_map"]
             unknown.discard("device_map")
         if unknown:
             raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
         # checked before any download: a floating dtype by a known name, or "auto" (the config's)
-        wanted = {"dtype": resolve_dtype(dtype, "dtype", allow_auto=True),
-                  "torch_dtype": resolve_dtype(torch_dtype, "torch_dtype", allow_auto=True)}  # fmt: skip
+        wanted = {
+            "dtype": resolve_dtype(dtype, "dtype", allow_auto=True),
+            "torch_dtype": resolve_dtype(torch_dtype, "torch_dtype", allow_auto=True),
+        }
         if dtype is not None and torch_dtype is not None and wanted["dtype"] != wanted["torch_dtype"]:
             shown = {k: str(v).removeprefix("torch.") if v is not None else "auto" for k, v in wanted.items()}
             raise ConfigError(
-                f"from_pretrained got two dtypes: `dtype` {shown['dtype']!r} and `torch_dtype` {shown['torch_dtype']!r}; "
+                f"from_pretrained got two dtypes: `dtype` {shown['dtype']!r} and `torch_dtype` "
+                f"{shown['torch_dtype']!r}; "
                 "they must agree (keep one: `dtype`, the Transformers-5 name)"
             )
         folder = resolve_model_folder(
-            pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
-            local_files_only=local_files_only, token=token, allow_pickle=allow_pickle,
-        )  # fmt: skip
+            pretrained_model_name_or_path,
+            revision=revision,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            token=token,
+            allow_pickle=allow_pickle,
+        )
         if config is None:
             config_file = folder / "config.json"
             kind = not_a_regular_file(config_file)
@@ -965,9 +1124,7 @@ def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
     a negative temperature is refused, never read as greedy), ``top_p`` a number in (0, 1]. Returns
     both as floats; raises :class:`DraftInputError` (a ValueError) naming the argument and what was expected."""
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise DraftInputError(
-            f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)"
-        )
+        raise DraftInputError(f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)")
     if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
         raise DraftInputError(f"`top_p` is {top_p!r}; expected a number in (0, 1] (1 = no truncation)")
     return float(temperature), float(top_p)

@@ -30,12 +30,15 @@ def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path) -
 
     from eagle31_mla.testing import cpu_servable_target_config
 
-    config = cpu_servable_target_config(tokenizer, vocab_size=512, hidden_size=128, num_layers=4, dense_layers=4,
-                                        intermediate_size=384)  # fmt: skip
+    config = cpu_servable_target_config(
+        tokenizer, vocab_size=512, hidden_size=128, num_layers=4, dense_layers=4, intermediate_size=384
+    )
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps)
+    )
     g = torch.Generator().manual_seed(1)
     model.train()
     for _ in (bar := tqdm(range(steps), desc="train target")):
@@ -82,17 +85,28 @@ def main() -> None:
     sequences = tokenize_corpus(tokenizer, texts, seq_len=128)
     print(f"corpus: {len(texts)} stories, {sequences.numel():,} tokens, vocab {len(tokenizer)}")
     build_target(tokenizer, sequences, 20 if args.quick else 2000, out / "target")
-    target = DeepseekV3ForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()  # what users load: bf16 weights
+    target = DeepseekV3ForCausalLM.from_pretrained(
+        out / "target", dtype=torch.float32
+    ).eval()  # what users load: bf16 weights
 
     torch.manual_seed(2)
     drafter = drafter_for_target(
-        target, intermediate_size=384, num_attention_heads=2, q_lora_rank=64, kv_lora_rank=512,
-        qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32, max_position_embeddings=512,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
+        target,
+        intermediate_size=384,
+        num_attention_heads=2,
+        q_lora_rank=64,
+        kv_lora_rank=512,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        v_head_dim=32,
+        max_position_embeddings=512,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     work = out / "draft-training"
-    config = TrainingConfig(steps=10 if args.quick else 800, batch_size=12, seq_len=128, depth=4, lr=3e-3,
-                            warmup=50, save_every=500, seed=0)  # fmt: skip
+    config = TrainingConfig(
+        steps=10 if args.quick else 800, batch_size=12, seq_len=128, depth=4, lr=3e-3, warmup=50, save_every=500, seed=0
+    )
     train_drafter(target, drafter, sequences, work, config)
     drafter.to(torch.bfloat16).save_pretrained(out / "draft")
     strip_remote_code(out / "draft")

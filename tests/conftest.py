@@ -27,7 +27,8 @@ os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 _NETGUARD_LOG = _HF_HOME / "netguard.log"
 os.environ[netguard.LOG_ENV] = str(_NETGUARD_LOG)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(Path(netguard.__file__).parent / "netguard_site")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    [str(Path(netguard.__file__).parent / "netguard_site")]
+    + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
 )
 netguard.install()
 
@@ -92,12 +93,15 @@ def pytest_configure(config):
         try:
             module = importlib.import_module(engine)
         except Exception as err:  # noqa: BLE001 - any failure to import a required engine stops the run
-            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV} requires {engine}, which cannot be imported here: "
-                                    f"{type(err).__name__}: {err}") from err  # fmt: skip
+            raise pytest.UsageError(
+                f"{REQUIRE_ENGINES_ENV} requires {engine}, which cannot be imported here: {type(err).__name__}: {err}"
+            ) from err
         found = getattr(module, "__version__", None)
         if version is not None and found != version:
-            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV} requires {engine}=={version}, but {engine} {found} is installed "
-                                    f"({module.__file__}); rerun scripts/setup.sh for this environment")  # fmt: skip
+            raise pytest.UsageError(
+                f"{REQUIRE_ENGINES_ENV} requires {engine}=={version}, but {engine} {found} is installed "
+                f"({module.__file__}); rerun scripts/setup.sh for this environment"
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -107,8 +111,10 @@ def pytest_make_collect_report(collector):
     engine = _forbidden_skip(report)
     if engine:
         report.outcome = "failed"
-        report.longrepr = (f"{collector.nodeid} was skipped at collection ({_skip_reason(report)}), but this run requires "
-                           f"{engine} ({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)})")  # fmt: skip
+        report.longrepr = (
+            f"{collector.nodeid} was skipped at collection ({_skip_reason(report)}), but this run requires "
+            f"{engine} ({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)})"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -118,9 +124,11 @@ def pytest_runtest_makereport(item, call):
     engine = _forbidden_skip(report, {m.name for m in item.iter_markers()})
     if engine:
         report.outcome = "failed"
-        report.longrepr = (f"skipped ({_skip_reason(report)}), but this run requires {engine} "
-                           f"({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)}): a test of a required "
-                           "engine may only skip through tests.support.engine_policy.engine_version_skip")  # fmt: skip
+        report.longrepr = (
+            f"skipped ({_skip_reason(report)}), but this run requires {engine} "
+            f"({REQUIRE_ENGINES_ENV}={os.environ.get(REQUIRE_ENGINES_ENV)}): a test of a required "
+            "engine may only skip through tests.support.engine_policy.engine_version_skip"
+        )
 
 
 _SELECTED_BY_ENGINE: dict[str, int] = {}
@@ -139,7 +147,9 @@ def pytest_sessionfinish(session, exitstatus):
     if missing:
         session.config.get_terminal_writer().line(
             f"\nFAILED: this run requires {', '.join(missing)} ({REQUIRE_ENGINES_ENV}), but no test marked with it "
-            "was selected", red=True)  # fmt: skip
+            "was selected",
+            red=True,
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

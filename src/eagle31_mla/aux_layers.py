@@ -32,8 +32,9 @@ this module exists to prevent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "AuxLayerIds",
@@ -110,11 +111,11 @@ class AuxLayerIds:
                 )
 
     @classmethod
-    def from_one_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> "AuxLayerIds":
+    def from_one_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> AuxLayerIds:
         return cls(tuple(ids), num_target_layers)
 
     @classmethod
-    def from_zero_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> "AuxLayerIds":
+    def from_zero_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> AuxLayerIds:
         ids = tuple(ids)
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, int):
@@ -124,9 +125,7 @@ class AuxLayerIds:
         return cls(tuple(i + 1 for i in ids), num_target_layers)
 
     @classmethod
-    def from_convention(
-        cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None
-    ) -> "AuxLayerIds":
+    def from_convention(cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None) -> AuxLayerIds:
         if convention == ONE_BASED:
             return cls.from_one_based(ids, num_target_layers)
         if convention == ZERO_BASED:
@@ -146,7 +145,7 @@ class AuxLayerIds:
     def __len__(self) -> int:
         return len(self.one_based)
 
-    def with_target_depth(self, num_target_layers: int) -> "AuxLayerIds":
+    def with_target_depth(self, num_target_layers: int) -> AuxLayerIds:
         return AuxLayerIds(self.one_based, num_target_layers)
 
     def describe(self) -> str:
@@ -199,7 +198,9 @@ def aux_layer_ids_from_config(
         ids = _read_ids(top, f"top-level {IDS_KEY}")
         conv = convention or ONE_BASED
         why = "labelled" if convention else "top-level ids are one-based (vLLM's key)"
-        readings.append((AuxLayerIds.from_convention(ids, conv, num_target_layers), f"top-level {ids} read {conv} ({why})"))
+        readings.append(
+            (AuxLayerIds.from_convention(ids, conv, num_target_layers), f"top-level {ids} read {conv} ({why})")
+        )
     if nested is not None:
         ids = _read_ids(nested, f"eagle_config.{IDS_KEY}")
         if convention:

@@ -12,7 +12,8 @@ decoder layer (its pre-norm output). Training (:func:`capture_target_states`) an
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ class TargetAuxCapture:
             self._handle.remove()
             self._handle = None
 
-    def __enter__(self) -> "TargetAuxCapture":
+    def __enter__(self) -> TargetAuxCapture:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -113,7 +114,12 @@ class CachedTarget:
         return self.cache.get_seq_length()
 
     def forward(self, ids, positions, mask=None, last_only=False):
-        kwargs = {self.cache_keyword: self.cache, "use_cache": True, "output_hidden_states": True, "position_ids": positions}
+        kwargs = {
+            self.cache_keyword: self.cache,
+            "use_cache": True,
+            "output_hidden_states": True,
+            "position_ids": positions,
+        }
         if mask is not None:
             kwargs["attention_mask"] = mask
         if last_only and self.keeps_logits:

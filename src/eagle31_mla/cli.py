@@ -68,7 +68,9 @@ def _argtype(expected: str, bad: tuple[str, ...], role: str | None = None):
                 raise
             except Exception as err:  # noqa: BLE001 - whatever it is, the value is unusable
                 reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
-                raise argparse.ArgumentTypeError(f"expected {expected}, got {_shown(text)}: {_one_line(reason)}") from None
+                raise argparse.ArgumentTypeError(
+                    f"expected {expected}, got {_shown(text)}: {_one_line(reason)}"
+                ) from None
 
         checked.expected = expected
         checked.bad = bad
@@ -98,7 +100,10 @@ def _number(text: str, expected: str, integer: bool):
     return value
 
 
-@_argtype("a positive integer (>= 1)", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore"))
+@_argtype(
+    "a positive integer (>= 1)",
+    ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore"),
+)
 def positive_int(text: str) -> int:
     value = _number(text, positive_int.expected, integer=True)
     if value < 1:
@@ -112,7 +117,10 @@ def _bounded(name: str, what: str):
 
     limit = DRAFTING_LIMITS[name]
 
-    @_argtype(f"a positive integer <= {limit:,} ({what})", ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge", "fullwidth", "underscore"))
+    @_argtype(
+        f"a positive integer <= {limit:,} ({what})",
+        ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge", "fullwidth", "underscore"),
+    )
     def bounded(text: str) -> int:
         value = _number(text, bounded.expected, integer=True)
         if not 1 <= value <= limit:
@@ -123,7 +131,9 @@ def _bounded(name: str, what: str):
     return bounded
 
 
-@_argtype("an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore"))
+@_argtype(
+    "an integer in [0, 2**63)", ("negative", "nan", "inf", "text", "fraction", "empty", "fullwidth", "underscore")
+)
 def seed_int(text: str) -> int:
     value = _number(text, seed_int.expected, integer=True)
     if not 0 <= value < 2**63:
@@ -158,12 +168,17 @@ def positive_float(text: str) -> float:
     return value
 
 
-@_argtype("a probability in (0, 1] (1 = no truncation)", ("zero", "negative", "nan", "inf", "text", "above_one", "empty", "fullwidth", "underscore"))
+@_argtype(
+    "a probability in (0, 1] (1 = no truncation)",
+    ("zero", "negative", "nan", "inf", "text", "above_one", "empty", "fullwidth", "underscore"),
+)
 def top_p(text: str) -> float:
     return _sampling(text, top_p.expected, "top_p")
 
 
-@_argtype("an existing, non-empty UTF-8 text file", ("missing", "folder", "empty_file", "empty", "binary", "toolong"), "input")
+@_argtype(
+    "an existing, non-empty UTF-8 text file", ("missing", "folder", "empty_file", "empty", "binary", "toolong"), "input"
+)
 def existing_file(text: str) -> str:
     import codecs
 
@@ -182,10 +197,14 @@ def existing_file(text: str) -> str:
                 offset += len(chunk)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:
-        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: byte "
-                                         f"{err.object[err.start]:#04x} at offset {offset + err.start} is not UTF-8") from None  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected {existing_file.expected}, got {text!r}: byte "
+            f"{err.object[err.start]:#04x} at offset {offset + err.start} is not UTF-8"
+        ) from None
     except OSError as err:
-        raise argparse.ArgumentTypeError(f"expected {existing_file.expected}, got {text!r}: unreadable ({err.strerror or err})") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {existing_file.expected}, got {text!r}: unreadable ({err.strerror or err})"
+        ) from None
     return text
 
 
@@ -227,11 +246,20 @@ def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                 same = out == inp or (out.exists() and os.path.samefile(out, inp))
             except (OSError, RuntimeError):
                 continue
-            how = ("is the same file as" if same else "contains" if out in inp.parents
-                   else "is inside" if inp in out.parents else None)  # fmt: skip
+            how = (
+                "is the same file as"
+                if same
+                else "contains"
+                if out in inp.parents
+                else "is inside"
+                if inp in out.parents
+                else None
+            )
             if how:
-                raise UsageError(f"argument {out_name}: expected a path apart from the inputs, got {_shown(out_text)}: "
-                                 f"it {how} {in_name} {_shown(in_text)}, which it would overwrite")  # fmt: skip
+                raise UsageError(
+                    f"argument {out_name}: expected a path apart from the inputs, got {_shown(out_text)}: "
+                    f"it {how} {in_name} {_shown(in_text)}, which it would overwrite"
+                )
 
 
 def _writable_ancestor(path: Path, text: str, expected: str) -> None:
@@ -245,8 +273,11 @@ def _writable_ancestor(path: Path, text: str, expected: str) -> None:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {parent} is not writable")
 
 
-@_argtype("a file path in an existing, writable folder ('-' for stdout)",
-          ("folder", "unwritable", "missing_parent", "empty", "toolong", "loop"), "output")  # fmt: skip
+@_argtype(
+    "a file path in an existing, writable folder ('-' for stdout)",
+    ("folder", "unwritable", "missing_parent", "empty", "toolong", "loop"),
+    "output",
+)
 def output_file(text: str) -> str:
     if text == "-":
         return text
@@ -263,7 +294,11 @@ def output_file(text: str) -> str:
     return text
 
 
-@_argtype("a folder path (new, or an existing folder) under a writable folder", ("file", "unwritable", "empty", "proc", "toolong", "loop"), "output")
+@_argtype(
+    "a folder path (new, or an existing folder) under a writable folder",
+    ("file", "unwritable", "empty", "proc", "toolong", "loop"),
+    "output",
+)
 def output_folder(text: str) -> str:
     from .engines import InputError, probe_output_folder
 
@@ -278,10 +313,10 @@ def output_folder(text: str) -> str:
     try:  # os.access says yes to /proc and read-only mounts: create (and remove) a probe folder there
         probe_output_folder(path, "probe")
     except InputError as err:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: {str(err).removeprefix('probe: ')}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {expected}, got {text!r}: {str(err).removeprefix('probe: ')}"
+        ) from None
     return text
-
-
 
 
 def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
@@ -294,15 +329,23 @@ def _local_or_hub(text: str, expected: str, *, folder: bool) -> str:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: a file, not a folder")
         if path.is_dir() and not (path / "config.json").is_file():
             dangling = (path / "config.json").is_symlink()
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: " + (
-                "its config.json is a symlink to nothing (a dangling link)" if dangling else "the folder has no config.json"))
+            raise argparse.ArgumentTypeError(
+                f"expected {expected}, got {text!r}: "
+                + (
+                    "its config.json is a symlink to nothing (a dangling link)"
+                    if dangling
+                    else "the folder has no config.json"
+                )
+            )
         return text
     if not is_hub_repo_id(text):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}: no such folder or file")
     return text
 
 
-@_argtype("a model folder (with config.json) or a Hub repo id like org/name", ("missing", "file", "empty", "toolong"), "input")
+@_argtype(
+    "a model folder (with config.json) or a Hub repo id like org/name", ("missing", "file", "empty", "toolong"), "input"
+)
 def model_ref(text: str) -> str:
     return _local_or_hub(text, model_ref.expected, folder=True)
 
@@ -336,14 +379,18 @@ def _ids(text: str, expected: str, minimum: int) -> list[int]:
     return ids
 
 
-@_argtype("comma-separated ints: one-based layer ids, ascending, each >= 1 (e.g. 2,46,90)",
-          ("zero", "negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"))  # fmt: skip
+@_argtype(
+    "comma-separated ints: one-based layer ids, ascending, each >= 1 (e.g. 2,46,90)",
+    ("zero", "negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"),
+)
 def one_based_ids(text: str) -> list[int]:
     return _ids(text, one_based_ids.expected, 1)
 
 
-@_argtype("comma-separated ints: layer ids in the target's convention, ascending, each >= 0 (e.g. 2,46,90)",
-          ("negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"))  # fmt: skip
+@_argtype(
+    "comma-separated ints: layer ids in the target's convention, ascending, each >= 0 (e.g. 2,46,90)",
+    ("negative", "nan", "text", "fraction", "empty", "fullwidth", "underscore"),
+)
 def layer_ids(text: str) -> list[int]:
     return _ids(text, layer_ids.expected, 0)
 
@@ -355,7 +402,10 @@ def version(text: str) -> str:
     return text
 
 
-@_argtype("a size like 10GB, 512MiB or a number of bytes (> 0)", ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"))
+@_argtype(
+    "a size like 10GB, 512MiB or a number of bytes (> 0)",
+    ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"),
+)
 def size(text: str) -> int:
     from .convert import parse_size
     from .engines import InputError
@@ -385,9 +435,8 @@ def _roster(args: argparse.Namespace) -> int:
     """Build the default (Kimi-K3) drafter without allocating it and check it against the published roster."""
     import torch
 
-    from .configuration_eagle31_mla import Eagle31MLAConfig
+    from .configuration_eagle31_mla import Eagle31MLAConfig, describe_rope
     from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .configuration_eagle31_mla import describe_rope
     from .roster import PUBLISHED_ROSTER, roster_differences
 
     config = Eagle31MLAConfig()
@@ -398,10 +447,14 @@ def _roster(args: argparse.Namespace) -> int:
     dtypes = {str(t.dtype).removeprefix("torch.") for t in state.values()}
 
     print("EAGLE-3.1 MLA drafter for Kimi-K3 (default config, built on the meta device: nothing allocated)")
-    print(f"  hidden {config.hidden_size}, {config.num_attention_heads} heads, q_lora {config.q_lora_rank}, "
-          f"kv_lora {config.kv_lora_rank} + rope {config.qk_rope_head_dim}, nope {config.qk_nope_head_dim}, "
-          f"v {config.v_head_dim}, MLP {config.intermediate_size}")  # fmt: skip
-    print(f"  aux layers: {config.aux_layer_ids.describe()}; fc_norm {config.fc_norm}, norm_output {config.norm_output}")
+    print(
+        f"  hidden {config.hidden_size}, {config.num_attention_heads} heads, q_lora {config.q_lora_rank}, "
+        f"kv_lora {config.kv_lora_rank} + rope {config.qk_rope_head_dim}, nope {config.qk_nope_head_dim}, "
+        f"v {config.v_head_dim}, MLP {config.intermediate_size}"
+    )
+    print(
+        f"  aux layers: {config.aux_layer_ids.describe()}; fc_norm {config.fc_norm}, norm_output {config.norm_output}"
+    )
     print(f"  rope: {describe_rope(config)}")
     kv_bytes = config.kv_cache_values_per_token * torch.finfo(config.dtype).bits // 8
     print(f"  KV cache: {config.kv_cache_values_per_token} values = {kv_bytes} bytes per token ({config.dtype})")
@@ -429,12 +482,17 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         available = len(demo_prompts())
     except (OSError, ValueError) as err:
-        return _error(f"the embedded demo pair is unreadable ({err}); rebuild it with `python scripts/build_demo_pair.py`")
+        return _error(
+            f"the embedded demo pair is unreadable ({err}); rebuild it with `python scripts/build_demo_pair.py`"
+        )
     if args.prompts > available:
-        return _error(f"argument --prompts: expected at most {available} (the held-out prompts shipped), got {args.prompts}")
+        return _error(
+            f"argument --prompts: expected at most {available} (the held-out prompts shipped), got {args.prompts}"
+        )
     try:
-        result = run_demo(args.engine, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                          num_steps=args.num_steps)  # fmt: skip
+        result = run_demo(
+            args.engine, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, num_steps=args.num_steps
+        )
     except (FileNotFoundError, RuntimeError) as err:
         return _error(str(err))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.report())
@@ -443,30 +501,68 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _add_acceptance_arguments(parser) -> None:
     """The ``acceptance`` command's arguments (an ``argparse`` parser or sub-parser)."""
-    parser.add_argument("--target", required=True, type=model_ref, help="target model: Hub id or folder (a Transformers causal LM)")
+    parser.add_argument(
+        "--target", required=True, type=model_ref, help="target model: Hub id or folder (a Transformers causal LM)"
+    )
     parser.add_argument("--draft", required=True, type=model_ref, help="drafter: Hub id or folder")
-    parser.add_argument("--prompts", required=True, type=existing_file,
-                        help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line")  # fmt: skip
-    parser.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)")
-    parser.add_argument("--topk", type=_bounded("topk", "draft branches"), default=1, help="1: chain drafting; > 1: EAGLE tree (default 1)")
-    parser.add_argument("--num-draft-tokens", type=_bounded("num_draft_tokens", "tree size"), default=None, help="tree size, root included (chain: num_steps + 1)")
+    parser.add_argument(
+        "--prompts",
+        required=True,
+        type=existing_file,
+        help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line",
+    )
+    parser.add_argument(
+        "--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)"
+    )
+    parser.add_argument(
+        "--topk",
+        type=_bounded("topk", "draft branches"),
+        default=1,
+        help="1: chain drafting; > 1: EAGLE tree (default 1)",
+    )
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=_bounded("num_draft_tokens", "tree size"),
+        default=None,
+        help="tree size, root included (chain: num_steps + 1)",
+    )
     parser.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top-p", type=top_p, default=1.0, help="in (0, 1] (default 1: no truncation)")
-    parser.add_argument("--max-new-tokens", type=_bounded("max_new_tokens", "new tokens"), default=256,
-                        help="new tokens per prompt (default 256; generation also stops at the context limit)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=_bounded("max_new_tokens", "new tokens"),
+        default=256,
+        help="new tokens per prompt (default 256; generation also stops at the context limit)",
+    )
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
-    parser.add_argument("--chat-template", action="store_true",
-                        help="wrap text prompts as one user message of the tokenizer's chat template")  # fmt: skip
-    parser.add_argument("--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights dtype of both models (auto: each checkpoint's)")  # fmt: skip
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="wrap text prompts as one user message of the tokenizer's chat template",
+    )
+    parser.add_argument(
+        "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype of both models (auto: each checkpoint's)",
+    )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the target's own modeling code")
     parser.add_argument("--revision", default=None, type=nonempty, help="target revision (branch, tag or commit)")
-    parser.add_argument("--draft-revision", default=None, type=nonempty, help="drafter revision (branch, tag or commit)")
-    parser.add_argument("--json", default=None, type=output_file, metavar="PATH",
-                        help="also write the report as JSON ('-' for stdout); its folder must exist")  # fmt: skip
+    parser.add_argument(
+        "--draft-revision", default=None, type=nonempty, help="drafter revision (branch, tag or commit)"
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        type=output_file,
+        metavar="PATH",
+        help="also write the report as JSON ('-' for stdout); its folder must exist",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -480,11 +576,15 @@ def _acceptance(args: argparse.Namespace) -> int:
 
     # everything that can be checked without the models' weights, before loading them (minutes for a
     # real pair): settings, the prompts file, both config.json files, the prompts' token ids
-    for flag, revision, model, model_flag in (("--revision", args.revision, args.target, "--target"),
-                                              ("--draft-revision", args.draft_revision, args.draft, "--draft")):  # fmt: skip
+    for flag, revision, model, model_flag in (
+        ("--revision", args.revision, args.target, "--target"),
+        ("--draft-revision", args.draft_revision, args.draft, "--draft"),
+    ):
         if revision is not None and Path(model).expanduser().exists():
-            return _error(f"argument {flag}: expected a {model_flag} given as a Hub repo id (a revision names a Hub "
-                          f"branch, tag or commit), got {revision!r} with the local folder {model}; drop {flag}")  # fmt: skip
+            return _error(
+                f"argument {flag}: expected a {model_flag} given as a Hub repo id (a revision names a Hub "
+                f"branch, tag or commit), got {revision!r} with the local folder {model}; drop {flag}"
+            )
     try:
         check_settings(args.num_steps, args.topk, args.num_draft_tokens, args.temperature, args.top_p)
         prompts = read_prompt_lines(args.prompts)[: args.limit]
@@ -496,7 +596,9 @@ def _acceptance(args: argparse.Namespace) -> int:
     except (InputError, OSError, ValueError) as err:
         return _error(str(err))
     vocab = Target.from_config(target_config).vocab_size
-    limits = [c.get("max_position_embeddings") for c in (target_config.get("text_config") or target_config, draft_config)]
+    limits = [
+        c.get("max_position_embeddings") for c in (target_config.get("text_config") or target_config, draft_config)
+    ]
     limits = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
 
     import torch  # noqa: F401
@@ -511,36 +613,63 @@ def _acceptance(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
     try:  # what the user named must exist and load; a failure here is input, not a bug
         if args.chat_template:
-            prompts = [(w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts]
+            prompts = [
+                (w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts
+            ]
         needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts)
         tokenizer = (
             AutoTokenizer.from_pretrained(args.target, revision=args.revision, trust_remote_code=args.trust_remote_code)
-            if needs_tokenizer else None
-        )  # fmt: skip
+            if needs_tokenizer
+            else None
+        )
         ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
         if limits:
             longest = max(range(len(ids)), key=lambda i: len(ids[i]))
             if len(ids[longest]) >= min(limits):
-                return _error(f"{prompts[longest][0]}: the prompt has {len(ids[longest])} tokens; expected fewer than "
-                              f"the context limit of {min(limits)} positions (max_position_embeddings)")  # fmt: skip
-        target = AutoModelForCausalLM.from_pretrained(
-            args.target, revision=args.revision, dtype=dtype, trust_remote_code=args.trust_remote_code,
-            attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
-        ).to(device).eval()  # fmt: skip
-        drafter = Eagle31MLAForCausalLM.from_pretrained(args.draft, revision=args.draft_revision, dtype=dtype, device=device)
+                return _error(
+                    f"{prompts[longest][0]}: the prompt has {len(ids[longest])} tokens; expected fewer than "
+                    f"the context limit of {min(limits)} positions (max_position_embeddings)"
+                )
+        target = (
+            AutoModelForCausalLM.from_pretrained(
+                args.target,
+                revision=args.revision,
+                dtype=dtype,
+                trust_remote_code=args.trust_remote_code,
+                attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
+            )
+            .to(device)
+            .eval()
+        )
+        drafter = Eagle31MLAForCausalLM.from_pretrained(
+            args.draft, revision=args.draft_revision, dtype=dtype, device=device
+        )
     except (OSError, ValueError) as err:
         return _error(str(err))
     result = measure_acceptance(
-        target, drafter, ids, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        tokenizer=tokenizer, ignore_eos=args.ignore_eos, progress=not args.no_progress,
-    )  # fmt: skip
+        target,
+        drafter,
+        ids,
+        num_steps=args.num_steps,
+        topk=args.topk,
+        num_draft_tokens=args.num_draft_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        tokenizer=tokenizer,
+        ignore_eos=args.ignore_eos,
+        progress=not args.no_progress,
+    )
     limited = sum(r["context_limited"] for r in result["requests"])
     if limited:
         from .speculative import context_limit
 
-        print(f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
-              "(max_position_embeddings) before --max-new-tokens (finish reason \"length\")", file=sys.stderr)  # fmt: skip
+        print(
+            f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
+            '(max_position_embeddings) before --max-new-tokens (finish reason "length")',
+            file=sys.stderr,
+        )
     result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
     mode = "chain" if args.topk == 1 else f"tree (topk {args.topk})"
     print(f"{args.target} + {args.draft}: {mode}, temperature {args.temperature:g}, top-p {args.top_p:g}")
@@ -559,8 +688,10 @@ def _train(args: argparse.Namespace) -> int:
     """Train a drafter against a Transformers target with test-time training on a local text file
     (one document per line, or JSONL with a "text" field). Resumes from OUT when it holds a checkpoint."""
     if args.seq_len <= args.depth:
-        return _error(f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
-                      f"a next token to predict), got {args.seq_len}")  # fmt: skip
+        return _error(
+            f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
+            f"a next token to predict), got {args.seq_len}"
+        )
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
     from .prompts import PromptError, read_corpus
 
@@ -580,11 +711,15 @@ def _train(args: argparse.Namespace) -> int:
         return _error(str(err))
     depth = getattr(target_config, "num_hidden_layers", None)
     if args.aux_layers and isinstance(depth, int) and max(args.aux_layers) > depth:
-        return _error(f"argument --aux-layers: expected one-based ids <= {depth} (the target's depth), got "
-                      f"{','.join(map(str, args.aux_layers))}")  # fmt: skip
+        return _error(
+            f"argument --aux-layers: expected one-based ids <= {depth} (the target's depth), got "
+            f"{','.join(map(str, args.aux_layers))}"
+        )
     limit = getattr(target_config, "max_position_embeddings", None)
     if isinstance(limit, int) and args.seq_len > limit:
-        return _error(f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}")
+        return _error(
+            f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}"
+        )
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -596,18 +731,30 @@ def _train(args: argparse.Namespace) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         sequences = tokenize_corpus(tokenizer, texts, args.seq_len)  # before the weights load
         if sequences.shape[0] < args.batch_size:
-            return _error(f"argument --text: {args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens "
-                          f"(--seq-len); expected at least --batch-size {args.batch_size}")  # fmt: skip
+            return _error(
+                f"argument --text: {args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens "
+                f"(--seq-len); expected at least --batch-size {args.batch_size}"
+            )
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     except (OSError, ValueError) as err:
         return _error(str(err))
-    drafter = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3,
-                                 norm_output=not args.eagle3)  # fmt: skip
-    config = TrainingConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, depth=args.depth,
-                            lr=args.lr, num_anchors=args.anchors, seed=args.seed)  # fmt: skip
+    drafter = drafter_for_target(
+        target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+    )
+    config = TrainingConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        depth=args.depth,
+        lr=args.lr,
+        num_anchors=args.anchors,
+        seed=args.seed,
+    )
     train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet)
-    print(f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
-          f"{drafter.config.aux_layer_ids.describe()})")  # fmt: skip
+    print(
+        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
+        f"{drafter.config.aux_layer_ids.describe()})"
+    )
     return 0
 
 
@@ -618,7 +765,9 @@ def _device(name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     kind, _, index = name.partition(":")
     backend = getattr(torch, kind, None)
-    available = kind == "cpu" or bool(backend is not None and hasattr(backend, "is_available") and backend.is_available())
+    available = kind == "cpu" or bool(
+        backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    )
     if available and index and hasattr(backend, "device_count") and int(index) >= backend.device_count():
         available = False
     if not available:
@@ -659,9 +808,18 @@ def _convert(args: argparse.Namespace) -> int:
     from .engines import InputError
 
     try:
-        result = convert(args.src, args.dst, prune_vocab=args.prune_vocab, token_counts=args.token_counts,
-                         max_shard_size=args.max_shard_size, dtype=args.dtype, repo_id=args.repo_id,
-                         target_name=args.target, force=args.force, progress=not args.quiet)  # fmt: skip
+        result = convert(
+            args.src,
+            args.dst,
+            prune_vocab=args.prune_vocab,
+            token_counts=args.token_counts,
+            max_shard_size=args.max_shard_size,
+            dtype=args.dtype,
+            repo_id=args.repo_id,
+            target_name=args.target,
+            force=args.force,
+            progress=not args.quiet,
+        )
     except InputError as err:
         return _error(str(err))
     except ConvertError as err:
@@ -670,13 +828,26 @@ def _convert(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"folder": str(result.folder), "files": result.files, "tensors": result.num_tensors,
-                          "tensor_bytes": result.total_bytes, "source": result.source_layout,
-                          "vocab_size": result.vocab_size, "draft_vocab_size": result.draft_vocab_size,
-                          "notes": result.notes}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "folder": str(result.folder),
+                    "files": result.files,
+                    "tensors": result.num_tensors,
+                    "tensor_bytes": result.total_bytes,
+                    "source": result.source_layout,
+                    "vocab_size": result.vocab_size,
+                    "draft_vocab_size": result.draft_vocab_size,
+                    "notes": result.notes,
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"wrote {result.folder}: {result.num_tensors} tensors, {result.total_bytes:,} bytes of weights "
-              f"(source: {result.source_layout})")  # fmt: skip
+        print(
+            f"wrote {result.folder}: {result.num_tensors} tensors, {result.total_bytes:,} bytes of weights "
+            f"(source: {result.source_layout})"
+        )
         for name in result.files:
             print(f"  {name}")
     return 0
@@ -694,7 +865,11 @@ def _doctor(args: argparse.Namespace) -> int:
         for check, what in CHECKS.items():
             print(f"{check:<30} {what}")
         return 0
-    missing = [flag for flag, value in (("--draft", args.draft), ("--target", args.target), ("--engine", args.engine)) if not value]
+    missing = [
+        flag
+        for flag, value in (("--draft", args.draft), ("--target", args.target), ("--engine", args.engine))
+        if not value
+    ]
     if missing:
         return _error(f"doctor needs {', '.join(missing)}")
     environ = dict(os.environ)
@@ -710,11 +885,20 @@ def _doctor(args: argparse.Namespace) -> int:
         draft, _ = read_config_json(args.draft)
         target_config, _ = read_config_json(args.target)
         if looks_like_a_drafter(target_config) and not looks_like_a_drafter(draft):
-            raise InputError(f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
-                             "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET")  # fmt: skip
-        report = diagnose(draft, Target.from_config(target_config, args.target), args.engine, args.engine_version,
-                          environ=environ, with_plugin=args.with_plugin, layers_to_capture=layers,
-                          draft_name=args.draft)  # fmt: skip
+            raise InputError(
+                f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
+                "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET"
+            )
+        report = diagnose(
+            draft,
+            Target.from_config(target_config, args.target),
+            args.engine,
+            args.engine_version,
+            environ=environ,
+            with_plugin=args.with_plugin,
+            layers_to_capture=layers,
+            draft_name=args.draft,
+        )
     except (InputError, ValueError) as err:
         return _error(str(err))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
@@ -749,12 +933,28 @@ def _serve_command(args: argparse.Namespace) -> int:
             from .configuration_eagle31_mla import Eagle31MLAConfig
 
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
-        command = serve_command(args.engine, args.target, args.draft, target, draft, num_steps=args.num_steps,
-                                topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                                tensor_parallel_size=args.tp)  # fmt: skip
+        command = serve_command(
+            args.engine,
+            args.target,
+            args.draft,
+            target,
+            draft,
+            num_steps=args.num_steps,
+            topk=args.topk,
+            num_draft_tokens=args.num_draft_tokens,
+            tensor_parallel_size=args.tp,
+        )
         version = args.engine_version or engine_releases(args.engine)[-1][0]
-        report = diagnose(draft, target, args.engine, version, environ=dict(command.env), with_plugin=args.engine != "tokenspeed",
-                          layers_to_capture=command.layers_to_capture, draft_name=args.draft)  # fmt: skip
+        report = diagnose(
+            draft,
+            target,
+            args.engine,
+            version,
+            environ=dict(command.env),
+            with_plugin=args.engine != "tokenspeed",
+            layers_to_capture=command.layers_to_capture,
+            draft_name=args.draft,
+        )
     except (InputError, ValueError) as err:
         return _error(str(err))
     if not args.engine_version:
@@ -770,22 +970,44 @@ def _serve_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (tests/cli/test_cli_corpus.py enumerates its arguments)."""
-    parser = _Parser(prog="eagle31-mla", description="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, "
-                                     "roster, acceptance, train, inspect, convert, doctor, serve-command.",
-                                     epilog=EXIT_CODES)  # fmt: skip
+    parser = _Parser(
+        prog="eagle31-mla",
+        description="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, "
+        "roster, acceptance, train, inspect, convert, doctor, serve-command.",
+        epilog=EXIT_CODES,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add(name, run, summary, doc=None):
-        sub = commands.add_parser(name, help=summary, description=cleandoc(doc or run.__doc__), epilog=EXIT_CODES,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=cleandoc(doc or run.__doc__),
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.set_defaults(run=run)
         return sub
 
     demo = add("demo", _demo, "speculative decoding on the embedded tiny pair: text, accept length, acceptance")
-    demo.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="hf: the reference loop (default); vllm: vLLM with the plugin")
-    demo.add_argument("--prompts", type=positive_int, default=8, metavar="N", help="held-out prompts to run (default 8)")
-    demo.add_argument("--max-new-tokens", type=_bounded("max_new_tokens", "new tokens"), default=48, help="tokens per prompt (default 48)")
-    demo.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)")
+    demo.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="hf: the reference loop (default); vllm: vLLM with the plugin",
+    )
+    demo.add_argument(
+        "--prompts", type=positive_int, default=8, metavar="N", help="held-out prompts to run (default 8)"
+    )
+    demo.add_argument(
+        "--max-new-tokens",
+        type=_bounded("max_new_tokens", "new tokens"),
+        default=48,
+        help="tokens per prompt (default 48)",
+    )
+    demo.add_argument(
+        "--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)"
+    )
     demo.add_argument("--json", action="store_true", help="machine-readable output")
 
     add("roster", _roster, "check the default (Kimi-K3) drafter against the published checkpoint's tensor roster")
@@ -794,63 +1016,155 @@ def build_parser() -> argparse.ArgumentParser:
     _add_acceptance_arguments(acceptance)
 
     train = add("train", _train, "train a drafter against a target with test-time training")
-    train.add_argument("--target", required=True, type=model_ref, help="the target: a Transformers causal LM folder or Hub id")
-    train.add_argument("--text", required=True, type=existing_file,
-                       help="training text: one document per line, or JSONL with \"text\"")  # fmt: skip
-    train.add_argument("--out", required=True, type=output_folder, help="output folder (published layout); resumes from it")
-    train.add_argument("--aux-layers", type=one_based_ids, metavar="IDS",
-                       help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)")  # fmt: skip
+    train.add_argument(
+        "--target", required=True, type=model_ref, help="the target: a Transformers causal LM folder or Hub id"
+    )
+    train.add_argument(
+        "--text", required=True, type=existing_file, help='training text: one document per line, or JSONL with "text"'
+    )
+    train.add_argument(
+        "--out", required=True, type=output_folder, help="output folder (published layout); resumes from it"
+    )
+    train.add_argument(
+        "--aux-layers",
+        type=one_based_ids,
+        metavar="IDS",
+        help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)",
+    )
     train.add_argument("--eagle3", action="store_true", help="plain EAGLE-3 (no fc_norm, no norm_output)")
     train.add_argument("--steps", type=positive_int, default=1000)
     train.add_argument("--batch-size", type=positive_int, default=16)
     train.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence, > --depth (default 128)")
     train.add_argument("--depth", type=positive_int, default=4, help="TTT unroll depth (default 4)")
-    train.add_argument("--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions")
+    train.add_argument(
+        "--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions"
+    )
     train.add_argument("--lr", type=positive_float, default=3e-3)
     train.add_argument("--seed", type=seed_int, default=0)
-    train.add_argument("--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    train.add_argument(
+        "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
     inspect_ = add("inspect", _inspect, "describe a drafter: config, size, KV bytes, tensors, which engines serve it")
-    inspect_.add_argument("path", metavar="PATH_OR_ID", type=config_ref, help="a drafter folder, its config.json, or a Hub repo id")
+    inspect_.add_argument(
+        "path", metavar="PATH_OR_ID", type=config_ref, help="a drafter folder, its config.json, or a Hub repo id"
+    )
     inspect_.add_argument("--json", action="store_true", help="machine-readable output")
 
     convert = add("convert", _convert, "convert a drafter checkpoint into a Hub-ready folder")
     convert.add_argument("src", metavar="SRC", type=model_ref, help="the source drafter: a folder (or a Hub repo id)")
-    convert.add_argument("dst", metavar="DST", type=output_folder, help="the folder to write (new or empty; see --force)")
-    convert.add_argument("--prune-vocab", type=positive_int, metavar="N", help="keep the N most frequent target tokens (with bos/eos/pad)")
-    convert.add_argument("--token-counts", type=existing_file, metavar="FILE", help="token frequencies over the target vocabulary: JSON "
-                         '{"token_id": count} or a list of counts, or text lines "token_id count"')  # fmt: skip
-    convert.add_argument("--max-shard-size", default="10GB", type=size, metavar="SIZE", help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; also 512MiB, bytes)")
-    convert.add_argument("--dtype", default="keep", choices=["keep", "bfloat16", "float16", "float32"], help="weights dtype (default: keep the source's)")
-    convert.add_argument("--repo-id", type=repo_id, metavar="ORG/NAME", help="the Hub id the model card names (default: DST's folder name)")
-    convert.add_argument("--target", default=DEFAULT_TARGET, type=nonempty, metavar="ID", help=f"the target the model card's commands serve (default {DEFAULT_TARGET})")
-    convert.add_argument("--force", action="store_true",
-                         help="replace what an earlier convert wrote in DST (its manifest says which files; others are kept)")  # fmt: skip
+    convert.add_argument(
+        "dst", metavar="DST", type=output_folder, help="the folder to write (new or empty; see --force)"
+    )
+    convert.add_argument(
+        "--prune-vocab",
+        type=positive_int,
+        metavar="N",
+        help="keep the N most frequent target tokens (with bos/eos/pad)",
+    )
+    convert.add_argument(
+        "--token-counts",
+        type=existing_file,
+        metavar="FILE",
+        help="token frequencies over the target vocabulary: JSON "
+        '{"token_id": count} or a list of counts, or text lines "token_id count"',
+    )
+    convert.add_argument(
+        "--max-shard-size",
+        default="10GB",
+        type=size,
+        metavar="SIZE",
+        help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; "
+        "also 512MiB, bytes)",
+    )
+    convert.add_argument(
+        "--dtype",
+        default="keep",
+        choices=["keep", "bfloat16", "float16", "float32"],
+        help="weights dtype (default: keep the source's)",
+    )
+    convert.add_argument(
+        "--repo-id",
+        type=repo_id,
+        metavar="ORG/NAME",
+        help="the Hub id the model card names (default: DST's folder name)",
+    )
+    convert.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        type=nonempty,
+        metavar="ID",
+        help=f"the target the model card's commands serve (default {DEFAULT_TARGET})",
+    )
+    convert.add_argument(
+        "--force",
+        action="store_true",
+        help="replace what an earlier convert wrote in DST (its manifest says which files; others are kept)",
+    )
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.add_argument("--json", action="store_true", help="machine-readable summary")
 
     doctor = add("doctor", _doctor, "find silent misconfigurations of a draft + target + engine, with fixes")
-    doctor.add_argument("--draft", type=config_ref, metavar="PATH_OR_ID", help="the drafter: folder, config.json, or Hub repo id")
-    doctor.add_argument("--target", type=config_ref, metavar="PATH_OR_ID", help="the target model: folder, config.json, or Hub repo id")
+    doctor.add_argument(
+        "--draft", type=config_ref, metavar="PATH_OR_ID", help="the drafter: folder, config.json, or Hub repo id"
+    )
+    doctor.add_argument(
+        "--target", type=config_ref, metavar="PATH_OR_ID", help="the target model: folder, config.json, or Hub repo id"
+    )
     doctor.add_argument("--engine", choices=["vllm", "sglang", "tokenspeed"])
-    doctor.add_argument("--engine-version", type=version, metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)")
-    doctor.add_argument("--with-plugin", action="store_true", help="assume this project's plugin is installed where the engine runs")
-    doctor.add_argument("--eagle3-layers-to-capture", type=layer_ids, metavar="IDS", help="TokenSpeed: the flag value you will pass, e.g. 2,46,90")
-    doctor.add_argument("--env", action="append", default=[], type=env_assignment, metavar="NAME=VALUE",
-                        help="the serving environment (default: this shell's), e.g. VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0")  # fmt: skip
+    doctor.add_argument(
+        "--engine-version", type=version, metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)"
+    )
+    doctor.add_argument(
+        "--with-plugin", action="store_true", help="assume this project's plugin is installed where the engine runs"
+    )
+    doctor.add_argument(
+        "--eagle3-layers-to-capture",
+        type=layer_ids,
+        metavar="IDS",
+        help="TokenSpeed: the flag value you will pass, e.g. 2,46,90",
+    )
+    doctor.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=env_assignment,
+        metavar="NAME=VALUE",
+        help="the serving environment (default: this shell's), e.g. VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0",
+    )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--list-checks", action="store_true", help="list every check id and what it catches")
 
     serve = add("serve-command", _serve_command, "print the launch command for vLLM, SGLang or TokenSpeed")
     serve.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"])
-    serve.add_argument("--target", default=DEFAULT_TARGET, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
-    serve.add_argument("--draft", default=DEFAULT_DRAFT, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
-    serve.add_argument("--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per verification (default 3)")
-    serve.add_argument("--topk", type=_bounded("topk", "draft branches"), default=1, help="draft branches per step (default 1: a chain)")
-    serve.add_argument("--num-draft-tokens", type=_bounded("num_draft_tokens", "tree size"), help="tokens verified per step (default: num-steps + 1)")
+    serve.add_argument(
+        "--target", default=DEFAULT_TARGET, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}"
+    )
+    serve.add_argument(
+        "--draft", default=DEFAULT_DRAFT, type=config_ref, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}"
+    )
+    serve.add_argument(
+        "--num-steps",
+        type=_bounded("num_steps", "draft steps"),
+        default=3,
+        help="draft steps per verification (default 3)",
+    )
+    serve.add_argument(
+        "--topk",
+        type=_bounded("topk", "draft branches"),
+        default=1,
+        help="draft branches per step (default 1: a chain)",
+    )
+    serve.add_argument(
+        "--num-draft-tokens",
+        type=_bounded("num_draft_tokens", "tree size"),
+        help="tokens verified per step (default: num-steps + 1)",
+    )
     serve.add_argument("--tp", type=positive_int, metavar="N", help="tensor-parallel size")
-    serve.add_argument("--engine-version", type=version, metavar="V", help="check against this release (default: the newest known)")
+    serve.add_argument(
+        "--engine-version", type=version, metavar="V", help="check against this release (default: the newest known)"
+    )
     serve.add_argument("--json", action="store_true", help="machine-readable output")
 
     return parser

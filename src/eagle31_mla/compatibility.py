@@ -66,30 +66,41 @@ def size_mismatches(built_for: Sizes, target: Sizes, target_name: str = "the tar
     found = []
     vocab, target_vocab = built_for.vocab_size, target.vocab_size
     if vocab is not None and target_vocab is not None and vocab != target_vocab:
-        found.append(Incompatibility(
-            "vocab-size-mismatch",
-            f"the draft's `vocab_size` is {vocab} but {target_name}'s is {target_vocab} (the drafter embeds the "
-            "target's tokens and maps its own into them, so draft tokens would be other tokens of the target, or out "
-            f"of range; expected vocab_size = {target_vocab})",
-            "serve the drafter with the target (tokenizer) it was trained for; a drafter cannot be re-vocabularied "
-            "by editing config.json"))  # fmt: skip
+        found.append(
+            Incompatibility(
+                "vocab-size-mismatch",
+                f"the draft's `vocab_size` is {vocab} but {target_name}'s is {target_vocab} (the drafter embeds the "
+                "target's tokens and maps its own into them, so draft tokens would be other tokens "
+                "of the target, or out "
+                f"of range; expected vocab_size = {target_vocab})",
+                "serve the drafter with the target (tokenizer) it was trained for; a drafter cannot be re-vocabularied "
+                "by editing config.json",
+            )
+        )
     width, target_width = built_for.hidden_size, target.hidden_size
     if width is not None and target_width is not None and width != target_width:
-        found.append(Incompatibility(
-            "hidden-size-mismatch",
-            f"the draft's `target_hidden_size` is {width} but {target_name}'s `hidden_size` is {target_width} (its "
-            f"`fc` takes n × {width} captured values; expected target_hidden_size = {target_width})",
-            "serve the drafter with the target it was trained for (if the draft config just lacks "
-            '"target_hidden_size", set it to the training target\'s hidden size)'))  # fmt: skip
+        found.append(
+            Incompatibility(
+                "hidden-size-mismatch",
+                f"the draft's `target_hidden_size` is {width} but {target_name}'s `hidden_size` is {target_width} (its "
+                f"`fc` takes n × {width} captured values; expected target_hidden_size = {target_width})",
+                "serve the drafter with the target it was trained for (if the draft config just lacks "
+                '"target_hidden_size", set it to the training target\'s hidden size)',
+            )
+        )
     depth, target_depth = built_for.num_layers, target.num_layers
     if depth is not None and target_depth is not None and depth != target_depth:
-        found.append(Incompatibility(
-            "target-depth-mismatch",
-            f"the draft records `target_num_hidden_layers` {depth} (the target it was trained for) but {target_name} "
-            f"has {target_depth} layers (its aux layers would be read at other depths of another model; expected "
-            f"target_num_hidden_layers = {target_depth})",
-            "serve the drafter with the target it was trained for (if the draft config's "
-            '"target_num_hidden_layers" is wrong, set it to the training target\'s layer count)'))  # fmt: skip
+        found.append(
+            Incompatibility(
+                "target-depth-mismatch",
+                f"the draft records `target_num_hidden_layers` {depth} (the target it was trained "
+                f"for) but {target_name} "
+                f"has {target_depth} layers (its aux layers would be read at other depths of another model; expected "
+                f"target_num_hidden_layers = {target_depth})",
+                "serve the drafter with the target it was trained for (if the draft config's "
+                '"target_num_hidden_layers" is wrong, set it to the training target\'s layer count)',
+            )
+        )
     return found
 
 
@@ -98,16 +109,22 @@ def vllm_fc_width(engine: VllmFeatures, num_aux: int) -> Incompatibility | None:
     if num_aux == 3 or engine.fc_width_follows_aux_count:
         return None
     since = release_label(FC_WIDTH_FOLLOWS_AUX_COUNT_FROM)
-    return Incompatibility("vllm-fc-width", f"vLLM before {since} sizes `fc` for exactly 3 aux states; the draft names "
-                           f"{num_aux}", f"use vLLM >= {since} (its `fc` follows the draft)")  # fmt: skip
+    return Incompatibility(
+        "vllm-fc-width",
+        f"vLLM before {since} sizes `fc` for exactly 3 aux states; the draft names {num_aux}",
+        f"use vLLM >= {since} (its `fc` follows the draft)",
+    )
 
 
 def vllm_kimi_k3_version(engine: VllmFeatures, is_kimi_k3: bool) -> Incompatibility | None:
     if not is_kimi_k3 or engine.kimi_k3_target:
         return None
     since = release_label(KIMI_K3_FROM)
-    return Incompatibility("vllm-kimi-k3-version", f"Kimi-K3 targets need vLLM >= {since} (earlier releases have no "
-                           "Kimi-K3 model)", f"use vLLM >= {since}")  # fmt: skip
+    return Incompatibility(
+        "vllm-kimi-k3-version",
+        f"Kimi-K3 targets need vLLM >= {since} (earlier releases have no Kimi-K3 model)",
+        f"use vLLM >= {since}",
+    )
 
 
 def vllm_kimi_k3_stream(engine: VllmFeatures, is_kimi_k3: bool, environ: Mapping[str, str]) -> Incompatibility | None:
@@ -119,7 +136,8 @@ def vllm_kimi_k3_stream(engine: VllmFeatures, is_kimi_k3: bool, environ: Mapping
         "k3-aux-stream",
         f"{KIMI_K3_STREAM_ENV}={stream} makes the Kimi-K3 target capture the AttnRes mixture (the stream DSpark "
         "drafters use), but this drafter was trained on the prefix-only stream: nothing fails, acceptance just drops",
-        f"unset it or set it to 0 (`unset {KIMI_K3_STREAM_ENV}`, or `export {KIMI_K3_STREAM_ENV}=0`)")  # fmt: skip
+        f"unset it or set it to 0 (`unset {KIMI_K3_STREAM_ENV}`, or `export {KIMI_K3_STREAM_ENV}=0`)",
+    )
 
 
 def last_layer_out_of_reach(
@@ -133,5 +151,5 @@ def last_layer_out_of_reach(
         "aux-ids-beyond-target",
         f"{engine_name}'s {target_class} captures the INPUT of layer i, so it cannot capture the output of the last "
         f"layer (one-based {num_layers}); the draft wants {ids.describe()}",
-        "serve this drafter with vLLM (its targets capture after a layer), or use a drafter trained on earlier "
-        "layers")  # fmt: skip
+        "serve this drafter with vLLM (its targets capture after a layer), or use a drafter trained on earlier layers",
+    )

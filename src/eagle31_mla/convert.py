@@ -33,6 +33,7 @@ the files an earlier convert listed in its manifest.
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import json
 import logging
@@ -46,10 +47,11 @@ import socket
 import struct
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from .engine_facts import ENGINE_NAMES, ENGINES
 from .engines import KIMI_K3_TARGET, InputError
@@ -92,8 +94,17 @@ class ConvertResult:
 # ---- inputs ----------------------------------------------------------------------------------------------
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE | re.ASCII)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -133,8 +144,10 @@ def read_token_counts(path: str | Path) -> dict[int, int]:
     def put(token, count, where: str, *, add: bool = True) -> None:
         if isinstance(token, str):
             if not canonical.fullmatch(token.strip()):
-                raise InputError(f"{path}: {where}: expected a token id written as a non-negative integer "
-                                 f"(no sign, no leading zero), got {token!r}")  # fmt: skip
+                raise InputError(
+                    f"{path}: {where}: expected a token id written as a non-negative integer "
+                    f"(no sign, no leading zero), got {token!r}"
+                )
             token = int(token.strip())
         if isinstance(count, str):  # text lines: the count as written
             if not canonical.fullmatch(count.strip()):
@@ -167,8 +180,9 @@ def read_token_counts(path: str | Path) -> dict[int, int]:
 
     if path.suffix == ".json":
         try:
-            data = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=no_constants,
-                              parse_float=finite_float)  # fmt: skip
+            data = json.loads(
+                text, object_pairs_hook=no_duplicate_keys, parse_constant=no_constants, parse_float=finite_float
+            )
         except (json.JSONDecodeError, RecursionError) as err:
             raise InputError(f"{path}: not valid JSON ({_first_line(err)})") from None
         if isinstance(data, dict):
@@ -209,8 +223,10 @@ def choose_vocabulary(
         raise InputError(f"--prune-vocab {size} exceeds the source's {len(available)} draft tokens")
     unknown = sorted(t for t in counts if t not in available)
     if unknown:
-        notes.append(f"{len(unknown)} counted token id(s) are not in the source's vocabulary and were ignored "
-                     f"(first: {unknown[:5]})")  # fmt: skip
+        notes.append(
+            f"{len(unknown)} counted token id(s) are not in the source's vocabulary and were ignored "
+            f"(first: {unknown[:5]})"
+        )
     ranked = sorted((t for t in available if t not in keep), key=lambda t: (-counts.get(t, 0), t))
     chosen = ranked[: size - len(keep)]
     unseen = sum(1 for t in chosen if counts.get(t, 0) == 0)
@@ -247,7 +263,11 @@ def _data_offsets(file: Path) -> dict[str, tuple[int, int]]:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
     base = 8 + length
-    return {name: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for name, v in header.items() if name != "__metadata__"}
+    return {
+        name: (base + v["data_offsets"][0], base + v["data_offsets"][1])
+        for name, v in header.items()
+        if name != "__metadata__"
+    }
 
 
 def _read_bytes(f, start: int, length: int) -> bytes:
@@ -290,7 +310,11 @@ def _write_safetensors(path: Path, planned: list[_Planned], st_names: Mapping[An
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for p in planned:
-        header[p.name] = {"dtype": st_names[p.dtype], "shape": list(p.shape), "data_offsets": [offset, offset + p.nbytes]}
+        header[p.name] = {
+            "dtype": st_names[p.dtype],
+            "shape": list(p.shape),
+            "data_offsets": [offset, offset + p.nbytes],
+        }
         offset += p.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned
@@ -395,7 +419,11 @@ def _remove_ours(folder: Path, dst: Path) -> list[str]:
 
 def _alive(marker: Any) -> bool:
     """Whether the convert that wrote ``marker`` may still be running (then its folder is left alone)."""
-    if not isinstance(marker, dict) or not isinstance(marker.get("pid"), int) or marker.get("host") != socket.gethostname():
+    if (
+        not isinstance(marker, dict)
+        or not isinstance(marker.get("pid"), int)
+        or marker.get("host") != socket.gethostname()
+    ):
         return True  # not ours to judge
     if marker["pid"] == os.getpid():
         return False
@@ -428,9 +456,15 @@ def _clean_leftovers(dst: Path) -> list[str]:
             # is never renamed or deleted by its name alone.
             record_path = _swap_record(leftover)
             record = _read_json(record_path)
-            if not (isinstance(record, dict) and record.get("written_by") == _WRITER and record.get("old") == leftover.name
-                    and record.get("dst") == dst.name and isinstance(record.get("new"), str)
-                    and record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int)):  # fmt: skip
+            if not (
+                isinstance(record, dict)
+                and record.get("written_by") == _WRITER
+                and record.get("old") == leftover.name
+                and record.get("dst") == dst.name
+                and isinstance(record.get("new"), str)
+                and record.get("host") == socket.gethostname()
+                and isinstance(record.get("pid"), int)
+            ):
                 continue  # not provably convert's: leave it alone
             if _alive(record):
                 continue  # that convert is still swapping
@@ -442,8 +476,10 @@ def _clean_leftovers(dst: Path) -> list[str]:
             kept = _remove_ours(leftover, dst)
             if not kept:
                 record_path.unlink(missing_ok=True)
-            notes.append(f"removed the leftovers of an interrupted conversion ({leftover.name})"
-                         + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else ""))  # fmt: skip
+            notes.append(
+                f"removed the leftovers of an interrupted conversion ({leftover.name})"
+                + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else "")
+            )
             continue
         elif not _listed(leftover):
             continue  # no marker or manifest by convert: not provably its own, left alone
@@ -452,8 +488,10 @@ def _clean_leftovers(dst: Path) -> list[str]:
         # without a marker: finished (its last step removes the marker) and never swapped in, or the old
         # DST after a swap; either way _remove_ours deletes only listed files and hard links of DST's
         kept = _remove_ours(leftover, dst)
-        notes.append(f"removed the leftovers of an interrupted conversion ({leftover.name})"
-                     + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else ""))  # fmt: skip
+        notes.append(
+            f"removed the leftovers of an interrupted conversion ({leftover.name})"
+            + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else "")
+        )
     return notes
 
 
@@ -469,13 +507,19 @@ def _check_destination(dst: Path, src: Path, force: bool, outputs: Sequence[str]
     if not entries:
         return []
     if not force:
-        raise InputError(f"the destination {dst} is not empty; pass --force to replace what an earlier convert wrote there")
+        raise InputError(
+            f"the destination {dst} is not empty; pass --force to replace what an earlier convert wrote there"
+        )
     ours = _listed(dst) - {MARKER}
-    foreign = [name for name in entries if name not in ours and _TMP not in name]  # never carry a temp folder into itself
+    foreign = [
+        name for name in entries if name not in ours and _TMP not in name
+    ]  # never carry a temp folder into itself
     clash = sorted(set(foreign) & {*outputs, MANIFEST, MARKER})
     if clash:
-        raise InputError(f"the destination {dst} holds {', '.join(clash)}, which convert would write but did not "
-                         f"write there (no {MANIFEST} lists them); move them away or convert into a new folder")  # fmt: skip
+        raise InputError(
+            f"the destination {dst} holds {', '.join(clash)}, which convert would write but did not "
+            f"write there (no {MANIFEST} lists them); move them away or convert into a new folder"
+        )
     return foreign
 
 
@@ -538,8 +582,18 @@ def _commit(tmp: Path, dst: Path) -> list[str]:
         else:  # two renames; an interruption between them is repaired by the next convert (_clean_leftovers)
             old = tmp.with_name(tmp.name.replace(f"{_TMP}new-", f"{_TMP}old-"))
             record = _swap_record(old)
-            record.write_bytes(_json_bytes({"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname(),
-                                            "dst": dst.name, "old": old.name, "new": tmp.name}))  # fmt: skip
+            record.write_bytes(
+                _json_bytes(
+                    {
+                        "written_by": _WRITER,
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "dst": dst.name,
+                        "old": old.name,
+                        "new": tmp.name,
+                    }
+                )
+            )
             _fsync(record)
             _fsync(dst.parent)
             os.rename(dst, old)
@@ -562,8 +616,18 @@ def _fsync(path: Path) -> None:
 
 def _source_layout(layout: str, config) -> str:
     """The source in words: EAGLE-3 or 3.1, how its tensors are named (``layout``), its vocabulary."""
-    kind = "EAGLE-3.1" if config.is_eagle31 else "EAGLE-3" if not (config.fc_norm or config.norm_output) else "EAGLE-3 + fc_norm/norm_output"
-    vocab = f", pruned vocabulary {config.draft_vocab_size}/{config.vocab_size}" if config.draft_vocab_size != config.vocab_size else ""
+    kind = (
+        "EAGLE-3.1"
+        if config.is_eagle31
+        else "EAGLE-3"
+        if not (config.fc_norm or config.norm_output)
+        else "EAGLE-3 + fc_norm/norm_output"
+    )
+    vocab = (
+        f", pruned vocabulary {config.draft_vocab_size}/{config.vocab_size}"
+        if config.draft_vocab_size != config.vocab_size
+        else ""
+    )
     return f"{kind}, {layout}{vocab}"
 
 
@@ -608,7 +672,9 @@ def convert(
     max_shard_size = parse_size(max_shard_size)
     if (prune_vocab is None) != (token_counts is None):
         raise InputError("--prune-vocab N and --token-counts FILE go together")
-    if prune_vocab is not None and (isinstance(prune_vocab, bool) or not isinstance(prune_vocab, int) or prune_vocab < 1):
+    if prune_vocab is not None and (
+        isinstance(prune_vocab, bool) or not isinstance(prune_vocab, int) or prune_vocab < 1
+    ):
         raise InputError(f"--prune-vocab: expected a positive integer, got {prune_vocab!r}")
     out_dtype = None
     if not (dtype is None or dtype == "keep"):
@@ -625,7 +691,9 @@ def convert(
         # parent are real (a DST spelled 'work/..' would otherwise put the temporary folder inside DST)
         dst = Path(dst).expanduser().resolve()
     except (OSError, RuntimeError) as err:  # RuntimeError: Python < 3.13's "Symlink loop"
-        raise InputError(f"DST {dst}: cannot follow its links ({'a symlink loop' if 'loop' in str(err).lower() else err})") from None
+        raise InputError(
+            f"DST {dst}: cannot follow its links ({'a symlink loop' if 'loop' in str(err).lower() else err})"
+        ) from None
     if dst == dst.parent:
         raise InputError(f"DST {dst}: expected a folder to write, not the file-system root")
     from .engines import probe_output_folder
@@ -700,7 +768,9 @@ def convert(
             config = Eagle31MLAConfig.from_dict({**config.to_dict(), "dtype": str(out_dtype).removeprefix("torch.")})
 
         # 3. The plan: every output tensor with its dtype and shape, in a fixed order.
-        expected = {name: tuple(t.shape) for name, t in Eagle31MLAForCausalLM.on_meta_device(config).state_dict().items()}
+        expected = {
+            name: tuple(t.shape) for name, t in Eagle31MLAForCausalLM.on_meta_device(config).state_dict().items()
+        }
         planned = []
         watch: dict[str, dict[str, int]] = {"nonfinite": {}, "overflow": {}, "underflow": {}}  # tensor -> count
         for name in expected:
@@ -709,11 +779,10 @@ def convert(
             f, begin, length, src = stored(name)
             out = out_dtype or src
             if name == "lm_head.weight" and rows is not None:
-                ranges = lambda begin=begin, length=length: _row_ranges(begin, length // entries["lm_head.weight"][2][0], rows)  # noqa: E731
+                ranges = functools.partial(_row_ranges, begin, length // entries["lm_head.weight"][2][0], rows)
             else:
-                ranges = lambda begin=begin, length=length: _ranges(begin, length, CHUNK_BYTES)  # noqa: E731
-            chunks = lambda f=f, ranges=ranges, src=src, out=out, name=name: (  # noqa: E731
-                _cast_watched(name, _read_bytes(f, a, n), src, out, watch) for a, n in ranges())
+                ranges = functools.partial(_ranges, begin, length, CHUNK_BYTES)
+            chunks = functools.partial(_read_cast, name, f, ranges, src, out, watch)
             planned.append(_Planned(name, out, expected[name], chunks, src))
         if "d2t" in expected:
             targets = torch.tensor(kept_targets if kept_targets is not None else source_targets, dtype=torch.long)
@@ -727,11 +796,18 @@ def convert(
         # 4. Everything the folder will hold, worked out before a byte is written: shard names, index,
         #    config.json, model card (its inputs are checked here too), and what DST must keep.
         shards = _shards(planned, max_shard_size)
-        names = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+        names = (
+            [SINGLE_FILE]
+            if len(shards) == 1
+            else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+        )
         total = sum(p.nbytes for p in planned)
         small: dict[str, bytes] = {}  # everything but the weights, in the order it is written
         if len(shards) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": {p.name: f for f, s in zip(names, shards) for p in s}}
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {p.name: f for f, s in zip(names, shards) for p in s},
+            }
             small[INDEX_FILE] = _json_bytes(index)
         from importlib import resources
 
@@ -742,8 +818,14 @@ def convert(
         config_dict["auto_map"] = dict(AUTO_MAP)
         written = [*names, *([INDEX_FILE] if len(shards) > 1 else []), "config.json", *REMOTE_CODE_FILES, "README.md"]
         try:
-            card = model_card(config_dict, repo_id=repo_id or dst.resolve().name, target_name=target_name,
-                              source_layout=layout, files=written, kept_targets=kept_targets)  # fmt: skip
+            card = model_card(
+                config_dict,
+                repo_id=repo_id or dst.resolve().name,
+                target_name=target_name,
+                source_layout=layout,
+                files=written,
+                kept_targets=kept_targets,
+            )
         except (ValueError, TypeError, KeyError) as err:
             raise ConvertError(f"cannot write the model card for this config ({type(err).__name__}: {err})") from None
         small["README.md"] = card.encode()
@@ -761,8 +843,16 @@ def convert(
             raise InputError(f"cannot write DST {dst}: {err.strerror or err}") from None
         committed = False
         try:
-            (tmp / MARKER).write_bytes(_json_bytes({"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname(),
-                                                   "files": sorted({*written, MANIFEST})}))  # fmt: skip
+            (tmp / MARKER).write_bytes(
+                _json_bytes(
+                    {
+                        "written_by": _WRITER,
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "files": sorted({*written, MANIFEST}),
+                    }
+                )
+            )
             bar = _progress(total, progress)
             try:
                 for file, shard in zip(names, shards):
@@ -771,20 +861,26 @@ def convert(
                 bar.close()
             if watch["nonfinite"]:  # the loader's rule (it refuses NaN / inf weights by name): refused here too
                 bad = watch["nonfinite"]
-                raise ConvertError(f"{sum(bad.values()):,} NaN or inf value(s) in {len(bad)} tensor(s) of the source: "
-                                   + ", ".join(f"{entries[n][1]!r} ({c:,})" for n, c in bad.items())
-                                   + f"; the converted drafter would not load. Nothing was written to {dst}")  # fmt: skip
+                raise ConvertError(
+                    f"{sum(bad.values()):,} NaN or inf value(s) in {len(bad)} tensor(s) of the source: "
+                    + ", ".join(f"{entries[n][1]!r} ({c:,})" for n, c in bad.items())
+                    + f"; the converted drafter would not load. Nothing was written to {dst}"
+                )
             overflow = watch["overflow"]
             if watch["underflow"]:
                 under = watch["underflow"]
-                notes.append(f"--dtype {str(out_dtype).removeprefix('torch.')}: {sum(under.values()):,} nonzero value(s) in "
-                             f"{len(under)} tensor(s) are below its smallest subnormal (~6e-8) and became 0 "
-                             f"(first: {next(iter(under))})")  # fmt: skip
+                notes.append(
+                    f"--dtype {str(out_dtype).removeprefix('torch.')}: {sum(under.values()):,} nonzero value(s) in "
+                    f"{len(under)} tensor(s) are below its smallest subnormal (~6e-8) and became 0 "
+                    f"(first: {next(iter(under))})"
+                )
             if overflow:
                 count = sum(overflow.values())
-                raise InputError(f"--dtype float16: {count:,} value(s) in {len(overflow)} tensor(s) exceed float16's range "
-                                 f"(+-65504) and would become inf (first: {next(iter(overflow))}); keep the source "
-                                 "dtype or use bfloat16. Nothing was written")  # fmt: skip
+                raise InputError(
+                    f"--dtype float16: {count:,} value(s) in {len(overflow)} tensor(s) exceed float16's range "
+                    f"(+-65504) and would become inf (first: {next(iter(overflow))}); keep the source "
+                    "dtype or use bfloat16. Nothing was written"
+                )
             for name, data in small.items():
                 (tmp / name).write_bytes(data)
             # 6. Self-check: the folder reads back under the same rules (headers only).
@@ -805,6 +901,11 @@ def convert(
             raise
         _fsync(dst.parent)
     return ConvertResult(dst, written, len(planned), total, layout, config.vocab_size, config.draft_vocab_size, notes)
+
+
+def _read_cast(name: str, f, ranges, src, out, watch: dict[str, dict[str, int]]):
+    """A tensor's bytes read chunk by chunk from its file, each cast to the output dtype."""
+    return (_cast_watched(name, _read_bytes(f, a, n), src, out, watch) for a, n in ranges())
 
 
 def _cast_watched(name: str, data: bytes, src, out, watch: dict[str, dict[str, int]]):
@@ -835,8 +936,16 @@ def _cast_watched(name: str, data: bytes, src, out, watch: dict[str, dict[str, i
 def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", disable=not enabled,
-                file=sys.stderr, leave=False)  # fmt: skip
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="convert",
+        disable=not enabled,
+        file=sys.stderr,
+        leave=False,
+    )
 
 
 # ---- the model card --------------------------------------------------------------------------------------
@@ -874,20 +983,31 @@ def model_card(
         f"# {repo_id}",
         "",
         f"A one-layer {'EAGLE-3.1' if eagle31 else 'EAGLE-3'} draft model with Multi-head Latent Attention (MLA) for "
-        f"speculative decoding of `{target_name}`: hidden {config['hidden_size']}, {config['num_attention_heads']} heads, "
+        f"speculative decoding of `{target_name}`: hidden {config['hidden_size']}, "
+        f"{config['num_attention_heads']} heads, "
         f"q_lora {config['q_lora_rank']}, kv_lora {config['kv_lora_rank']} + rope {config['qk_rope_head_dim']}, "
         f"MLP {config['intermediate_size']}, RoPE ({describe_rope(config)}). Its KV cache holds "
         f"{config['kv_lora_rank'] + config['qk_rope_head_dim']} values per token.",
         "",
     ]
     if eagle31:
-        lines += ["EAGLE-3.1: `fc_norm` (an RMSNorm per captured target state before `fc`) and `norm_output` (the next "
-                  "draft step is fed the post-norm state).", ""]  # fmt: skip
+        lines += [
+            "EAGLE-3.1: `fc_norm` (an RMSNorm per captured target state before `fc`) and `norm_output` (the next "
+            "draft step is fed the post-norm state).",
+            "",
+        ]
     if draft_vocab != vocab:
-        lines += [f"Pruned vocabulary: {draft_vocab} of the target's {vocab} tokens"
-                  + (" (the most frequent in a token-count file, plus the special tokens)" if kept_targets is not None else "")
-                  + "; `d2t` maps a draft id to its target id (`target = draft + d2t[draft]`), `t2d` marks the kept "
-                  "target ids.", ""]  # fmt: skip
+        lines += [
+            f"Pruned vocabulary: {draft_vocab} of the target's {vocab} tokens"
+            + (
+                " (the most frequent in a token-count file, plus the special tokens)"
+                if kept_targets is not None
+                else ""
+            )
+            + "; `d2t` maps a draft id to its target id (`target = draft + d2t[draft]`), `t2d` marks the kept "
+            "target ids.",
+            "",
+        ]
     lines += [
         "## Aux layers",
         "",
@@ -903,9 +1023,12 @@ def model_card(
         "",
     ]
     if min(ids.one_based) == 1:
-        lines += ["**Warning:** these ids start at 1 (the embedding layer's output is not captured, layer 0's output "
-                  "is). SGLang's DeepSeek rule cannot express that list in any form; serve with vLLM or TokenSpeed. "
-                  "`eagle31-mla doctor` reports it.", ""]  # fmt: skip
+        lines += [
+            "**Warning:** these ids start at 1 (the embedding layer's output is not captured, layer 0's output "
+            "is). SGLang's DeepSeek rule cannot express that list in any form; serve with vLLM or TokenSpeed. "
+            "`eagle31-mla doctor` reports it.",
+            "",
+        ]
     lines += [
         "Check a deployment before serving (reads only the two `config.json` files):",
         "",
@@ -916,14 +1039,13 @@ def model_card(
         "## Serving",
         "",
         "Install this project's plugin in the engine's environment (`pip install \"eagle31-mla[vllm]\"` or "
-        "`\"eagle31-mla[sglang]\"`): it makes every engine release capture exactly these layers, applies "
+        '`"eagle31-mla[sglang]"`): it makes every engine release capture exactly these layers, applies '
         "EAGLE-3.1 where the engine does not, and adds Kimi-K3 capture to SGLang 0.5.23.",
         "",
     ]
     for engine in ENGINES:
         command = serve_command(engine, target_name, repo_id, target, config)
-        lines += [f"### {ENGINE_NAMES[engine]}", "", "```bash",
-                  command.text(), "```", ""]  # fmt: skip
+        lines += [f"### {ENGINE_NAMES[engine]}", "", "```bash", command.text(), "```", ""]
     lines += [
         "## Transformers",
         "",

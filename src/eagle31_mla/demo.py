@@ -31,14 +31,19 @@ class DemoResult:
     notes: list[str] = field(default_factory=list)
 
     def report(self, show: int = 2) -> str:
-        lines = [f"engine: {self.engine}, {len(self.prompts)} held-out prompts, {self.num_generated_tokens} tokens "
-                 f"in {self.seconds:.1f} s"]  # fmt: skip
+        lines = [
+            f"engine: {self.engine}, {len(self.prompts)} held-out prompts, {self.num_generated_tokens} tokens "
+            f"in {self.seconds:.1f} s"
+        ]
         for prompt, output in list(zip(self.prompts, self.outputs))[:show]:
             lines += ["", f"  prompt: {prompt}", f"  output: {output.strip()}"]
-        lines += ["", f"mean accept length {self.accept_length:.2f} tokens per verification round "
-                      f"(ceiling {len(self.acceptance_per_position) + 1}; {self.num_rounds} rounds)",  # fmt: skip
-                  "acceptance by draft position: "
-                  + ", ".join(f"{j + 1}: {rate:.2f}" for j, rate in enumerate(self.acceptance_per_position))]  # fmt: skip
+        lines += [
+            "",
+            f"mean accept length {self.accept_length:.2f} tokens per verification round "
+            f"(ceiling {len(self.acceptance_per_position) + 1}; {self.num_rounds} rounds)",
+            "acceptance by draft position: "
+            + ", ".join(f"{j + 1}: {rate:.2f}" for j, rate in enumerate(self.acceptance_per_position)),
+        ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -92,18 +97,39 @@ def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # models this small: a second thread only spin-waits (5x slower on a busy machine)
     try:
-        result = measure_acceptance(target, drafter, prompts, num_steps=num_steps, max_new_tokens=max_new_tokens,
-                                    tokenizer=tokenizer, ignore_eos=True)  # fmt: skip
+        result = measure_acceptance(
+            target,
+            drafter,
+            prompts,
+            num_steps=num_steps,
+            max_new_tokens=max_new_tokens,
+            tokenizer=tokenizer,
+            ignore_eos=True,
+        )
     finally:
         torch.set_num_threads(threads)
     stats = AcceptanceStats.from_dict(result["total"])
     outputs = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
     limited = sum(r["context_limited"] for r in result["requests"])
-    notes = [f"{limited} prompt(s) stopped at the context limit of {context_limit(target, drafter)} positions "
-             "(max_position_embeddings) before --max-new-tokens"] if limited else []  # fmt: skip
-    return DemoResult("hf (reference loop)", prompts, outputs, stats.mean_accept_length,
-                      stats.acceptance_rate_per_position, stats.num_rounds, stats.num_generated_tokens,
-                      time.perf_counter() - start, notes)  # fmt: skip
+    notes = (
+        [
+            f"{limited} prompt(s) stopped at the context limit of {context_limit(target, drafter)} positions "
+            "(max_position_embeddings) before --max-new-tokens"
+        ]
+        if limited
+        else []
+    )
+    return DemoResult(
+        "hf (reference loop)",
+        prompts,
+        outputs,
+        stats.mean_accept_length,
+        stats.acceptance_rate_per_position,
+        stats.num_rounds,
+        stats.num_generated_tokens,
+        time.perf_counter() - start,
+        notes,
+    )
 
 
 def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
@@ -120,18 +146,37 @@ def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
     start = time.perf_counter()
     backend = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() else {}  # AMX_MLA takes bf16 only
     llm = LLM(
-        model=str(DEMO_DIR / "target"), dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
-        disable_log_stats=False, **backend,
-        speculative_config={"method": "eagle3", "model": str(DEMO_DIR / "draft"),
-                            "num_speculative_tokens": num_steps, **backend},
-    )  # fmt: skip
+        model=str(DEMO_DIR / "target"),
+        dtype="float32",
+        max_model_len=512,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        **backend,
+        speculative_config={
+            "method": "eagle3",
+            "model": str(DEMO_DIR / "draft"),
+            "num_speculative_tokens": num_steps,
+            **backend,
+        },
+    )
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    metrics = {m.name: (list(m.values) if hasattr(m, "values") else m.value) for m in llm.get_metrics()
-               if m.name.startswith("vllm:spec_decode")}  # fmt: skip
+    metrics = {
+        m.name: (list(m.values) if hasattr(m, "values") else m.value)
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
     drafts = metrics["vllm:spec_decode_num_drafts"]
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
     per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
-    return DemoResult("vllm", prompts, [o.outputs[0].text for o in outs], 1 + accepted / drafts,
-                      [n / drafts for n in per_position], drafts,
-                      sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - start)  # fmt: skip
+    return DemoResult(
+        "vllm",
+        prompts,
+        [o.outputs[0].text for o in outs],
+        1 + accepted / drafts,
+        [n / drafts for n in per_position],
+        drafts,
+        sum(len(o.outputs[0].token_ids) for o in outs),
+        time.perf_counter() - start,
+    )

@@ -12,16 +12,22 @@ the drafter, and from which key of the draft's ``config.json`` did it take them?
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
 from .checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
-from .engine_facts import ENGINE_NAMES, ENGINES, ONE_BASED, PLUS_ONE, is_kimi_k3_model
-from .engine_facts import KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL
-from .engine_facts import sglang as sglang_facts
-from .engine_facts import tokenspeed as tokenspeed_facts
+from .engine_facts import (
+    KIMI_K3_MODEL_TYPE,
+    KIMI_K3_MULTIMODAL,
+    ONE_BASED,
+    PLUS_ONE,
+    is_kimi_k3_model,
+    sglang as sglang_facts,
+    tokenspeed as tokenspeed_facts,
+)
 from .prompts import eos_token_ids
 
 __all__ = [
@@ -90,20 +96,29 @@ def looks_like_a_drafter(config: Mapping[str, Any]) -> bool:
     (the published one says ``kimi_k2``)."""
     architectures = config.get("architectures")
     names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
-    return any("eagle" in a.lower() for a in names) or "eagle_aux_hidden_state_layer_ids" in config or "eagle_config" in config
+    return (
+        any("eagle" in a.lower() for a in names)
+        or "eagle_aux_hidden_state_layer_ids" in config
+        or "eagle_config" in config
+    )
 
 
-def check_roles(target: Mapping[str, Any] | None, draft: Mapping[str, Any] | None, target_name: str = "",
-                draft_name: str = "") -> None:  # fmt: skip
+def check_roles(
+    target: Mapping[str, Any] | None, draft: Mapping[str, Any] | None, target_name: str = "", draft_name: str = ""
+) -> None:
     """Refuse (InputError, one line) a drafter given as --target or a target model given as --draft,
     from their config.json alone, before anything is loaded."""
     if target is not None and looks_like_a_drafter(target):
-        raise InputError(f"argument --target: {target_name} is an EAGLE drafter (its config.json has EAGLE "
-                         "architectures / aux-layer keys); expected the target model it drafts for")  # fmt: skip
+        raise InputError(
+            f"argument --target: {target_name} is an EAGLE drafter (its config.json has EAGLE "
+            "architectures / aux-layer keys); expected the target model it drafts for"
+        )
     if draft is not None and not looks_like_a_drafter(draft):
         arch = (draft.get("architectures") or ["?"]) if isinstance(draft.get("architectures"), list) else ["?"]
-        raise InputError(f"argument --draft: {draft_name} is not an EAGLE drafter (architectures {arch}, no "
-                         "eagle_aux_hidden_state_layer_ids); is it the target model?")  # fmt: skip
+        raise InputError(
+            f"argument --draft: {draft_name} is not an EAGLE drafter (architectures {arch}, no "
+            "eagle_aux_hidden_state_layer_ids); is it the target model?"
+        )
 
 
 def probe_output_folder(path: str | Path, what: str) -> None:
@@ -120,8 +135,10 @@ def probe_output_folder(path: str | Path, what: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".eagle31-mla-probe-", dir=parent))
     except OSError as err:
-        raise InputError(f"{what}: cannot create {target} ({parent} refuses new folders: {err.strerror or err}); "
-                         "expected a writable location") from None  # fmt: skip
+        raise InputError(
+            f"{what}: cannot create {target} ({parent} refuses new folders: {err.strerror or err}); "
+            "expected a writable location"
+        ) from None
 
 
 def _int(value) -> int | None:
@@ -145,7 +162,7 @@ class Target:
     unreadable: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], name: str = "target") -> "Target":
+    def from_config(cls, config: Mapping[str, Any], name: str = "target") -> Target:
         text = config.get("text_config")
         text = text if isinstance(text, Mapping) else {}
 
@@ -154,9 +171,13 @@ class Target:
 
         unreadable = []
         architectures = config.get("architectures")
-        if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) and a for a in architectures)):
+        if not (
+            isinstance(architectures, list) and architectures and all(isinstance(a, str) and a for a in architectures)
+        ):
             unreadable.append(("architectures", f"a non-empty list of class names, got {architectures!r}"[:200]))
-            architectures = [a for a in architectures if isinstance(a, str) and a] if isinstance(architectures, list) else []
+            architectures = (
+                [a for a in architectures if isinstance(a, str) and a] if isinstance(architectures, list) else []
+            )
         model_type = config.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
             unreadable.append(("model_type", f"a string, got {model_type!r}"[:200]))
@@ -254,7 +275,9 @@ def sglang_capture(draft: Mapping[str, Any], target: Target, engine) -> Capture:
     """SGLang passes only the nested ids, raw, to the target class, which reads them its own way."""
     reading = sglang_facts.target_reading(target.architectures)
     if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is False:
-        return Capture(None, DEFAULT, refused=f"{engine.describe()}'s Kimi-K3 target has no set_eagle3_layers_to_capture")
+        return Capture(
+            None, DEFAULT, refused=f"{engine.describe()}'s Kimi-K3 target has no set_eagle3_layers_to_capture"
+        )
     nested = _nested(draft)
     ids = _id_list(nested.get(IDS_KEY)) if nested is not None else None
     source = NESTED if ids is not None else DEFAULT

@@ -31,8 +31,10 @@ __all__ = [
     "read_prompts",
 ]
 
-PROMPT_SHAPES = ('a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
-                 '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)')  # fmt: skip
+PROMPT_SHAPES = (
+    'a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
+    '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)'
+)
 
 
 class PromptError(ValueError):
@@ -123,7 +125,9 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise PromptError(f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not") from None
+        raise PromptError(
+            f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not"
+        ) from None
     lines = [(f"{path}:{i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if path.suffix not in (".jsonl", ".json"):
         return lines
@@ -152,7 +156,7 @@ def read_corpus(path: str | Path) -> list[str]:
     for where, line in read_prompt_lines(path):
         text = line.get("text") if isinstance(line, dict) else line
         if not isinstance(text, str):
-            raise PromptError(f"{where}: expected a text line or a JSON object with a \"text\" string")
+            raise PromptError(f'{where}: expected a text line or a JSON object with a "text" string')
         if text.strip():
             texts.append(text)
     if not texts:
@@ -168,7 +172,8 @@ def _id_list_problem(ids: Any, vocab_size: int | None = None) -> str | None:
         return "an empty list (a prompt needs at least one token)"
     for i, value in enumerate(ids):
         if not is_int(value):
-            return f"{value!r} ({'bool' if isinstance(value, bool) else type(value).__name__}) at index {i}, not an int token id"
+            kind = "bool" if isinstance(value, bool) else type(value).__name__
+            return f"{value!r} ({kind}) at index {i}, not an int token id"
         if vocab_size is not None and not 0 <= value < vocab_size:
             return f"token id {value} at index {i}, outside the target's vocabulary [0, {vocab_size})"
     return None
@@ -190,7 +195,8 @@ def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
             refuse(f"a list holding {problem}" if prompt else problem)
         return
     if not isinstance(prompt, dict):
-        refuse(f"{json.dumps(prompt) if prompt is None or isinstance(prompt, (int, float, bool)) else type(prompt).__name__}")
+        scalar = prompt is None or isinstance(prompt, (int, float, bool))
+        refuse(json.dumps(prompt) if scalar else type(prompt).__name__)
     keys = [key for key in ("input_ids", "messages", "prompt", "text") if key in prompt]
     if not keys:
         refuse(f"an object with keys {sorted(prompt)}")
@@ -205,8 +211,11 @@ def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
         if not isinstance(value, list) or not value:
             refuse(f'"messages" is {json.dumps(value)[:60] if not isinstance(value, list) else "an empty list"}')
         for i, message in enumerate(value):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), (str, list))):  # fmt: skip
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), (str, list))
+            ):
                 refuse(f'"messages"[{i}] is {json.dumps(message)[:60]}, not a {{"role": str, "content": str}} object')
     elif not isinstance(value, str) or not value.strip():
         refuse(f'"{key}" is {json.dumps(value)[:60]}, not a non-empty string')
@@ -260,14 +269,17 @@ def prompt_tensor(input_ids, vocab_size: int):
         try:
             ids = list(input_ids)
         except TypeError:
-            raise DraftInputError(f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of "
-                                  "token ids") from None  # fmt: skip
+            raise DraftInputError(
+                f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of token ids"
+            ) from None
         if not all(is_int(i) for i in ids):
             bad = next(i for i in ids if not is_int(i))
             raise DraftInputError(f"`input_ids` holds {bad!r} ({type(bad).__name__}); expected int token ids")
     if not ids:
         raise DraftInputError("`input_ids` is empty; expected a prompt of at least one token")
     if not all(0 <= i < vocab_size for i in ids):
-        raise DraftInputError(f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) "
-                              "(the target's vocabulary)")  # fmt: skip
+        raise DraftInputError(
+            f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) "
+            "(the target's vocabulary)"
+        )
     return torch.tensor([ids], dtype=torch.long)

@@ -6,10 +6,17 @@ byte count (6,031,253,592 = 2 × 3,015,625,728 + 8 + 2,128-byte header) confirms
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_DTYPE", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES", "roster_differences",
-           "dtype_name"]
+__all__ = [
+    "PUBLISHED_ROSTER",
+    "PUBLISHED_DTYPE",
+    "PUBLISHED_NUM_PARAMETERS",
+    "PUBLISHED_FILE_BYTES",
+    "roster_differences",
+    "dtype_name",
+]
 
 PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
     "embed_tokens.weight": (163840, 7168),
@@ -65,7 +72,8 @@ def roster_differences(
 
 
 def dtype_name(dtype: Any) -> str:
-    """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name (``BF16`` -> ``bfloat16``)."""
+    """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name
+    (``BF16`` -> ``bfloat16``)."""
     from .checkpoint_eagle31_mla import SAFETENSORS_DTYPE_NAMES
 
     name = str(dtype).removeprefix("torch.")

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-from .engine_facts import ENGINE_NAMES, ENGINES, PLUGIN_INSTALL, release_label
-from .engine_facts import tokenspeed as tokenspeed_facts
+from .engine_facts import ENGINE_NAMES, ENGINES, PLUGIN_INSTALL, release_label, tokenspeed as tokenspeed_facts
 from .engine_facts.vllm import KIMI_K3_STREAM_ENV, KIMI_K3_STREAM_ENV_FROM
 from .engines import Target, max_tree_draft_tokens, tokenspeed_flag_form
 
 __all__ = ["ServeCommand", "serve_command"]
-
 
 
 @dataclass
@@ -47,7 +46,13 @@ class ServeCommand:
         return "\n".join([f"# {c}" for c in self.comments] + [self.shell()])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "argv": self.argv, "env": self.env, "comments": self.comments, "shell": self.shell()}
+        return {
+            "engine": self.engine,
+            "argv": self.argv,
+            "env": self.env,
+            "comments": self.comments,
+            "shell": self.shell(),
+        }
 
 
 def serve_command(
@@ -67,6 +72,7 @@ def serve_command(
     Raises ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+
     def positive(value) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -83,8 +89,10 @@ def serve_command(
     elif num_draft_tokens is None:
         raise ValueError("with topk > 1 give --num-draft-tokens (the size of the draft tree to verify)")
     elif not 2 <= num_draft_tokens <= max_tree_draft_tokens(topk, num_steps):
-        raise ValueError(f"--num-draft-tokens is {num_draft_tokens}; a tree of topk {topk} over {num_steps} steps holds "
-                         f"2 to {max_tree_draft_tokens(topk, num_steps)} tokens (root included)")  # fmt: skip
+        raise ValueError(
+            f"--num-draft-tokens is {num_draft_tokens}; a tree of topk {topk} over {num_steps} steps holds "
+            f"2 to {max_tree_draft_tokens(topk, num_steps)} tokens (root included)"
+        )
     layers_to_capture = None
     if engine == "vllm" and topk != 1:
         raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")
@@ -102,35 +110,67 @@ def serve_command(
         argv = ["vllm", "serve", target_name, "--speculative-config", json.dumps(spec)]
         if tensor_parallel_size:
             argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
-        comments.append("vLLM reads them from the draft's config.json (top-level eagle_aux_hidden_state_layer_ids, "
-                        f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form")  # fmt: skip
+        comments.append(
+            "vLLM reads them from the draft's config.json (top-level eagle_aux_hidden_state_layer_ids, "
+            f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form"
+        )
         if target.is_kimi_k3:
             env[KIMI_K3_STREAM_ENV] = "0"
-            comments.append(f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on "
-                            f"(vLLM >= {release_label(KIMI_K3_STREAM_ENV_FROM)})")  # fmt: skip
+            comments.append(
+                f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on "
+                f"(vLLM >= {release_label(KIMI_K3_STREAM_ENV_FROM)})"
+            )
     elif engine == "sglang":
-        argv = ["sglang", "serve", "--model-path", target_name, "--speculative-algorithm", "EAGLE3",
-                "--speculative-draft-model-path", draft_name, "--speculative-num-steps", str(num_steps),
-                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(num_draft_tokens)]  # fmt: skip
+        argv = [
+            "sglang",
+            "serve",
+            "--model-path",
+            target_name,
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            draft_name,
+            "--speculative-num-steps",
+            str(num_steps),
+            "--speculative-eagle-topk",
+            str(topk),
+            "--speculative-num-draft-tokens",
+            str(num_draft_tokens),
+        ]
         if tensor_parallel_size:
             argv += ["--tp-size", str(tensor_parallel_size)]
-        comments.append("SGLang reads them only from the draft's nested eagle_config and has no flag for them; "
-                        f"with {PLUGIN_INSTALL['sglang']} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)")  # fmt: skip
+        comments.append(
+            "SGLang reads them only from the draft's nested eagle_config and has no flag for them; "
+            f"with {PLUGIN_INSTALL['sglang']} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)"
+        )
     else:
         argv = ["tokenspeed", "serve", "--model", target_name]
         if target.is_kimi_k3:
             argv.append("--trust-remote-code")
-        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_name,
-                 "--speculative-num-steps", str(num_steps), "--speculative-num-draft-tokens", str(num_draft_tokens),
-                 "--speculative-eagle-topk", str(topk)]  # fmt: skip
+        argv += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            draft_name,
+            "--speculative-num-steps",
+            str(num_steps),
+            "--speculative-num-draft-tokens",
+            str(num_draft_tokens),
+            "--speculative-eagle-topk",
+            str(topk),
+        ]
         form = layers_to_capture = tokenspeed_flag_form(target, ids)
         if form is not None:
             argv += [tokenspeed_facts.LAYERS_FLAG, ",".join(map(str, form))]
             convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
-            comments.append(f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention})")
+            comments.append(
+                f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention})"
+            )
         else:
-            comments.append(f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known; "
-                            "give it in the target's own convention")  # fmt: skip
+            comments.append(
+                f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known; "
+                "give it in the target's own convention"
+            )
         if tensor_parallel_size:
             argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     comments.append(f"{ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")

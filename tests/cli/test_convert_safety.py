@@ -29,8 +29,11 @@ IDS = [2, 5, 9]
 
 def snapshot(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (what "unchanged" means here)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def leftovers(dst: Path) -> list[str]:
@@ -95,10 +98,18 @@ def test_a_non_empty_destination_needs_force(tmp_path, old):
     assert snapshot(old) == before
 
 
-@pytest.mark.parametrize("bad", [
-    dict(repo_id=""), dict(target_name=" "), dict(repo_id="a\nb"), dict(max_shard_size="0"),
-    dict(prune_vocab=10), dict(dtype="int8"), dict(prune_vocab=2, token_counts="COUNTS"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(repo_id=""),
+        dict(target_name=" "),
+        dict(repo_id="a\nb"),
+        dict(max_shard_size="0"),
+        dict(prune_vocab=10),
+        dict(dtype="int8"),
+        dict(prune_vocab=2, token_counts="COUNTS"),
+    ],
+)
 def test_every_input_is_checked_before_anything_is_written(tmp_path, old, bad):
     (tmp_path / "counts.txt").write_text("5 1\n")
     bad = {k: str(tmp_path / "counts.txt") if v == "COUNTS" else v for k, v in bad.items()}
@@ -151,14 +162,30 @@ def test_leftovers_of_a_killed_convert_are_cleaned_and_only_they(tmp_path, old):
     dead = 2**22 + 12345  # above pid_max's default: no such process
     mine = old.parent / f".{old.name}.eagle31-convert-new-{dead}-0000"
     mine.mkdir()
-    (mine / MARKER).write_text(json.dumps({"written_by": "eagle31-mla convert", "pid": dead, "host": os.uname().nodename,
-                                           "files": ["model.safetensors", "README.md"]}))  # fmt: skip
+    (mine / MARKER).write_text(
+        json.dumps(
+            {
+                "written_by": "eagle31-mla convert",
+                "pid": dead,
+                "host": os.uname().nodename,
+                "files": ["model.safetensors", "README.md"],
+            }
+        )
+    )
     (mine / "model.safetensors").write_bytes(b"half a shard")
     (mine / "stranger.txt").write_text("not listed: never deleted")
     running = old.parent / f".{old.name}.eagle31-convert-new-{os.getppid()}-0001"  # a live writer
     running.mkdir()
-    (running / MARKER).write_text(json.dumps({"written_by": "eagle31-mla convert", "pid": os.getppid(),
-                                              "host": os.uname().nodename, "files": ["model.safetensors"]}))  # fmt: skip
+    (running / MARKER).write_text(
+        json.dumps(
+            {
+                "written_by": "eagle31-mla convert",
+                "pid": os.getppid(),
+                "host": os.uname().nodename,
+                "files": ["model.safetensors"],
+            }
+        )
+    )
     (running / "model.safetensors").write_bytes(b"being written")
     result = convert(source(tmp_path), old, force=True, progress=False)
     assert sorted(p.name for p in mine.iterdir()) == ["stranger.txt"]  # listed files gone, the stranger kept
@@ -173,9 +200,18 @@ def test_an_interrupted_non_atomic_swap_is_restored(tmp_path, old):
     before = snapshot(old)
     parked = old.parent / f".{old.name}.eagle31-convert-old-99999999-0000"
     record = old.parent / f".{old.name}.eagle31-convert-swap-99999999-0000.json"
-    record.write_text(json.dumps({"written_by": "eagle31-mla convert", "pid": 99999999, "host": socket.gethostname(),
-                                  "dst": old.name, "old": parked.name,
-                                  "new": f".{old.name}.eagle31-convert-new-99999999-0000"}))  # fmt: skip
+    record.write_text(
+        json.dumps(
+            {
+                "written_by": "eagle31-mla convert",
+                "pid": 99999999,
+                "host": socket.gethostname(),
+                "dst": old.name,
+                "old": parked.name,
+                "new": f".{old.name}.eagle31-convert-new-99999999-0000",
+            }
+        )
+    )
     os.rename(old, parked)
     with pytest.raises(InputError, match="--force"):  # restored first, then found non-empty
         convert(source(tmp_path), old, progress=False)
@@ -196,9 +232,17 @@ def test_a_folder_named_like_a_leftover_without_proof_is_never_touched(tmp_path,
     if record is not None:
         data = record if isinstance(record, (str, dict)) and record != "other-host" else None
         if record == "other-host":
-            data = {"written_by": "eagle31-mla convert", "pid": 1, "host": socket.gethostname() + "-x", "dst": "out4",
-                    "old": folders[0].name, "new": "x"}  # fmt: skip
-        (tmp_path / ".out4.eagle31-convert-swap-archive.json").write_text(data if isinstance(data, str) else json.dumps(data))
+            data = {
+                "written_by": "eagle31-mla convert",
+                "pid": 1,
+                "host": socket.gethostname() + "-x",
+                "dst": "out4",
+                "old": folders[0].name,
+                "new": "x",
+            }
+        (tmp_path / ".out4.eagle31-convert-swap-archive.json").write_text(
+            data if isinstance(data, str) else json.dumps(data)
+        )
     convert(source(tmp_path), dst, progress=False)
     for folder in folders:
         assert (folder / "notes.txt").read_text() == "mine"
@@ -228,11 +272,19 @@ def test_dst_a_symlink_loop_is_one_input_error(tmp_path):
         convert(source(tmp_path), loop, progress=False)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"5": 3, "5": 4}', "appears twice"), ('{"05": 3, "5": 4}', "no leading zero"), ("[1.5, 2, 3]", "integer count"),
-    ('{"5": 1e400}', "overflows"), ('{"5": NaN}', "not a count"), ('{"-1": 3}', "non-negative"), ('{"5": true}', "count"),
-    ('{"\uff15": 3}', "token id"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"5": 3, "5": 4}', "appears twice"),
+        ('{"05": 3, "5": 4}', "no leading zero"),
+        ("[1.5, 2, 3]", "integer count"),
+        ('{"5": 1e400}', "overflows"),
+        ('{"5": NaN}', "not a count"),
+        ('{"-1": 3}', "non-negative"),
+        ('{"5": true}', "count"),
+        ('{"\uff15": 3}', "token id"),
+    ],
+)
 def test_token_counts_are_canonical_ids_and_finite_integer_counts(tmp_path, text, message):
     from eagle31_mla.convert import read_token_counts
 
@@ -326,9 +378,25 @@ def big_source(tmp_path_factory):
 
 
 def start_convert(src: Path, dst: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "eagle31_mla.cli", "convert", str(src), str(dst), "--quiet", "--force",
-                             "--dtype", "bfloat16", "--max-shard-size", "20MB"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagle31_mla.cli",
+            "convert",
+            str(src),
+            str(dst),
+            "--quiet",
+            "--force",
+            "--dtype",
+            "bfloat16",
+            "--max-shard-size",
+            "20MB",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_temporary_folder(process: subprocess.Popen, dst: Path, timeout: float = 120) -> bool:
@@ -362,8 +430,10 @@ def test_killing_a_real_convert_mid_write_never_loses_the_destination(tmp_path, 
         process.wait()
         killed_mid_write += appeared and alive
         state = snapshot(old)
-        assert state in (before, new), (f"killed {delay:.2f} s after the temporary folder appeared: DST is neither "
-                                        f"old nor new: {sorted(set(state.items()) ^ set(before.items()))}")  # fmt: skip
+        assert state in (before, new), (
+            f"killed {delay:.2f} s after the temporary folder appeared: DST is neither "
+            f"old nor new: {sorted(set(state.items()) ^ set(before.items()))}"
+        )
         assert {name: state[name] for name in USER_FILES} == user
         for leftover in leftovers(old):  # hidden, beside DST, never DST itself
             assert leftover.startswith(f".{old.name}.eagle31-convert-new-")
@@ -384,8 +454,24 @@ def test_killing_a_real_convert_mid_write_never_loses_the_destination(tmp_path, 
         assert leftovers(old) == []  # its own, and (cleaned when it started) those the kills left
     assert "Traceback" not in err
 
-    result = subprocess.run([sys.executable, "-m", "eagle31_mla.cli", "convert", str(big_source), str(old), "--quiet",
-                             "--force", "--dtype", "bfloat16", "--max-shard-size", "20MB"],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle31_mla.cli",
+            "convert",
+            str(big_source),
+            str(old),
+            "--quiet",
+            "--force",
+            "--dtype",
+            "bfloat16",
+            "--max-shard-size",
+            "20MB",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert snapshot(old) == new and leftovers(old) == []  # what SIGKILL left is gone, the user's files stay

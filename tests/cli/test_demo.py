@@ -2,20 +2,24 @@
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
-
 from tests.support.paths import ROOT
 
 
 def test_embedded_pair_is_small_and_complete():
     files = [p for p in DEMO_DIR.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 20 * 2**20
-    for name in ("target/config.json", "target/model.safetensors", "target/tokenizer.json",
-                 "draft/config.json", "draft/model.safetensors", "prompts.jsonl"):  # fmt: skip
+    for name in (
+        "target/config.json",
+        "target/model.safetensors",
+        "target/tokenizer.json",
+        "draft/config.json",
+        "draft/model.safetensors",
+        "prompts.jsonl",
+    ):
         assert (DEMO_DIR / name).is_file(), name
     config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
@@ -39,7 +43,9 @@ def hf_result():
 def test_demo_reaches_the_accept_length_goal(hf_result, capsys):
     assert hf_result.accept_length >= 2.5
     assert len(hf_result.acceptance_per_position) == 3
-    assert all(1 >= a >= b >= 0 for a, b in zip(hf_result.acceptance_per_position, hf_result.acceptance_per_position[1:]))
+    assert all(
+        1 >= a >= b >= 0 for a, b in zip(hf_result.acceptance_per_position, hf_result.acceptance_per_position[1:])
+    )
     assert hf_result.num_generated_tokens == 8 * 48
     with capsys.disabled():
         print("\n" + hf_result.report(show=1))
@@ -53,13 +59,16 @@ def test_demo_command(capsys):
     assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--prompts", "0"], "argument --prompts: expected a positive integer"),
-    (["--prompts", "1000"], "argument --prompts: expected at most "),
-    (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
-    (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
-    (["--num-steps", "99999999999"], "argument --num-steps: expected a positive integer <= 64 (draft steps)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompts", "0"], "argument --prompts: expected a positive integer"),
+        (["--prompts", "1000"], "argument --prompts: expected at most "),
+        (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
+        (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
+        (["--num-steps", "99999999999"], "argument --num-steps: expected a positive integer <= 64 (draft steps)"),
+    ],
+)
 def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
     from eagle31_mla.cli import main
 
@@ -89,8 +98,13 @@ def test_rebuild_script_is_deterministic(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: float sums in one fixed order
     folders = [tmp_path / "a", tmp_path / "b"]
     for out in folders:
-        run = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], capture_output=True,
-                             text=True, env=env, timeout=600)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, str(script), "--quick", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
     files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(folders[1]) for p in folders[1].rglob("*") if p.is_file())

@@ -17,8 +17,15 @@ from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target,
 K3 = kimi_k3_target()
 DS = deepseek_target(layers=61)  # Kimi-K2 style: default capture (2, 30, 58)
 LLAMA = llama_target(layers=32)
-UNKNOWN = {"architectures": ["FooForCausalLM"], "model_type": "foo", "num_hidden_layers": 93, "hidden_size": 7168,
-           "vocab_size": 163840, "bos_token_id": 163584, "eos_token_id": 163586}  # fmt: skip
+UNKNOWN = {
+    "architectures": ["FooForCausalLM"],
+    "model_type": "foo",
+    "num_hidden_layers": 93,
+    "hidden_size": 7168,
+    "vocab_size": 163840,
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+}
 EAGLE3 = dict(fc_norm=False, norm_output=False)
 
 
@@ -33,116 +40,153 @@ class Case:
     plugin: bool = False
 
     def run(self):
-        return diagnose(self.draft, Target.from_config(self.target, "target"), self.engine, self.version,
-                        environ=self.env, with_plugin=self.plugin, layers_to_capture=self.layers)  # fmt: skip
+        return diagnose(
+            self.draft,
+            Target.from_config(self.target, "target"),
+            self.engine,
+            self.version,
+            environ=self.env,
+            with_plugin=self.plugin,
+            layers_to_capture=self.layers,
+        )
 
 
 # check id -> (a configuration that has it, the same configuration fixed)
 CASES: dict[str, tuple[Case, Case]] = {
     "aux-ids-missing": (
-        Case(draft(eagle_aux_hidden_state_layer_ids=None, aux_layer_ids_convention=None,
-                   eagle_config={"use_aux_hidden_state": True}), K3, "vllm", "0.30"),  # fmt: skip
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(
+            draft(
+                eagle_aux_hidden_state_layer_ids=None,
+                aux_layer_ids_convention=None,
+                eagle_config={"use_aux_hidden_state": True},
+            ),
+            K3,
+            "vllm",
+            "0.30",
+        ),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "aux-ids-contradictory": (
         Case(draft(eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 47, 91]}), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "aux-ids-invalid": (
-        Case(draft(eagle_aux_hidden_state_layer_ids=[2, 46, 46], eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 46]}),
-             K3, "vllm", "0.30"),  # fmt: skip
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(
+            draft(
+                eagle_aux_hidden_state_layer_ids=[2, 46, 46],
+                eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 46]},
+            ),
+            K3,
+            "vllm",
+            "0.30",
+        ),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "target-layer-ids": (  # no top-level eagle ids: vLLM's V2 runner takes target_layer_ids + 1
         Case(nested_only([2, 46, 90], "one_based", target_layer_ids=[2, 46, 90]), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
-    "aux-ids-beyond-target": (
-        Case(draft([2, 46, 95]), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
-    "draft-config-invalid": (
-        Case(draft(num_hidden_layers=2), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
+    "aux-ids-beyond-target": (Case(draft([2, 46, 95]), K3, "vllm", "0.30"), Case(draft(), K3, "vllm", "0.30")),
+    "draft-config-invalid": (Case(draft(num_hidden_layers=2), K3, "vllm", "0.30"), Case(draft(), K3, "vllm", "0.30")),
     "target-depth-unknown": (
         Case(draft(), kimi_k3_target(num_hidden_layers="93"), "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "target-config-unreadable": (
-        Case(draft(), {**kimi_k3_target(), "architectures": "KimiK3ForCausalLM"}, "vllm", "0.30"),  # a string, not a list
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(
+            draft(), {**kimi_k3_target(), "architectures": "KimiK3ForCausalLM"}, "vllm", "0.30"
+        ),  # a string, not a list
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "target-sizes-unknown": (
         Case(draft(), kimi_k3_target(hidden_size=None), "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "mla-architecture-name": (
         Case(draft(architectures=["KimiK3MLADrafter"]), DS, "sglang", "0.5.23"),
-        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23")),
+        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23"),
+    ),
     "vocab-size-mismatch": (
         Case(draft(), kimi_k3_target(vocab_size=200064), "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "hidden-size-mismatch": (
         Case(draft(), kimi_k3_target(hidden_size=4096), "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
-    "bos-eos-mismatch": (
-        Case(draft(eos_token_id=163585), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
+    "bos-eos-mismatch": (Case(draft(eos_token_id=163585), K3, "vllm", "0.30"), Case(draft(), K3, "vllm", "0.30")),
     "vllm-ids-convention": (  # the training form served as is: V1 reads nested [1, 45, 89] one-based
         Case(nested_only([1, 45, 89]), K3, "vllm", "0.30"),
-        Case(draft(), K3, "vllm", "0.30")),
+        Case(draft(), K3, "vllm", "0.30"),
+    ),
     "vllm-nested-ids-ignored": (
         Case(nested_only([3, 30, 57], "one_based", **EAGLE3), DS, "vllm", "0.21"),
-        Case(draft([3, 30, 57], **EAGLE3), DS, "vllm", "0.21")),
+        Case(draft([3, 30, 57], **EAGLE3), DS, "vllm", "0.21"),
+    ),
     "vllm-v2-runner-nested-ids": (
         Case(nested_only([3, 30, 57], "one_based"), DS, "vllm", "0.30"),
-        Case(draft([3, 30, 57]), DS, "vllm", "0.30")),
+        Case(draft([3, 30, 57]), DS, "vllm", "0.30"),
+    ),
     "vllm-draft-model-type": (
         Case(draft([2, 30, 58], model_type="deepseek_v3"), DS, "vllm", "0.30"),
-        Case(draft([2, 30, 58], model_type="deepseek_v2"), DS, "vllm", "0.30")),
+        Case(draft([2, 30, 58], model_type="deepseek_v2"), DS, "vllm", "0.30"),
+    ),
     "vllm-fc-norm-ignored": (
         Case(draft([2, 30, 58]), DS, "vllm", "0.22.1"),
-        Case(draft([2, 30, 58]), DS, "vllm", "0.23.0")),
+        Case(draft([2, 30, 58]), DS, "vllm", "0.23.0"),
+    ),
     "vllm-norm-output-ignored": (
         Case(draft([2, 30, 58], fc_norm=False), DS, "vllm", "0.21"),
-        Case(draft([2, 30, 58], fc_norm=False), DS, "vllm", "0.22")),
+        Case(draft([2, 30, 58], fc_norm=False), DS, "vllm", "0.22"),
+    ),
     "vllm-fc-width": (
         Case(draft([2, 20, 40, 58], **EAGLE3), DS, "vllm", "0.21"),
-        Case(draft([2, 20, 40, 58], **EAGLE3), DS, "vllm", "0.22")),
-    "vllm-kimi-k3-version": (
-        Case(draft(), K3, "vllm", "0.26"),
-        Case(draft(), K3, "vllm", "0.27")),
-    "vllm-version-unsupported": (
-        Case(draft(), K3, "vllm", "0.34"),
-        Case(draft(), K3, "vllm", "0.33")),
+        Case(draft([2, 20, 40, 58], **EAGLE3), DS, "vllm", "0.22"),
+    ),
+    "vllm-kimi-k3-version": (Case(draft(), K3, "vllm", "0.26"), Case(draft(), K3, "vllm", "0.27")),
+    "vllm-version-unsupported": (Case(draft(), K3, "vllm", "0.34"), Case(draft(), K3, "vllm", "0.33")),
     "k3-aux-stream": (
         Case(draft(), K3, "vllm", "0.28", env={KIMI_K3_STREAM_ENV: "1"}),
-        Case(draft(), K3, "vllm", "0.28", env={KIMI_K3_STREAM_ENV: "0"})),
+        Case(draft(), K3, "vllm", "0.28", env={KIMI_K3_STREAM_ENV: "0"}),
+    ),
     "sglang-nested-ids-missing": (  # top-level ids only: SGLang never looks there
         Case(draft([3, 30, 57], eagle_config={"use_aux_hidden_state": True}), DS, "sglang", "0.5.23"),
-        Case(draft([3, 30, 57]), DS, "sglang", "0.5.23")),
+        Case(draft([3, 30, 57]), DS, "sglang", "0.5.23"),
+    ),
     "sglang-first-id-heuristic": (  # zero-based [2, 29, 57]: first id not 1, so taken as one-based
         Case(nested_only([2, 29, 57], "zero_based"), DS, "sglang", "0.5.23"),
-        Case(draft([3, 30, 58]), DS, "sglang", "0.5.23")),
+        Case(draft([3, 30, 58]), DS, "sglang", "0.5.23"),
+    ),
     "sglang-ids-convention": (  # a Llama target always adds 1: it needs the zero-based form
         Case(draft([2, 16, 29]), LLAMA, "sglang", "0.5.23"),
-        Case(nested_only([1, 15, 28], "zero_based"), LLAMA, "sglang", "0.5.23")),
-    "sglang-k3-no-capture": (
-        Case(draft(), K3, "sglang", "0.5.23"),
-        Case(draft(), K3, "sglang", "0.5.23", plugin=True)),
+        Case(nested_only([1, 15, 28], "zero_based"), LLAMA, "sglang", "0.5.23"),
+    ),
+    "sglang-k3-no-capture": (Case(draft(), K3, "sglang", "0.5.23"), Case(draft(), K3, "sglang", "0.5.23", plugin=True)),
     "sglang-k3-capture-unconfirmed": (
         Case(draft(), K3, "sglang", "0.5.30"),
-        Case(draft([2, 30, 58]), DS, "sglang", "0.5.30")),
+        Case(draft([2, 30, 58]), DS, "sglang", "0.5.30"),
+    ),
     "sglang-unknown-target": (
         Case(draft(), UNKNOWN, "sglang", "0.5.23"),
-        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23")),
+        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23"),
+    ),
     "sglang-version-unsupported": (
         Case(draft([2, 30, 58]), DS, "sglang", "0.5.20"),
-        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23")),
+        Case(draft([2, 30, 58]), DS, "sglang", "0.5.23"),
+    ),
     "tokenspeed-ids-ignored": (  # an eagle_config without ids hides the top-level ones from TokenSpeed
         Case(draft([3, 46, 89], eagle_config={"use_aux_hidden_state": True}), K3, "tokenspeed"),
-        Case(draft([3, 46, 89], eagle_config={"use_aux_hidden_state": True}), K3, "tokenspeed", layers=[3, 46, 89])),
+        Case(draft([3, 46, 89], eagle_config={"use_aux_hidden_state": True}), K3, "tokenspeed", layers=[3, 46, 89]),
+    ),
     "tokenspeed-ids-convention": (
         Case(nested_only([1, 45, 89]), K3, "tokenspeed"),
-        Case(nested_only([1, 45, 89]), K3, "tokenspeed", layers=[2, 46, 90])),
-    "tokenspeed-unknown-target": (
-        Case(draft(), UNKNOWN, "tokenspeed"),
-        Case(draft(), K3, "tokenspeed")),
+        Case(nested_only([1, 45, 89]), K3, "tokenspeed", layers=[2, 46, 90]),
+    ),
+    "tokenspeed-unknown-target": (Case(draft(), UNKNOWN, "tokenspeed"), Case(draft(), K3, "tokenspeed")),
     "target-depth-mismatch": (  # the draft records the depth it was trained for; the target is deeper
         Case(draft([2, 30, 58], target_num_hidden_layers=93), DS, "vllm", "0.22", plugin=True),
-        Case(draft([2, 30, 58], target_num_hidden_layers=61), DS, "vllm", "0.22", plugin=True)),
+        Case(draft([2, 30, 58], target_num_hidden_layers=61), DS, "vllm", "0.22", plugin=True),
+    ),
 }
 
 
@@ -210,8 +254,12 @@ def test_sglang_cannot_capture_the_last_layer_of_a_deepseek_target():
 
 
 def test_target_layer_ids_alone_is_refused_for_every_engine():
-    bad = draft(eagle_aux_hidden_state_layer_ids=None, aux_layer_ids_convention=None,
-                eagle_config={"use_aux_hidden_state": True}, target_layer_ids=[1, 45, 89])  # fmt: skip
+    bad = draft(
+        eagle_aux_hidden_state_layer_ids=None,
+        aux_layer_ids_convention=None,
+        eagle_config={"use_aux_hidden_state": True},
+        target_layer_ids=[1, 45, 89],
+    )
     for engine in ("vllm", "sglang", "tokenspeed"):
         assert "target-layer-ids" in {f.id for f in Case(bad, K3, engine).run().problems}
 
@@ -251,8 +299,12 @@ def test_the_fix_is_exact_applying_it_makes_the_config_clean():
     fixed = {**bad, **json.loads("{" + snippet + "}")}
     for engine, version in (("vllm", "0.30"), ("vllm", "0.21"), ("tokenspeed", None)):
         report = Case(fixed, K3, engine, version).run()
-        assert not {f.id for f in report.problems} & {"vllm-ids-convention", "vllm-nested-ids-ignored",
-                                                       "vllm-v2-runner-nested-ids", "tokenspeed-ids-convention"}  # fmt: skip
+        assert not {f.id for f in report.problems} & {
+            "vllm-ids-convention",
+            "vllm-nested-ids-ignored",
+            "vllm-v2-runner-nested-ids",
+            "tokenspeed-ids-convention",
+        }
 
 
 def test_serve_time_rules_are_worded_once():
@@ -263,8 +315,9 @@ def test_serve_time_rules_are_worded_once():
 
     report = Case(draft(), kimi_k3_target(hidden_size=4096), "vllm", "0.30", env={KIMI_K3_STREAM_ENV: "1"}).run()
     found = {f.id: (f.problem, f.fix) for f in report.problems}
-    [size] = compatibility.size_mismatches(compatibility.Sizes(7168, 163840, 93), compatibility.Sizes(4096, 163840, 93),
-                                           "target")  # fmt: skip
+    [size] = compatibility.size_mismatches(
+        compatibility.Sizes(7168, 163840, 93), compatibility.Sizes(4096, 163840, 93), "target"
+    )
     stream = compatibility.vllm_kimi_k3_stream(features((0, 30, 0)), True, {KIMI_K3_STREAM_ENV: "1"})
     assert found[size.id] == (size.problem, size.fix) and found[stream.id] == (stream.problem, stream.fix)
 
@@ -306,13 +359,32 @@ def test_cli_exit_codes(folders, capsys, tmp_path):
 
 
 def test_cli_json_env_and_plugin(folders, capsys):
-    args = ["doctor", "--draft", str(folders["draft"]), "--target", str(folders["k3"] / "config.json"), "--engine", "vllm",
-            "--engine-version", "0.30", "--json"]  # fmt: skip
+    args = [
+        "doctor",
+        "--draft",
+        str(folders["draft"]),
+        "--target",
+        str(folders["k3"] / "config.json"),
+        "--engine",
+        "vllm",
+        "--engine-version",
+        "0.30",
+        "--json",
+    ]
     assert main(args + ["--env", f"{KIMI_K3_STREAM_ENV}=1"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert not report["ok"] and [p["id"] for p in report["problems"]] == ["k3-aux-stream"]
     assert report["aux_layer_ids"]["one_based"] == [2, 46, 90] and report["aux_layer_ids"]["zero_based"] == [1, 45, 89]
-    sglang = ["doctor", "--draft", str(folders["draft"]), "--target", str(folders["k3"]), "--engine", "sglang", "--json"]
+    sglang = [
+        "doctor",
+        "--draft",
+        str(folders["draft"]),
+        "--target",
+        str(folders["k3"]),
+        "--engine",
+        "sglang",
+        "--json",
+    ]
     assert main(sglang) == 1
     assert [p["id"] for p in json.loads(capsys.readouterr().out)["problems"]] == ["sglang-k3-no-capture"]
     assert main(sglang + ["--with-plugin"]) == 0
@@ -341,7 +413,9 @@ def test_the_demo_draft_on_a_deeper_target_is_not_ok(tmp_path, capsys):
 
     config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 8}))
-    code = main(["doctor", "--draft", str(DEMO_DIR / "draft"), "--target", str(tmp_path), "--engine", "vllm", "--with-plugin"])
+    code = main(
+        ["doctor", "--draft", str(DEMO_DIR / "draft"), "--target", str(tmp_path), "--engine", "vllm", "--with-plugin"]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "target-depth-mismatch" in out and "ok: nothing is wrong" not in out
 
@@ -353,10 +427,14 @@ def test_unreadable_target_architectures_are_a_finding(value):
     assert "'architectures'" in finding.problem and finding.fix and not report.ok
 
 
-@pytest.mark.parametrize("key, value", [("bos_token_id", "1"), ("eos_token_id", "2"), ("eos_token_id", [2, "3"]),
-                                        ("model_type", 5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "key, value", [("bos_token_id", "1"), ("eos_token_id", "2"), ("eos_token_id", [2, "3"]), ("model_type", 5)]
+)
 def test_unreadable_target_fields_are_a_finding(key, value):
-    config = {**kimi_k3_target(**({} if key == "model_type" else {key: value})), **({key: value} if key == "model_type" else {})}
+    config = {
+        **kimi_k3_target(**({} if key == "model_type" else {key: value})),
+        **({key: value} if key == "model_type" else {}),
+    }
     report = Case(draft(), config, "vllm", "0.30").run()
     assert any(f.id == "target-config-unreadable" and repr(key) in f.problem for f in report.problems), report.format()
 
@@ -366,7 +444,9 @@ def test_a_draft_and_target_given_the_wrong_way_round_are_named_as_swapped(capsy
     would turn the target's config.json into a drafter's."""
     from eagle31_mla.demo import DEMO_DIR
 
-    code = main(["doctor", "--draft", str(DEMO_DIR / "target"), "--target", str(DEMO_DIR / "draft"), "--engine", "vllm"])
+    code = main(
+        ["doctor", "--draft", str(DEMO_DIR / "target"), "--target", str(DEMO_DIR / "draft"), "--engine", "vllm"]
+    )
     captured = capsys.readouterr()
     assert code == 2 and "look swapped" in captured.err and "expected --draft DRAFTER --target TARGET" in captured.err
     assert "architectures" not in captured.out  # no advice to rewrite the target's config

@@ -37,7 +37,10 @@ def test_vllm_kimi_k3_defaults_offline(capsys):
     assert cmd["env"] == {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
     assert cmd["argv"][:3] == ["vllm", "serve", "moonshotai/Kimi-K3"]
     assert json.loads(cmd["argv"][cmd["argv"].index("--speculative-config") + 1]) == {
-        "model": DRAFT, "method": "eagle3", "num_speculative_tokens": 3}  # fmt: skip
+        "model": DRAFT,
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+    }
     assert shlex.split(cmd["shell"].replace("\\\n", " ")) == [f"{k}={v}" for k, v in cmd["env"].items()] + cmd["argv"]
     assert any("one-based [2, 46, 90] = zero-based [1, 45, 89]" in c for c in cmd["comments"])
     assert result["doctor"]["ok"] and result["doctor"]["versions"] == ["0.33"]
@@ -48,9 +51,14 @@ def test_sglang_command(capsys):
     argv = result["command"]["argv"]
     assert code == 0 and argv[:4] == ["sglang", "serve", "--model-path", "moonshotai/Kimi-K3"]
     flags = dict(zip(argv[4::2], argv[5::2]))
-    assert flags == {"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": DRAFT,
-                     "--speculative-num-steps": "3", "--speculative-eagle-topk": "1",
-                     "--speculative-num-draft-tokens": "4", "--tp-size": "16"}  # fmt: skip
+    assert flags == {
+        "--speculative-algorithm": "EAGLE3",
+        "--speculative-draft-model-path": DRAFT,
+        "--speculative-num-steps": "3",
+        "--speculative-eagle-topk": "1",
+        "--speculative-num-draft-tokens": "4",
+        "--tp-size": "16",
+    }
     assert result["command"]["env"] == {}
     assert [h["id"] for h in result["doctor"]["handled_by_plugin"]] == ["sglang-k3-no-capture"]
 
@@ -75,9 +83,15 @@ def test_every_command_passes_doctor_for_the_canonical_and_the_training_form(tmp
         for engine in ("vllm", "sglang", "tokenspeed"):
             cmd = serve_command(engine, "moonshotai/Kimi-K3", DRAFT, KIMI_K3_TARGET, config)
             flag = cmd.argv[cmd.argv.index("--eagle3-layers-to-capture") + 1] if engine == "tokenspeed" else None
-            report = diagnose(config, KIMI_K3_TARGET, engine, {"vllm": "0.33", "sglang": "0.5.23"}.get(engine),
-                              environ=cmd.env, with_plugin=engine != "tokenspeed",
-                              layers_to_capture=[int(i) for i in flag.split(",")] if flag else None)  # fmt: skip
+            report = diagnose(
+                config,
+                KIMI_K3_TARGET,
+                engine,
+                {"vllm": "0.33", "sglang": "0.5.23"}.get(engine),
+                environ=cmd.env,
+                with_plugin=engine != "tokenspeed",
+                layers_to_capture=[int(i) for i in flag.split(",")] if flag else None,
+            )
             assert report.ok, report.format()
 
 
@@ -93,9 +107,18 @@ def test_usage_errors_and_remaining_problems(tmp_path, capsys):
     assert "vllm serve" in captured.out and "vllm-kimi-k3-version" in captured.err
 
 
-@pytest.mark.parametrize("bad", [dict(num_steps=0), dict(topk=-1), dict(num_steps=2.5), dict(num_steps=True),
-                                 dict(tensor_parallel_size=0), dict(tensor_parallel_size=-8),
-                                 dict(num_draft_tokens=0, topk=2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(num_steps=0),
+        dict(topk=-1),
+        dict(num_steps=2.5),
+        dict(num_steps=True),
+        dict(tensor_parallel_size=0),
+        dict(tensor_parallel_size=-8),
+        dict(num_draft_tokens=0, topk=2),
+    ],
+)
 def test_the_library_function_checks_its_numbers_too(bad):
     with pytest.raises(ValueError, match="must be"):
         serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft(), **bad)
@@ -117,7 +140,20 @@ def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys)
     assert most == 1 + topk + (steps - 1) * topk * topk  # written out: root, first step, later steps
     serve_command("sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most)
     with pytest.raises(ValueError, match=f"holds 2 to {most} tokens"):
-        serve_command("sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most + 1)
-    code = main(["serve-command", "--engine", "sglang", "--topk", str(topk), "--num-steps", str(steps),
-                 "--num-draft-tokens", "1000"])  # fmt: skip
+        serve_command(
+            "sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most + 1
+        )
+    code = main(
+        [
+            "serve-command",
+            "--engine",
+            "sglang",
+            "--topk",
+            str(topk),
+            "--num-steps",
+            str(steps),
+            "--num-draft-tokens",
+            "1000",
+        ]
+    )
     assert code == 2 and "holds 2 to" in capsys.readouterr().err

@@ -39,7 +39,11 @@ def test_vllm_runners_read_what_the_table_says(form):
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 
     # what vLLM's own DeepSeek target captures when the draft names no ids (asked of vLLM, not restated)
-    default = tuple(DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers(SimpleNamespace(model=SimpleNamespace(layers=[None] * 61))))
+    default = tuple(
+        DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers(
+            SimpleNamespace(model=SimpleNamespace(layers=[None] * 61))
+        )
+    )
     v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) or default
     v2 = get_eagle3_aux_layers_from_config(spec) or default
     engine = features((0, 32, 0))
@@ -58,8 +62,12 @@ def test_sglang_targets_store_what_the_table_says(form, target):
 
     raw = RAW[form]
     module = deepseek_v2 if target.startswith("Deepseek") else llama
-    model = bare(getattr(module, target), pp_group=LastRank(), config=SimpleNamespace(num_hidden_layers=61),
-                 model=SimpleNamespace(layers_to_capture=[]))  # fmt: skip
+    model = bare(
+        getattr(module, target),
+        pp_group=LastRank(),
+        config=SimpleNamespace(num_hidden_layers=61),
+        model=SimpleNamespace(layers_to_capture=[]),
+    )
     nested = raw.get("eagle_config") or {}
     model.set_eagle3_layers_to_capture(nested.get("eagle_aux_hidden_state_layer_ids"))  # SGLang passes these, raw
     config = deepseek_target(layers=61) if target.startswith("Deepseek") else llama_target(layers=61)

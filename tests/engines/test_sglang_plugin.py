@@ -42,11 +42,27 @@ def write_draft(folder: Path, form: str) -> Path:
 def write_target(folder: Path, layers: int = K3_LAYERS) -> Path:
     from transformers import DeepseekV3Config
 
-    config = DeepseekV3Config(vocab_size=300, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                              num_hidden_layers=layers, first_k_dense_replace=1, num_attention_heads=2,
-                              num_key_value_heads=2, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                              n_group=2, topk_group=1, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64,
-                              qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=512)  # fmt: skip
+    config = DeepseekV3Config(
+        vocab_size=300,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=layers,
+        first_k_dense_replace=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        q_lora_rank=64,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        max_position_embeddings=512,
+    )
     config.architectures = ["DeepseekV3ForCausalLM"]
     config.save_pretrained(folder)
     return folder
@@ -75,8 +91,9 @@ def plugins_loaded():
 
 
 def run_fresh(code: str, **env) -> str:
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, **env})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, **env}
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 
@@ -85,10 +102,12 @@ def test_entry_point_plugin_installs_the_hooks_in_a_fresh_process():
     out = run_fresh(
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins(); load_plugins()\n"
-        "from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as s, attention_backend_setup as a\n"
+        "from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as s, "
+        "attention_backend_setup as a\n"
         "from sglang.srt.model_executor import model_runner as r\n"
         "import eagle31_mla_sglang as p\n"
-        "for fn in (s._resolve_eagle_aux_hidden_state, a.configure_aux_hidden_state_capture, r.configure_aux_hidden_state_capture):\n"
+        "for fn in (s._resolve_eagle_aux_hidden_state, a.configure_aux_hidden_state_capture, "
+        "r.configure_aux_hidden_state_capture):\n"
         "    assert 'around' in repr(fn).lower() or fn.__wrapped__ is not None, fn\n"
         "from sglang.srt.plugins.hook_registry import HookRegistry\n"
         "print(sum(1 for t in (p.RESOLVE_TARGET, p.CONFIGURE_TARGET) for _ in HookRegistry._hooks[t]))\n"
@@ -106,7 +125,8 @@ def test_external_model_package_mechanism():
         "import eagle31_mla_sglang\n"
         "assert hasattr(s._resolve_eagle_aux_hidden_state, '__wrapped__'), 'hooks not applied'\n"
         "print('ok')\n",
-        SGLANG_EXTERNAL_MODEL_PACKAGE="eagle31_mla_sglang", SGLANG_PLUGINS="none-of-them",
+        SGLANG_EXTERNAL_MODEL_PACKAGE="eagle31_mla_sglang",
+        SGLANG_PLUGINS="none-of-them",
     )
     assert out.strip().endswith("ok")
 
@@ -133,14 +153,22 @@ def resolve(folders, draft: Path):
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    args = ServerArgs(model_path=str(folders.target), speculative_algorithm="EAGLE3", device="cpu",
-                      speculative_draft_model_path=str(draft), speculative_num_steps=3,
-                      speculative_eagle_topk=1, speculative_num_draft_tokens=4)  # fmt: skip
+    args = ServerArgs(
+        model_path=str(folders.target),
+        speculative_algorithm="EAGLE3",
+        device="cpu",
+        speculative_draft_model_path=str(draft),
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+    )
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=0, gpu_id=0))
     return resolve_spec_aux_hidden_state_config(
-        server_args=args, model_config=ModelConfig.from_server_args(args),
-        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"), is_draft_worker=False,
-    ).eagle_aux_hidden_state_layer_ids  # fmt: skip
+        server_args=args,
+        model_config=ModelConfig.from_server_args(args),
+        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"),
+        is_draft_worker=False,
+    ).eagle_aux_hidden_state_layer_ids
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -154,8 +182,8 @@ def test_every_form_resolves_to_the_same_layers(folders, plugins_loaded, form):
 
 def test_without_the_plugin_sglang_reads_only_the_raw_nested_ids(folders):
     """The traps the plugin removes: top-level ids ignored, nested ids passed on raw."""
-    from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (hooks may be applied: call the original)
     from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as module
+    from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (hooks may be applied: call the original)
 
     original = getattr(module._resolve_eagle_aux_hidden_state, "__wrapped__", module._resolve_eagle_aux_hidden_state)
     saved = module._resolve_eagle_aux_hidden_state
@@ -182,18 +210,22 @@ def test_a_hook_that_is_not_in_place_stops_serving(folders, plugins_loaded, monk
     """As if this SGLang had renamed the function (SGLang would log the failure and go on) or had not
     applied the hook: building the drafter raises, naming the symbol and the supported releases, and so
     does resolving the draft's ids where that still runs."""
-    import eagle31_mla_sglang as plugin
     from sglang.srt.model_executor.model_runner_components import attention_backend_setup, spec_aux_hidden_state
 
-    module, name = {"resolve": (spec_aux_hidden_state, "_resolve_eagle_aux_hidden_state"),
-                    "configure": (attention_backend_setup, "configure_aux_hidden_state_capture")}[which]  # fmt: skip
+    import eagle31_mla_sglang as plugin
+
+    module, name = {
+        "resolve": (spec_aux_hidden_state, "_resolve_eagle_aux_hidden_state"),
+        "configure": (attention_backend_setup, "configure_aux_hidden_state_capture"),
+    }[which]
     assert plugin.hook_problems() == []
     if how == "renamed":
         monkeypatch.delattr(module, name)
     else:
         monkeypatch.setattr(module, name, getattr(module, name).__wrapped__)
     message = rf"`sglang\.srt\.model_executor\.model_runner_components\.\w+\.{name}` " + (
-        "does not exist" if how == "renamed" else "exists but the plugin's hook was not applied")
+        "does not exist" if how == "renamed" else "exists but the plugin's hook was not applied"
+    )
     cls = drafter_class()
     with pytest.raises(plugin.PluginHookError, match=message + r".*supports SGLang 0\.5\.23"):
         cls.__init__(cls.__new__(cls), config=None)  # the guard runs before SGLang's own __init__
@@ -215,8 +247,13 @@ def test_a_resolve_function_without_model_config(folders, plugins_loaded):
     current = inspect.unwrap(module._resolve_eagle_aux_hidden_state)
 
     def without_model_config(*, config, server_args, spec_algorithm, is_draft_worker):
-        return current(config=config, server_args=server_args, model_config=None, spec_algorithm=spec_algorithm,
-                       is_draft_worker=is_draft_worker)  # fmt: skip
+        return current(
+            config=config,
+            server_args=server_args,
+            model_config=None,
+            spec_algorithm=spec_algorithm,
+            is_draft_worker=is_draft_worker,
+        )
 
     hooked = _wrap_fn(without_model_config, resolve_eagle_aux_hidden_state, HookType.AROUND)  # as SGLang hooks it
 
@@ -267,8 +304,12 @@ def test_a_draft_sglang_would_give_an_mha_cache_is_refused(folders):
 def deepseek(cls_name="DeepseekV3ForCausalLM"):
     from sglang.srt.models import deepseek_v2
 
-    return bare(getattr(deepseek_v2, cls_name), pp_group=LastRank(),
-                config=SimpleNamespace(num_hidden_layers=K3_LAYERS), model=SimpleNamespace(layers_to_capture=[]))  # fmt: skip
+    return bare(
+        getattr(deepseek_v2, cls_name),
+        pp_group=LastRank(),
+        config=SimpleNamespace(num_hidden_layers=K3_LAYERS),
+        model=SimpleNamespace(layers_to_capture=[]),
+    )
 
 
 def kimi_k25():
@@ -280,8 +321,12 @@ def kimi_k25():
 def llama():
     from sglang.srt.models.llama import LlamaForCausalLM
 
-    return bare(LlamaForCausalLM, pp_group=LastRank(), config=SimpleNamespace(num_hidden_layers=K3_LAYERS),
-                model=SimpleNamespace(layers_to_capture=[]))  # fmt: skip
+    return bare(
+        LlamaForCausalLM,
+        pp_group=LastRank(),
+        config=SimpleNamespace(num_hidden_layers=K3_LAYERS),
+        model=SimpleNamespace(layers_to_capture=[]),
+    )
 
 
 class StubLayer(nn.Module):
@@ -304,14 +349,27 @@ class StubLayer(nn.Module):
 def kimi_k3_language_model(layers=K3_LAYERS, hidden=16, vocab=32):
     from sglang.srt.models import kimi_k3
 
-    inner = bare(kimi_k3.KimiK3LinearModel, pp_group=LastRank(), dspark_layers_to_capture=None,
-                 carries_bank_slices=False, embed_tokens=nn.Embedding(vocab, hidden),
-                 layers=nn.ModuleList(StubLayer(hidden) for _ in range(layers)), start_layer=0, end_layer=layers,
-                 attn_bank=None, norm=nn.Identity(),
-                 config=SimpleNamespace(attn_res_block_size=None, num_hidden_layers=layers, hidden_size=hidden))  # fmt: skip
+    inner = bare(
+        kimi_k3.KimiK3LinearModel,
+        pp_group=LastRank(),
+        dspark_layers_to_capture=None,
+        carries_bank_slices=False,
+        embed_tokens=nn.Embedding(vocab, hidden),
+        layers=nn.ModuleList(StubLayer(hidden) for _ in range(layers)),
+        start_layer=0,
+        end_layer=layers,
+        attn_bank=None,
+        norm=nn.Identity(),
+        config=SimpleNamespace(attn_res_block_size=None, num_hidden_layers=layers, hidden_size=hidden),
+    )
     inner._final_read = lambda h, r=None: h if r is None else (h + r, h + r)
-    return bare(kimi_k3.KimiK3LinearForCausalLM, model=inner, config=inner.config, pp_group=LastRank(),
-                capture_aux_hidden_states=False)  # fmt: skip
+    return bare(
+        kimi_k3.KimiK3LinearForCausalLM,
+        model=inner,
+        config=inner.config,
+        pp_group=LastRank(),
+        capture_aux_hidden_states=False,
+    )
 
 
 def kimi_k3_multimodal():
@@ -335,9 +393,14 @@ def configure(model, ids):
         configure_aux_hidden_state_capture,
     )
 
-    configure_aux_hidden_state_capture(model=model, eagle_use_aux_hidden_state=True,
-                                       eagle_aux_hidden_state_layer_ids=ids, dflash_use_aux_hidden_state=False,
-                                       dflash_target_layer_ids=None, is_dspark=False)  # fmt: skip
+    configure_aux_hidden_state_capture(
+        model=model,
+        eagle_use_aux_hidden_state=True,
+        eagle_aux_hidden_state_layer_ids=ids,
+        dflash_use_aux_hidden_state=False,
+        dflash_target_layer_ids=None,
+        is_dspark=False,
+    )
 
 
 def canonical(one_based):

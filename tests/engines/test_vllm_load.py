@@ -26,8 +26,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from tests.support.engine_policy import engine_version_skip  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
-    VOCAB, build_target, early_exit_draft, make_llm, mixed_load, run_load, spec_metrics, write_draft,
-)  # fmt: skip
+    VOCAB,
+    build_target,
+    early_exit_draft,
+    make_llm,
+    mixed_load,
+    run_load,
+    spec_metrics,
+    write_draft,
+)
 
 pytestmark = pytest.mark.vllm
 NUM_REQUESTS, MAX_MODEL_LEN, K = 20, 256, 3
@@ -55,8 +62,9 @@ def load(tmp_path_factory):
     metrics = spec_metrics(llm)
     del llm, runner
     gc.collect()
-    return SimpleNamespace(requests={r.id: r for r in requests}, baseline=baseline, spec=spec, metrics=metrics,
-                           drafter_type=drafter_type)  # fmt: skip
+    return SimpleNamespace(
+        requests={r.id: r for r in requests}, baseline=baseline, spec=spec, metrics=metrics, drafter_type=drafter_type
+    )
 
 
 def of_kind(load, *kinds):
@@ -72,7 +80,9 @@ def test_the_engine_served_the_mix(load):
 
 
 def test_every_request_ends_as_expected(load):
-    expected = {r.id: "aborted" if r.kind == "aborted" else "length" for r in load.requests.values() if r.kind != "over-long"}
+    expected = {
+        r.id: "aborted" if r.kind == "aborted" else "length" for r in load.requests.values() if r.kind != "over-long"
+    }
     finish = dict(load.spec.finish)
     assert finish.pop("over-long").startswith("refused: ")  # its message is checked in test_context_limit
     assert finish == expected
@@ -109,7 +119,9 @@ def test_context_limit(load):
     assert len(capped.prompt_ids) + len(load.spec.tokens["context-limit"]) == MAX_MODEL_LEN
     assert load.spec.finish["context-limit"] == "length"
     refused = load.spec.finish["over-long"]
-    assert refused.startswith("refused: VLLMValidationError") and f"maximum context length is {MAX_MODEL_LEN}" in refused
+    assert (
+        refused.startswith("refused: VLLMValidationError") and f"maximum context length is {MAX_MODEL_LEN}" in refused
+    )
     assert load.baseline.finish["over-long"] == refused
 
 
@@ -118,12 +130,16 @@ def test_speculation_happened_in_bounded_time(load, capsys):
     bonus token, partial acceptance and rejection all ran under the mixed batches)."""
     drafts, accepted = load.metrics["num_drafts"], load.metrics["num_accepted_tokens"]
     assert drafts > 0 and load.metrics["num_draft_tokens"] <= K * drafts  # fewer near the context limit
-    assert len(load.metrics["num_accepted_tokens_per_pos"]) == K and min(load.metrics["num_accepted_tokens_per_pos"]) > 0
+    assert (
+        len(load.metrics["num_accepted_tokens_per_pos"]) == K and min(load.metrics["num_accepted_tokens_per_pos"]) > 0
+    )
     assert load.spec.wall_s < SERVE_BOUND_S
     with capsys.disabled():
-        print(f"\n  engine under load: {NUM_REQUESTS} concurrent requests in {load.spec.wall_s:.1f} s "
-              f"({load.spec.steps} engine steps; without speculation {load.baseline.wall_s:.1f} s for the greedy ones), "
-              f"accept length {1 + accepted / drafts:.2f}")  # fmt: skip
+        print(
+            f"\n  engine under load: {NUM_REQUESTS} concurrent requests in {load.spec.wall_s:.1f} s "
+            f"({load.spec.steps} engine steps; without speculation {load.baseline.wall_s:.1f} s for the greedy ones), "
+            f"accept length {1 + accepted / drafts:.2f}"
+        )
 
 
 def test_cpu_sampling_fix():

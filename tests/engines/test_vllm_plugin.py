@@ -19,14 +19,24 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import eagle31_mla_vllm  # noqa: E402
-from tests.support.engine_policy import engine_version_skip  # noqa: E402
-from tests.support.paths import ROOT  # noqa: E402
 from eagle31_mla import Eagle31MLAForCausalLM  # noqa: E402
 from eagle31_mla_vllm import KIMI_K3_STREAM_ENV, VLLM_ARCHITECTURE  # noqa: E402
+from tests.support.engine_policy import engine_version_skip  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
-    AUX_ONE_BASED, PROMPTS, DrafterProbe, acceptance_report, build_target, draft_model, greedy,
-    hf_greedy, hf_hidden_states, make_llm, spec_metrics, write_draft,
-)  # fmt: skip
+    AUX_ONE_BASED,
+    PROMPTS,
+    DrafterProbe,
+    acceptance_report,
+    build_target,
+    draft_model,
+    greedy,
+    hf_greedy,
+    hf_hidden_states,
+    make_llm,
+    spec_metrics,
+    write_draft,
+)
 
 pytestmark = pytest.mark.vllm
 FORMS = ["published", "training", "top_level", "exported", "nemo"]
@@ -89,8 +99,15 @@ def serve(target, draft, prompts=PROMPTS, env=None):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return SimpleNamespace(outputs=outputs, steps=steps, second_steps=second_steps, metrics=metrics,
-                           drafter_type=drafter_type, captured_layers=captured_layers, draft=draft)  # fmt: skip
+    return SimpleNamespace(
+        outputs=outputs,
+        steps=steps,
+        second_steps=second_steps,
+        metrics=metrics,
+        drafter_type=drafter_type,
+        captured_layers=captured_layers,
+        draft=draft,
+    )
 
 
 # Tolerances. vLLM and Transformers run the same fp32 math with different kernels and reduction orders
@@ -107,8 +124,12 @@ def library_draft_steps(drafter, target, prompt_ids, input_ids, second_input_id)
     aux = torch.cat([hs[k] for k in AUX_ONE_BASED], dim=-1)[None]
     with torch.no_grad():  # vLLM's tensors are inference tensors
         first = drafter(input_ids[None], aux_hidden_states=aux)
-        second = drafter(second_input_id.view(1, 1), hidden_states=first.hidden_states[:, -1:],
-                         past_key_values=first.past_key_values, position_ids=torch.tensor([[len(prompt_ids)]]))  # fmt: skip
+        second = drafter(
+            second_input_id.view(1, 1),
+            hidden_states=first.hidden_states[:, -1:],
+            past_key_values=first.past_key_values,
+            position_ids=torch.tensor([[len(prompt_ids)]]),
+        )
     return first.logits[0], first.hidden_states[0, -1:], second.logits[0]
 
 
@@ -128,7 +149,8 @@ def assert_drafts_equal_the_library(result, baseline, target):
     state the first handed on) equal the library drafter's on the same context."""
     drafter = Eagle31MLAForCausalLM.from_pretrained(result.draft, dtype=torch.float32)
     for n, (first, second, prompt_ids, generated) in enumerate(
-            zip(result.steps, result.second_steps, baseline.prompt_ids, result.outputs)):  # fmt: skip
+        zip(result.steps, result.second_steps, baseline.prompt_ids, result.outputs)
+    ):
         aux, ids, positions, logits = first
         T = len(prompt_ids)
         assert ids.tolist() == prompt_ids[1:] + [generated[0]], f"prompt {n}: tokens entering the drafter"
@@ -138,7 +160,8 @@ def assert_drafts_equal_the_library(result, baseline, target):
         assert_logits_close(logits, ref_first, f"prompt {n}, first draft step")
         assert ids2.tolist() == [int(logits[-1].argmax())] and positions2.tolist() == [T]  # vLLM drafted its argmax
         assert (state - ref_state).abs().max() <= CAPTURE_TOL * max(1.0, ref_state.abs().max().item()), (
-            f"prompt {n}: the state handed to the second draft step")  # fmt: skip
+            f"prompt {n}: the state handed to the second draft step"
+        )
         assert_logits_close(logits2, ref_second, f"prompt {n}, second draft step")
 
 
@@ -171,7 +194,7 @@ def test_lossless(served, baseline):
 def test_capture_equals_transformers_hidden_states(served, baseline, models):
     """The aux tensor vLLM hands the drafter == HF hidden_states[2, 3, 5], whatever the config form."""
     assert len(served.steps) == len(baseline.prompt_ids) == len(PROMPTS)
-    for (aux, ids, _, _), prompt_ids in zip(served.steps, baseline.prompt_ids):
+    for (aux, _, _, _), prompt_ids in zip(served.steps, baseline.prompt_ids):
         hs = hf_hidden_states(models.target, prompt_ids)
         chunks = aux.split(aux.shape[-1] // len(AUX_ONE_BASED), dim=-1)
         for chunk, layer in zip(chunks, AUX_ONE_BASED):
@@ -192,8 +215,10 @@ def test_acceptance_is_read_from_vllm_metrics(served, capsys):
     assert sum(per_pos) == served.metrics["num_accepted_tokens"]
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a later position is accepted only after the earlier
     with capsys.disabled():
-        print(f"\n  {served.draft.name}: accept length {report['accept_length']:.2f}, per position "
-              f"{[round(r, 3) for r in report['per_position_rate']]} over {report['drafts']} drafts")  # fmt: skip
+        print(
+            f"\n  {served.draft.name}: accept length {report['accept_length']:.2f}, per position "
+            f"{[round(r, 3) for r in report['per_position_rate']]} over {report['drafts']} drafts"
+        )
 
 
 def test_agreeing_drafter_reaches_the_ceiling(models):
@@ -217,8 +242,11 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
     old = features(parse_version(version))
     monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
     if not old.applies_fc_norm:
-        monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "combine_hidden_states",
-                            lambda self, hidden_states: self.model.fc(hidden_states))  # fmt: skip
+        monkeypatch.setattr(
+            base.Eagle3DeepseekV2ForCausalLM,
+            "combine_hidden_states",
+            lambda self, hidden_states: self.model.fc(hidden_states),
+        )
     if not old.builds_fc_norm or not old.applies_norm_output:
         init, load = base.DeepseekV2Eagle3Model.__init__, base.Eagle3DeepseekV2ForCausalLM.load_weights
 
@@ -230,7 +258,9 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
                 self.norm_output = False  # the base forward then hands on the pre-norm state
 
         def old_load(self, weights):
-            return load(self, ((name, w) for name, w in weights if old.builds_fc_norm or not name.startswith("fc_norm.")))
+            return load(
+                self, ((name, w) for name, w in weights if old.builds_fc_norm or not name.startswith("fc_norm."))
+            )
 
         monkeypatch.setattr(base.DeepseekV2Eagle3Model, "__init__", old_init)
         monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "load_weights", old_load)
@@ -276,10 +306,19 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
 def engine_config(target, draft):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=str(target), dtype="float32", max_model_len=256, enforce_eager=True,
-                      attention_backend="CPU_MLA", speculative_config={
-                          "method": "eagle3", "model": str(draft), "num_speculative_tokens": K,
-                          "attention_backend": "CPU_MLA"}).create_engine_config()  # fmt: skip
+    return EngineArgs(
+        model=str(target),
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        attention_backend="CPU_MLA",
+        speculative_config={
+            "method": "eagle3",
+            "model": str(draft),
+            "num_speculative_tokens": K,
+            "attention_backend": "CPU_MLA",
+        },
+    ).create_engine_config()
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -291,7 +330,9 @@ def test_both_model_runners_read_the_right_ids(models, form):
     hf = spec.draft_model_config.hf_config
     assert hf.architectures == [VLLM_ARCHITECTURE]
     assert get_eagle3_aux_layers_from_config(spec) == tuple(AUX_ONE_BASED)  # model runner V2
-    assert GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) == tuple(AUX_ONE_BASED)  # V1
+    assert GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) == tuple(
+        AUX_ONE_BASED
+    )  # V1
     assert spec.draft_model_config.use_mla  # kimi_k2 drafts are MLA to vLLM too
 
 
@@ -350,7 +391,6 @@ def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
     assert out.stdout.strip().splitlines()[-1] == "0"  # unset -> set to the prefix-only stream
 
 
-
 @pytest.mark.parametrize("changed", ["plain function", "missing"])
 def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypatch, changed):
     """Were the hook not installed, vLLM's own class would serve the drafter with unchecked ids."""
@@ -360,17 +400,23 @@ def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypat
         monkeypatch.delattr(SpeculativeConfig, "hf_config_override")
     else:
         monkeypatch.setattr(SpeculativeConfig, "hf_config_override", lambda self, hf_config: hf_config)
-    with pytest.raises(RuntimeError, match=r"hf_config_override is (function|missing), not the staticmethod .*VLLM_PLUGINS"):
+    with pytest.raises(
+        RuntimeError, match=r"hf_config_override is (function|missing), not the staticmethod .*VLLM_PLUGINS"
+    ):
         eagle31_mla_vllm._install_draft_config_hook()
+
 
 def test_kimi_k3_stream_policy(monkeypatch):
     from eagle31_mla.engine_facts.vllm import features
     from eagle31_mla_vllm.model import ServingConfigError, check_serving
 
-    draft = SimpleNamespace(eagle_aux_hidden_state_layer_ids=[2, 46, 90], aux_layer_ids_convention="one_based",
-                            eagle_config=None)  # fmt: skip
-    k3 = SimpleNamespace(get_total_num_hidden_layers=lambda: 93,
-                         hf_config=SimpleNamespace(architectures=["KimiK3ForConditionalGeneration"], model_type="kimi_k3"))  # fmt: skip
+    draft = SimpleNamespace(
+        eagle_aux_hidden_state_layer_ids=[2, 46, 90], aux_layer_ids_convention="one_based", eagle_config=None
+    )
+    k3 = SimpleNamespace(
+        get_total_num_hidden_layers=lambda: 93,
+        hf_config=SimpleNamespace(architectures=["KimiK3ForConditionalGeneration"], model_type="kimi_k3"),
+    )
     check_serving(draft, k3, features((0, 32, 0)), environ={KIMI_K3_STREAM_ENV: "0"})
     with pytest.raises(ServingConfigError, match="AttnRes mixture.*prefix-only"):
         check_serving(draft, k3, features((0, 32, 0)), environ={KIMI_K3_STREAM_ENV: "1"})
@@ -378,7 +424,9 @@ def test_kimi_k3_stream_policy(monkeypatch):
     with pytest.raises(ServingConfigError, match="Kimi-K3 targets need vLLM >= 0.27"):
         check_serving(draft, k3, features((0, 26, 0)), environ={})
     with pytest.raises(ServingConfigError, match="exactly 3 aux states"):
-        four = SimpleNamespace(eagle_aux_hidden_state_layer_ids=[2, 30, 46, 90], aux_layer_ids_convention="one_based", eagle_config=None)
+        four = SimpleNamespace(
+            eagle_aux_hidden_state_layer_ids=[2, 30, 46, 90], aux_layer_ids_convention="one_based", eagle_config=None
+        )
         check_serving(four, k3, features((0, 21, 0)), environ={})
 
 
@@ -411,8 +459,13 @@ def test_engine_in_its_own_processes(models, baseline, tmp_path):
     # process vLLM spawns inherits it)
     pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=pythonpath)
-    out = subprocess.run([sys.executable, str(script), str(models.target),
-                          str(models.drafts["published"])], capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script), str(models.target), str(models.drafts["published"])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     import json
 

@@ -40,8 +40,15 @@ def bare(cls, **attributes):
 
 def kimi_k3_target(**text) -> dict:
     """A Kimi-K3 config.json as the Hub ships it: a multimodal wrapper around the language model."""
-    text_config = {"model_type": "kimi_linear", "num_hidden_layers": 93, "hidden_size": 7168, "vocab_size": 163840,
-                   "bos_token_id": 163584, "eos_token_id": 163586, **text}  # fmt: skip
+    text_config = {
+        "model_type": "kimi_linear",
+        "num_hidden_layers": 93,
+        "hidden_size": 7168,
+        "vocab_size": 163840,
+        "bos_token_id": 163584,
+        "eos_token_id": 163586,
+        **text,
+    }
     return {"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"], "text_config": text_config}
 
 
@@ -49,7 +56,9 @@ def deepseek_target(layers: int = 61, **changes) -> dict:
     """A Kimi-K2-style target (DeepSeek-V3 architecture), from Transformers' own config class."""
     from transformers import DeepseekV3Config
 
-    kwargs = dict(num_hidden_layers=layers, hidden_size=7168, vocab_size=163840, bos_token_id=163584, eos_token_id=163586)
+    kwargs = dict(
+        num_hidden_layers=layers, hidden_size=7168, vocab_size=163840, bos_token_id=163584, eos_token_id=163586
+    )
     kwargs.update(changes)
     config = DeepseekV3Config(**kwargs)
     config.architectures = ["DeepseekV3ForCausalLM"]
@@ -57,8 +66,15 @@ def deepseek_target(layers: int = 61, **changes) -> dict:
 
 
 def llama_target(layers: int = 32) -> dict:
-    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers,
-            "hidden_size": 7168, "vocab_size": 163840, "bos_token_id": 163584, "eos_token_id": 163586}  # fmt: skip
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": layers,
+        "hidden_size": 7168,
+        "vocab_size": 163840,
+        "bos_token_id": 163584,
+        "eos_token_id": 163586,
+    }
 
 
 def draft(ids=K3_IDS, **changes) -> dict:
@@ -78,8 +94,12 @@ def draft(ids=K3_IDS, **changes) -> dict:
 def nested_only(ids, convention=None, **changes) -> dict:
     """A draft whose ids are only in eagle_config (the training framework's layout)."""
     labelled = {"aux_layer_ids_convention": convention} if convention else {"aux_layer_ids_convention": None}
-    return draft(eagle_aux_hidden_state_layer_ids=None, eagle_config={"eagle_aux_hidden_state_layer_ids": list(ids),
-                 "use_aux_hidden_state": True}, **labelled, **changes)  # fmt: skip
+    return draft(
+        eagle_aux_hidden_state_layer_ids=None,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(ids), "use_aux_hidden_state": True},
+        **labelled,
+        **changes,
+    )
 
 
 def write_config(folder: Path, config: dict) -> Path:

@@ -64,8 +64,10 @@ def _refuse(what: str) -> None:
     if log:
         with open(log, "a") as f:
             f.write(f"pid {os.getpid()}: {what}\n")
-    raise NetworkAccessBlocked(f"network access refused in the eagle31-mla tests: {what} (tests run offline; "
-                               "only loopback and Unix sockets are allowed)")  # fmt: skip
+    raise NetworkAccessBlocked(
+        f"network access refused in the eagle31-mla tests: {what} (tests run offline; "
+        "only loopback and Unix sockets are allowed)"
+    )
 
 
 def _check_address(sock, address) -> None:

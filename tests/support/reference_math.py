@@ -53,7 +53,9 @@ def rope_inv_freq(rope: dict, dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), magnitude
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float, style: str) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float, style: str
+) -> torch.Tensor:
     """x: [B, S, heads, R]; positions: [B, S]."""
     if style == "none":
         return x
@@ -143,9 +145,15 @@ def config_dict(config) -> dict:
 
 def _from_raw(raw: dict) -> dict:
     nested = raw.get("eagle_config") or {}
-    ids = raw.get("eagle_aux_hidden_state_layer_ids") or nested.get("eagle_aux_hidden_state_layer_ids") or raw.get("target_layer_ids")
+    ids = (
+        raw.get("eagle_aux_hidden_state_layer_ids")
+        or nested.get("eagle_aux_hidden_state_layer_ids")
+        or raw.get("target_layer_ids")
+    )
     if not ids:
-        raise KeyError("config.json names no aux layers (eagle_aux_hidden_state_layer_ids, top level or in eagle_config)")
+        raise KeyError(
+            "config.json names no aux layers (eagle_aux_hidden_state_layer_ids, top level or in eagle_config)"
+        )
     if raw.get("rope_parameters"):
         rope = dict(raw["rope_parameters"])
     elif raw.get("rope_scaling"):

@@ -11,19 +11,38 @@ from safetensors.torch import save_file
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 
 YARN = {
-    "rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 256,
-    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-}  # fmt: skip
+    "rope_type": "yarn",
+    "rope_theta": 50000.0,
+    "factor": 32.0,
+    "original_max_position_embeddings": 256,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 PLAIN_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
 def tiny_config(**overrides) -> Eagle31MLAConfig:
     kwargs = dict(
-        vocab_size=300, hidden_size=64, target_hidden_size=48, intermediate_size=96, num_attention_heads=4,
-        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=20,
-        max_position_embeddings=4096, rope_parameters=dict(YARN), eagle_aux_hidden_state_layer_ids=[2, 5, 9],
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, dtype=torch.float32,
-    )  # fmt: skip
+        vocab_size=300,
+        hidden_size=64,
+        target_hidden_size=48,
+        intermediate_size=96,
+        num_attention_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=20,
+        max_position_embeddings=4096,
+        rope_parameters=dict(YARN),
+        eagle_aux_hidden_state_layer_ids=[2, 5, 9],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        dtype=torch.float32,
+    )
     kwargs.update(overrides)
     return Eagle31MLAConfig(**kwargs)
 
@@ -41,7 +60,9 @@ def randomize(model: Eagle31MLAForCausalLM, seed: int = 0) -> Eagle31MLAForCausa
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
         if model.d2t is not None:  # a permuted subset of the target vocabulary, as offsets
-            targets = torch.randperm(model.config.vocab_size, generator=g)[: model.config.draft_vocab_size].sort().values
+            targets = (
+                torch.randperm(model.config.vocab_size, generator=g)[: model.config.draft_vocab_size].sort().values
+            )
             model.d2t.copy_(targets - torch.arange(model.config.draft_vocab_size))
             model.t2d.zero_()
             model.t2d[targets] = True
@@ -80,17 +101,33 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
     theta = rope.pop("rope_theta")
     rope_type = rope.pop("rope_type")
     out = {
-        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2",
-        "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "hidden_size": c.hidden_size,
-        "target_hidden_size": c.target_hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_attention_heads, "q_lora_rank": c.q_lora_rank, "kv_lora_rank": c.kv_lora_rank,
-        "qk_nope_head_dim": c.qk_nope_head_dim, "qk_rope_head_dim": c.qk_rope_head_dim, "v_head_dim": c.v_head_dim,
-        "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": theta, "mla_use_nope": True, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "kimi_k2",
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "hidden_size": c.hidden_size,
+        "target_hidden_size": c.target_hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_attention_heads,
+        "q_lora_rank": c.q_lora_rank,
+        "kv_lora_rank": c.kv_lora_rank,
+        "qk_nope_head_dim": c.qk_nope_head_dim,
+        "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": theta,
+        "mla_use_nope": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": one_based, "use_aux_hidden_state": True},
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-    }  # fmt: skip
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
     if ids_form in ("training", "both"):
         out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = zero_based
     if ids_form in ("top_level", "both"):

@@ -58,8 +58,9 @@ def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
     from eagle31_mla.testing import cpu_servable_target_config
 
     tok = build_tokenizer(folder)
-    config = cpu_servable_target_config(tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS,
-                                        dense_layers=1, intermediate_size=256)  # fmt: skip
+    config = cpu_servable_target_config(
+        tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS, dense_layers=1, intermediate_size=256
+    )
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config).eval()
     with torch.no_grad():
@@ -74,12 +75,23 @@ def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
 
 def draft_model(seed: int = 2, *, rope=None, zero_lm_head: bool = False, **overrides) -> Eagle31MLAForCausalLM:
     kwargs = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, target_hidden_size=HIDDEN, intermediate_size=256,
-        num_attention_heads=2, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32, qk_rope_head_dim=64,
-        v_head_dim=32, max_position_embeddings=512, eagle_aux_hidden_state_layer_ids=AUX_ONE_BASED,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        target_hidden_size=HIDDEN,
+        intermediate_size=256,
+        num_attention_heads=2,
+        q_lora_rank=64,
+        kv_lora_rank=512,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        v_head_dim=32,
+        max_position_embeddings=512,
+        eagle_aux_hidden_state_layer_ids=AUX_ONE_BASED,
         rope_parameters=dict(rope or dict(YARN, original_max_position_embeddings=256)),
-        bos_token_id=0, eos_token_id=1, pad_token_id=2,
-    )  # fmt: skip
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     model = tiny_drafter(seed, **{**kwargs, **overrides})
     if zero_lm_head:
         with torch.no_grad():
@@ -133,11 +145,23 @@ def write_draft(folder: Path, model: Eagle31MLAForCausalLM, form: str) -> Path:
 def make_llm(target: Path, draft: Path | None = None, k: int = 3, **kwargs):
     from vllm import LLM
 
-    args = dict(model=str(target), dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=True,
-                seed=0, disable_log_stats=False, attention_backend=CPU_MLA)  # fmt: skip
+    args = dict(
+        model=str(target),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=4,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        attention_backend=CPU_MLA,
+    )
     if draft is not None:
-        args["speculative_config"] = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
-                                      "attention_backend": CPU_MLA}  # fmt: skip
+        args["speculative_config"] = {
+            "method": "eagle3",
+            "model": str(draft),
+            "num_speculative_tokens": k,
+            "attention_backend": CPU_MLA,
+        }
     args.update(kwargs)
     return LLM(**args)
 
@@ -153,7 +177,9 @@ def spec_metrics(llm) -> dict:
     out = {}
     for metric in llm.get_metrics():
         if metric.name.startswith("vllm:spec_decode"):
-            out[metric.name.removeprefix("vllm:spec_decode_")] = list(metric.values) if hasattr(metric, "values") else metric.value
+            out[metric.name.removeprefix("vllm:spec_decode_")] = (
+                list(metric.values) if hasattr(metric, "values") else metric.value
+            )
     return out
 
 
@@ -187,8 +213,15 @@ class DrafterProbe:
             out = probe._forward(model, input_ids, positions, hidden_states, inputs_embeds)
             with torch.no_grad():
                 logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
-            probe.calls.append(("forward", input_ids.clone(), positions.clone(), logits.detach().clone(),
-                                hidden_states.detach().clone()))  # fmt: skip
+            probe.calls.append(
+                (
+                    "forward",
+                    input_ids.clone(),
+                    positions.clone(),
+                    logits.detach().clone(),
+                    hidden_states.detach().clone(),
+                )
+            )
             return out
 
         cls.combine_hidden_states, cls.forward = combine, forward
@@ -237,7 +270,7 @@ def hf_greedy(target: Path, token_ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(token_ids):]
+    return ids[len(token_ids) :]
 
 
 # ---- the engine under load ------------------------------------------------------------------------
@@ -259,8 +292,13 @@ class LoadRequest:
     def params(self):
         from vllm import SamplingParams
 
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
-                              top_p=0.95 if self.temperature else 1.0, ignore_eos=True)  # fmt: skip
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            top_p=0.95 if self.temperature else 1.0,
+            ignore_eos=True,
+        )
 
 
 def mixed_load(n: int, *, max_model_len: int, seed: int = 0) -> list[LoadRequest]:
@@ -275,12 +313,17 @@ def mixed_load(n: int, *, max_model_len: int, seed: int = 0) -> list[LoadRequest
         prompt = tuple(rng.randrange(3, VOCAB) for _ in range(length))  # 0-2 are bos/eos/pad
         sampled = i % 3 == 2
         aborted = i % 8 == 5
-        out.append(LoadRequest(
-            id=f"r{i:02d}", prompt_ids=prompt, max_tokens=rng.randint(12, 32),
-            temperature=0.8 if sampled else 0.0, seed=1000 + i if sampled else None,
-            abort_after=rng.randint(2, 8) if aborted else None,
-            kind="aborted" if aborted else ("sampled" if sampled else "greedy"),
-        ))  # fmt: skip
+        out.append(
+            LoadRequest(
+                id=f"r{i:02d}",
+                prompt_ids=prompt,
+                max_tokens=rng.randint(12, 32),
+                temperature=0.8 if sampled else 0.0,
+                seed=1000 + i if sampled else None,
+                abort_after=rng.randint(2, 8) if aborted else None,
+                kind="aborted" if aborted else ("sampled" if sampled else "greedy"),
+            )
+        )
     edge = tuple(rng.randrange(3, VOCAB) for _ in range(max_model_len - 5))
     out.append(LoadRequest(id="context-limit", prompt_ids=edge, max_tokens=32, kind="context-limit"))
     out.append(LoadRequest(id="over-long", prompt_ids=edge + edge[:10], max_tokens=8, kind="over-long"))
@@ -324,4 +367,3 @@ def run_load(llm, requests: list[LoadRequest], *, aborts: bool = True, max_steps
                 finish[rid] = "aborted"
                 del pending_aborts[rid]
     return LoadRun(tokens, finish, time.perf_counter() - start, steps)
-

@@ -51,11 +51,17 @@ READINGS = [
     ({"eagle_aux_hidden_state_layer_ids": [2, 46, 90]}, (2, 46, 90)),  # vLLM top level
     ({"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}, (1, 45, 89)),  # top level is always one-based
     (
-        {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 46, 90]}},
+        {
+            "eagle_aux_hidden_state_layer_ids": [2, 46, 90],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 46, 90]},
+        },
         (2, 46, 90),
     ),
     (
-        {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}},
+        {
+            "eagle_aux_hidden_state_layer_ids": [2, 46, 90],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 45, 89]},
+        },
         (2, 46, 90),
     ),
     (
@@ -83,7 +89,10 @@ def test_reading_rule(fragment, one_based):
         ({"eagle_config": {}}, "names no aux layers"),
         ({"target_layer_ids": [1, 45, 89]}, "target_layer_ids"),
         (
-            {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 47, 91]}},
+            {
+                "eagle_aux_hidden_state_layer_ids": [2, 46, 90],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 47, 91]},
+            },
             "contradictory",
         ),
         ({"aux_layer_ids_convention": "two_based", "eagle_aux_hidden_state_layer_ids": [2]}, "expected one of"),

@@ -23,7 +23,9 @@ def load(tmp_path, config, tensors):
 def test_missing_tensor(tmp_path, good):
     _, config, tensors = good
     del tensors["layers.0.self_attn.kv_a_layernorm.weight"]
-    with pytest.raises(CheckpointError, match=r"missing tensor 'layers.0.self_attn.kv_a_layernorm.weight', expected shape \[32\]"):
+    with pytest.raises(
+        CheckpointError, match=r"missing tensor 'layers.0.self_attn.kv_a_layernorm.weight', expected shape \[32\]"
+    ):
         load(tmp_path, config, tensors)
 
 
@@ -37,7 +39,9 @@ def test_extra_tensor(tmp_path, good):
 def test_wrong_shape(tmp_path, good):
     _, config, tensors = good
     tensors["layers.0.self_attn.kv_b_proj.weight"] = torch.zeros(4 * 36, 16)
-    with pytest.raises(CheckpointError, match=r"'layers.0.self_attn.kv_b_proj.weight' has shape \[144, 16\], expected \[144, 32\]"):
+    with pytest.raises(
+        CheckpointError, match=r"'layers.0.self_attn.kv_b_proj.weight' has shape \[144, 16\], expected \[144, 32\]"
+    ):
         load(tmp_path, config, tensors)
 
 
@@ -175,8 +179,11 @@ def test_non_finite_states_are_refused():
     for bad in (float("nan"), float("inf"), float("-inf")):
         poisoned = aux.clone()
         poisoned[0, 2, 7] = bad
-        with pytest.raises(ValueError, match=r"`aux_hidden_states` holds 1 non-finite value\(s\) \(NaN or inf\); expected "
-                                             r"finite values \(they come from the target's captured layers"):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=r"`aux_hidden_states` holds 1 non-finite value\(s\) \(NaN or inf\); expected "
+            r"finite values \(they come from the target's captured layers",
+        ):
             model(ids, aux_hidden_states=poisoned)
         with pytest.raises(ValueError, match="`aux_hidden_states` holds 1 non-finite"):
             model.draft(ids, poisoned, num_tokens=2)
@@ -191,14 +198,19 @@ def test_non_finite_states_are_refused():
 def test_runtime_dtype_ids_and_positions():
     model = tiny_drafter()
     ids, aux = aux_inputs(model.config, 2, 4)
-    with pytest.raises(ValueError, match=r"`aux_hidden_states` has dtype torch.bfloat16; expected torch.float32, the "
-                                         r"drafter's dtype \(cast with `.to\(torch.float32\)`\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"`aux_hidden_states` has dtype torch.bfloat16; expected torch.float32, the "
+        r"drafter's dtype \(cast with `.to\(torch.float32\)`\)",
+    ):
         model(ids, aux_hidden_states=aux.bfloat16())
     with pytest.raises(ValueError, match=r"`hidden_states` has dtype torch.float64; expected torch.float32"):
         model(ids, hidden_states=torch.zeros(2, 4, 64, dtype=torch.float64))
     too_big = ids.clone()
     too_big[1, 3] = 300
-    with pytest.raises(ValueError, match=r"`input_ids` hold ids in \[\d+, 300\]; expected ids in \[0, 300\) \(vocab_size"):
+    with pytest.raises(
+        ValueError, match=r"`input_ids` hold ids in \[\d+, 300\]; expected ids in \[0, 300\) \(vocab_size"
+    ):
         model(too_big, aux_hidden_states=aux)
     with pytest.raises(ValueError, match=r"`input_ids` must be a \[B, T\] tensor of token ids"):
         model(ids[0], aux_hidden_states=aux)
@@ -225,7 +237,9 @@ def test_implicit_positions_beyond_the_limit():
     cache = model(ids, aux_hidden_states=aux).past_key_values
     cache.latent = cache.latent.new_zeros(1, model.config.max_position_embeddings, cache.latent.shape[-1])
     cache.length = model.config.max_position_embeddings - 2  # as if the context had grown that long
-    with pytest.raises(ValueError, match=r"cache holds 4094 tokens, so these 4 new token\(s\) take positions up to 4097"):
+    with pytest.raises(
+        ValueError, match=r"cache holds 4094 tokens, so these 4 new token\(s\) take positions up to 4097"
+    ):
         model(ids, hidden_states=torch.zeros(1, 4, 64), past_key_values=cache)
 
 
@@ -236,9 +250,13 @@ def test_cache_of_another_batch_is_refused_before_it_is_written():
     out = model(ids, aux_hidden_states=aux)
     cache = out.past_key_values
     before = cache.latent.clone()
-    with pytest.raises(ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"):
+    with pytest.raises(
+        ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"
+    ):
         model(ids[:1, :1], hidden_states=out.hidden_states[:1, -1:], past_key_values=cache)
-    with pytest.raises(ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"):
+    with pytest.raises(
+        ValueError, match=r"`past_key_values` does not fit: it has batch size 2 \(these inputs have batch size 1"
+    ):
         model.draft(ids[:1], aux[:1], 2, past_key_values=cache)
     assert cache.get_seq_length() == 4 and torch.equal(cache.latent, before)  # nothing written (a copy: exact)
 
@@ -248,10 +266,15 @@ def test_cache_of_another_kind_or_drafter_is_refused():
 
     model = tiny_drafter()
     ids, aux = aux_inputs(model.config, 1, 4)
-    with pytest.raises(TypeError, match=r"`past_key_values` is a transformers.DynamicCache; expected this drafter's LatentKVCache"):
+    with pytest.raises(
+        TypeError, match=r"`past_key_values` is a transformers.DynamicCache; expected this drafter's LatentKVCache"
+    ):
         model(ids, aux_hidden_states=aux, past_key_values=DynamicCache())
     other = tiny_drafter(kv_lora_rank=16, qk_rope_head_dim=8)(ids, aux_hidden_states=aux).past_key_values
-    with pytest.raises(ValueError, match=r"kv_lora_rank 16 \+ rope dim 8 per token \(this drafter: kv_lora_rank 32 \+ qk_rope_head_dim 16"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv_lora_rank 16 \+ rope dim 8 per token \(this drafter: kv_lora_rank 32 \+ qk_rope_head_dim 16",
+    ):
         model(ids, aux_hidden_states=aux, past_key_values=other)
     cache = model(ids, aux_hidden_states=aux).past_key_values
     with pytest.raises(ValueError, match=r"`past_key_values` was given with use_cache=False"):
@@ -268,7 +291,9 @@ def test_crop_outside_the_cache_is_refused_by_name():
     ids, aux = aux_inputs(model.config, 1, 4)
     cache = model(ids, aux_hidden_states=aux).past_key_values
     for bad in (7, 5, -1, -5):
-        with pytest.raises(DraftInputError, match=rf"`length` is {bad}; expected an int in \[0, 4\] \(the cache holds 4 tokens"):
+        with pytest.raises(
+            DraftInputError, match=rf"`length` is {bad}; expected an int in \[0, 4\] \(the cache holds 4 tokens"
+        ):
             cache.crop(bad)
         assert cache.get_seq_length() == 4
     for bad in (2.0, "2", None, True):
@@ -289,7 +314,9 @@ def test_cache_length_outside_its_capacity_is_refused(length):
     cache = out.past_key_values
     cache.length = length
     before = cache.latent.detach().clone().view(torch.uint8)  # bytes: the unused capacity may hold NaN
-    message = rf"`past_key_values` has length {length}, outside \[0, 256\] \(its capacity\); expected a cache whose length"
+    message = (
+        rf"`past_key_values` has length {length}, outside \[0, 256\] \(its capacity\); expected a cache whose length"
+    )
     with pytest.raises(DraftInputError, match=message):
         model(ids[:, :1], hidden_states=out.hidden_states[:, -1:], past_key_values=cache)
     with pytest.raises(DraftInputError, match=message):
@@ -302,7 +329,11 @@ def test_unknown_forward_arguments_are_refused_by_name():
     else (a Transformers-style `inputs_embeds`, `cache_position`, a typo) is refused by name."""
     model = tiny_drafter(seed=8)
     ids, aux = aux_inputs(model.config, 1, 4)
-    for name, value in (("inputs_embeds", torch.zeros(1, 4, 64)), ("cache_position", torch.arange(4)), ("use_cahce", True)):
+    for name, value in (
+        ("inputs_embeds", torch.zeros(1, 4, 64)),
+        ("cache_position", torch.arange(4)),
+        ("use_cahce", True),
+    ):
         with pytest.raises(DraftInputError, match=rf"`{name}` is not an argument of this drafter's forward"):
             model(ids, aux_hidden_states=aux, **{name: value})
     with pytest.raises(DraftInputError, match="`output_attentions` is True"):
@@ -319,7 +350,12 @@ def test_attn_implementation_is_eager_and_nothing_else_is_claimed(tmp_path, good
     assert model.config._attn_implementation == "eager"
     assert not getattr(type(model), "_supports_sdpa", False)
     folder = write_checkpoint(tmp_path, config, tensors)
-    assert Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation="eager").config._attn_implementation == "eager"
+    assert (
+        Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation="eager").config._attn_implementation
+        == "eager"
+    )
     for implementation in ("sdpa", "flash_attention_2"):
-        with pytest.raises(ConfigError, match=rf"`attn_implementation` is '{implementation}'; expected one of \(None, 'eager'\)"):
+        with pytest.raises(
+            ConfigError, match=rf"`attn_implementation` is '{implementation}'; expected one of \(None, 'eager'\)"
+        ):
             Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation=implementation)

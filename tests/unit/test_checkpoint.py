@@ -63,10 +63,14 @@ def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
         assert sorted(f.keys()) == sorted(PUBLISHED)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
-    assert config["auto_map"] == AUTO_MAP == {  # the classes, as Transformers names them from their modules
-        "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-        "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
-    }
+    assert (
+        config["auto_map"]
+        == AUTO_MAP
+        == {  # the classes, as Transformers names them from their modules
+            "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
+            "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
+        }
+    )
     again = Eagle31MLAForCausalLM.from_pretrained(tmp_path)
     ids, aux = aux_inputs(model.config, 1, 6)
     # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
@@ -118,13 +122,17 @@ def test_pruned_vocabulary_with_d2t_and_t2d(tmp_path):
     assert torch.equal(loaded.draft_to_target_ids(torch.tensor([0, 99])), targets[[0, 99]])
     # d2t alone (vLLM ignores t2d, many exports omit it): t2d is derived
     del state["t2d"]
-    loaded = Eagle31MLAForCausalLM.from_pretrained(write_checkpoint(tmp_path / "no_t2d", published_style_config(model), state))
+    loaded = Eagle31MLAForCausalLM.from_pretrained(
+        write_checkpoint(tmp_path / "no_t2d", published_style_config(model), state)
+    )
     assert torch.equal(loaded.t2d, model.t2d)
 
 
 def test_dtype_choice(tmp_path):
     model = tiny_drafter()
-    folder = write_checkpoint(tmp_path, published_style_config(model), {k: v.bfloat16() for k, v in model.state_dict().items()})
+    folder = write_checkpoint(
+        tmp_path, published_style_config(model), {k: v.bfloat16() for k, v in model.state_dict().items()}
+    )
     assert Eagle31MLAForCausalLM.from_pretrained(folder).dtype == torch.float32  # config.json torch_dtype
     assert Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).dtype == torch.bfloat16
     assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="bfloat16").dtype == torch.bfloat16
@@ -185,7 +193,9 @@ def test_index_may_name_shards_in_a_subfolder(tmp_path):
     model = tiny_drafter(seed=5)
     (tmp_path / "shards").mkdir()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "shards" / "all.safetensors"))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")})
+    )
     (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
     assert torch.equal(Eagle31MLAForCausalLM.from_pretrained(tmp_path).fc.weight, model.fc.weight)
 
@@ -246,7 +256,10 @@ def test_inspect_refuses_duplicate_keys_and_irregular_config_files(tmp_path):
     dup = tmp_path / "dup"
     dup.mkdir()
     (dup / "config.json").write_text('{"vocab_size": 300, "vocab_size": 301}')
-    assert any("gives key 'vocab_size' twice" in e and "expected each key once" in e for e in inspect_drafter(str(dup))["errors"])
+    assert any(
+        "gives key 'vocab_size' twice" in e and "expected each key once" in e
+        for e in inspect_drafter(str(dup))["errors"]
+    )
     fifo = tmp_path / "fifo"
     fifo.mkdir()
     os.mkfifo(fifo / "config.json")
@@ -299,10 +312,13 @@ def test_t2d_is_derived_from_d2t_in_one_place():
 def test_the_roster_compares_dtypes_in_either_spelling():
     from eagle31_mla.roster import PUBLISHED_NUM_PARAMETERS, roster_differences
 
-    assert roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
+    assert (
+        roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
+    )
     assert roster_differences(PUBLISHED, dtypes=["F32"]) == ["dtypes ['float32'], published bfloat16"]
     assert roster_differences(PUBLISHED, num_parameters=PUBLISHED_NUM_PARAMETERS + 1) == [
-        f"{PUBLISHED_NUM_PARAMETERS + 1:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}"]
+        f"{PUBLISHED_NUM_PARAMETERS + 1:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}"
+    ]
 
 
 def test_the_local_path_rule_has_one_home():

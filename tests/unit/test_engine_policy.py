@@ -67,9 +67,17 @@ def run(root: Path, require: str | None, *args: str) -> tuple[int, str]:
     env.pop("EAGLE31_REQUIRE_ENGINES", None)
     if require is not None:
         env["EAGLE31_REQUIRE_ENGINES"] = require
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "stand_in"), *filter(None, [os.environ.get("PYTHONPATH")]), str(ROOT)])
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "stand_in"), *filter(None, [os.environ.get("PYTHONPATH")]), str(ROOT)]
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.returncode, out.stdout + out.stderr
 
 

@@ -27,8 +27,16 @@ def test_load_by_repo_id_offline(tmp_path):
     cache = Path(os.environ["HF_HUB_CACHE"])
     model = tiny_drafter(seed=21)
     older = tiny_drafter(seed=22)
-    add_snapshot(cache, REPO, "a" * 40, write_checkpoint(tmp_path / "v2", published_style_config(model), model.state_dict()))
-    add_snapshot(cache, REPO, "b" * 40, write_checkpoint(tmp_path / "v1", published_style_config(older), older.state_dict()), ref="v1")
+    add_snapshot(
+        cache, REPO, "a" * 40, write_checkpoint(tmp_path / "v2", published_style_config(model), model.state_dict())
+    )
+    add_snapshot(
+        cache,
+        REPO,
+        "b" * 40,
+        write_checkpoint(tmp_path / "v1", published_style_config(older), older.state_dict()),
+        ref="v1",
+    )
 
     ids, aux = aux_inputs(model.config, 1, 5)
     # Exact on purpose: the same weights (a copy through the file), the same kernels on the same shapes.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.paths import ROOT
+
 #: Where each top-level package lives; a module's name is its path below one of these.
 SOURCE_ROOTS = (ROOT / "src", ROOT / "plugins" / "vllm", ROOT / "plugins" / "sglang")
 CORE_ROOT = ROOT / "src"
@@ -59,8 +60,10 @@ def imports_of(name: str, path: Path) -> list[Import]:
             else:
                 prefix = node.module or ""
             # `from p import x` imports module p.x when there is one, else takes x from p (resolved in import_graph)
-            found += [Import(name, prefix if alias.name == "*" else f"{prefix}.{alias.name}", node.lineno)
-                      for alias in node.names]  # fmt: skip
+            found += [
+                Import(name, prefix if alias.name == "*" else f"{prefix}.{alias.name}", node.lineno)
+                for alias in node.names
+            ]
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -164,16 +167,21 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 def test_the_checker_finds_planted_violations(tmp_path):
     core, plugin = tmp_path / "src", tmp_path / "plugin"
-    write(core, {
-        "eagle31_mla/__init__.py": "",
-        "eagle31_mla/a.py": "from . import b\n",
-        "eagle31_mla/b.py": "def later():\n    from .c import thing\n",
-        "eagle31_mla/c.py": "import eagle31_mla.a\nthing = 1\n",  # a -> b -> c -> a, the middle edge lazy
-        "eagle31_mla/d.py": "import importlib\n\ndef f():\n    return importlib.import_module('eagle31_mla_vllm.x')\n",
-        "eagle31_mla/e.py": "from eagle31_mla_sglang import register\n",
-        "eagle31_mla/sub/__init__.py": "",
-        "eagle31_mla/sub/f.py": "from ..e import register\n",
-    })  # fmt: skip
+    write(
+        core,
+        {
+            "eagle31_mla/__init__.py": "",
+            "eagle31_mla/a.py": "from . import b\n",
+            "eagle31_mla/b.py": "def later():\n    from .c import thing\n",
+            "eagle31_mla/c.py": "import eagle31_mla.a\nthing = 1\n",  # a -> b -> c -> a, the middle edge lazy
+            "eagle31_mla/d.py": (
+                "import importlib\n\ndef f():\n    return importlib.import_module('eagle31_mla_vllm.x')\n"
+            ),
+            "eagle31_mla/e.py": "from eagle31_mla_sglang import register\n",
+            "eagle31_mla/sub/__init__.py": "",
+            "eagle31_mla/sub/f.py": "from ..e import register\n",
+        },
+    )
     write(plugin, {"eagle31_mla_vllm/__init__.py": "from eagle31_mla import a\n", "eagle31_mla_vllm/model.py": ""})
     planted = {(i.module, i.target.split(".")[0]) for i in core_imports_of_plugins(core)}
     assert planted == {("eagle31_mla.d", "eagle31_mla_vllm"), ("eagle31_mla.e", "eagle31_mla_sglang")}
@@ -185,3 +193,60 @@ def test_the_checker_finds_planted_violations(tmp_path):
     # without the lazy import there is no cycle
     write(core, {"eagle31_mla/b.py": "def later():\n    pass\n"})
     assert find_cycle(import_graph([core, plugin])) is None
+
+
+# ---- no file reaches another through sys.path ---------------------------------------------------------
+#
+# Tests, benchmarks and scripts import the installed package (helpers the library ships live in
+# eagle31_mla.testing; the suite's own in tests.support, found through pytest's rootdir), never a folder
+# put on sys.path by hand.
+CHECKED_FOR_SYS_PATH = ("src", "plugins", "tests", "benchmarks", "scripts")
+
+
+def sys_path_edits(path: Path) -> list[int]:
+    """Lines that change ``sys.path`` (a call on it, an assignment to it or an item of it), in code or in a
+    string that a test runs as Python."""
+    found = set()
+    sources = [(path.read_text(), None)]  # (code, the file line of the string holding it)
+    while sources:
+        text, line = sources.pop()
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
+            if target is not None and ast.unparse(target) == "sys.path":
+                found.add(line or node.lineno)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "sys.path" in node.value:
+                sources.append((node.value, line or node.lineno))
+    return sorted(found)
+
+
+def test_no_file_edits_sys_path():
+    edits = {
+        f"{path.relative_to(ROOT)}:{line}": line
+        for folder in CHECKED_FOR_SYS_PATH
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in sys_path_edits(path)
+    }
+    assert not edits, f"sys.path changed by hand at {sorted(edits)}: import the package or tests.support instead"
+
+
+def test_the_sys_path_check_finds_planted_edits(tmp_path):
+    planted = tmp_path / "planted.py"
+    code = (  # SYS for sys: this file's own check must not see the planted edits
+        "import SYS\n"
+        "SYS.path.insert(0, 'x')\n"
+        "SYS.path += ['y']\n"
+        "SYS.path[:0] = ['z']\n"
+        "SCRIPT = 'import SYS\\nSYS.path.append(1)\\n'\n"
+        "print(SYS.path, SYS.argv)\n"
+    )
+    planted.write_text(code.replace("SYS", "sys"))
+    assert sys_path_edits(planted) == [2, 3, 4, 5]

@@ -23,10 +23,10 @@ import math
 import os
 import struct
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import pytest
 import torch
@@ -41,9 +41,18 @@ from tests.support.tiny import published_style_config, tiny_drafter, write_check
 #: Where this project's code lives, installed editable or not: an error must be raised there.
 OWN_CODE = tuple(str(Path(package.__file__).parent) for package in (eagle31_mla, eagle31_mla_vllm, eagle31_mla_sglang))
 #: Fragments of low-level messages that must never be what a user sees.
-RAW_MESSAGES = ("size mismatch for", "Error(s) in loading state_dict", "mat1 and mat2", "index out of range in self",
-                "Expected all tensors", "invalid for input of size", "Traceback (most recent call last)",
-                "object is not subscriptable", "unsupported operand", "not supported between instances")  # fmt: skip
+RAW_MESSAGES = (
+    "size mismatch for",
+    "Error(s) in loading state_dict",
+    "mat1 and mat2",
+    "index out of range in self",
+    "Expected all tensors",
+    "invalid for input of size",
+    "Traceback (most recent call last)",
+    "object is not subscriptable",
+    "unsupported operand",
+    "not supported between instances",
+)
 
 
 @dataclass
@@ -52,7 +61,7 @@ class Draft:
 
     config: dict
     tensors: dict
-    after_write: list[Callable[[Path], None]] = field(default_factory=list)
+    after_write: list[Callable[[Path], None]] = dataclass_field(default_factory=list)
 
 
 def SERVING() -> type:
@@ -63,8 +72,23 @@ def SERVING() -> type:
 
 
 #: Words of a clause that says what was expected; every case's expectation part holds one.
-EXPECTING = ("expected", "must", "need", "keep", "supports", "says one of", "write", "set ", "only", "has no such",
-             "exactly", "takes", "<=", ">=")  # fmt: skip
+EXPECTING = (
+    "expected",
+    "must",
+    "need",
+    "keep",
+    "supports",
+    "says one of",
+    "write",
+    "set ",
+    "only",
+    "has no such",
+    "exactly",
+    "takes",
+    "<=",
+    ">=",
+)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -169,7 +193,9 @@ def shard_index(index):
 
 
 def write_config(text):
-    return on_files(lambda f: (f / "config.json").write_text(text) if text is not None else (f / "config.json").unlink())
+    return on_files(
+        lambda f: (f / "config.json").write_text(text) if text is not None else (f / "config.json").unlink()
+    )
 
 
 def d2t_edit(edit):
@@ -188,7 +214,9 @@ def t2d_flip(d):
     d.tensors["t2d"] = t2d
 
 
-SPLIT = {"weight_map": {"fc.weight": "model-00001-of-00002.safetensors", "norm.weight": "model-00002-of-00002.safetensors"}}
+SPLIT = {
+    "weight_map": {"fc.weight": "model-00001-of-00002.safetensors", "norm.weight": "model-00002-of-00002.safetensors"}
+}
 
 # fmt: off
 CASES = [
@@ -342,16 +370,38 @@ def bad_values(field: ConfigField) -> list[tuple[str, object]]:
     nonfinite = [("NaN", math.nan), ("Infinity", math.inf), ("-Infinity", -math.inf)]
     if field.kind in ("int", "token_id", "token_ids"):
         below = 0 if field.domain == "size" else -1
-        values = [("a string of a number", "6"), ("a float", 6.5), ("a bool", True), *nonfinite,
-                  (f"{below} (below its domain)", below), ("-3", -3), ("2**31 (beyond int32)", MAX_INDEX + 1),
-                  ("10**30", 10**30)]  # fmt: skip
+        values = [
+            ("a string of a number", "6"),
+            ("a float", 6.5),
+            ("a bool", True),
+            *nonfinite,
+            (f"{below} (below its domain)", below),
+            ("-3", -3),
+            ("2**31 (beyond int32)", MAX_INDEX + 1),
+            ("10**30", 10**30),
+        ]
         if field.kind == "token_ids":
             values += [("a list holding a string", [2, "3"]), ("an empty list", [])]
     elif field.kind == "float":
-        below = {"positive": 0, "non_negative": -0.5, "at_least_1": 0.5, "unit_open": 0, "rope_theta": 1.0,
-                 "rope_positive": 0, "rope_non_negative": -0.5, "rope_at_least_1": 0.5}[field.domain]  # fmt: skip
-        values = [("a string of a number", "1e-05"), ("a bool", True), *nonfinite, (f"{below} (outside its domain)", below),
-                  ("-1", -1), ("a list", [1.0]), ("10**400 (no float holds it)", 10**400)]  # fmt: skip
+        below = {
+            "positive": 0,
+            "non_negative": -0.5,
+            "at_least_1": 0.5,
+            "unit_open": 0,
+            "rope_theta": 1.0,
+            "rope_positive": 0,
+            "rope_non_negative": -0.5,
+            "rope_at_least_1": 0.5,
+        }[field.domain]
+        values = [
+            ("a string of a number", "1e-05"),
+            ("a bool", True),
+            *nonfinite,
+            (f"{below} (outside its domain)", below),
+            ("-1", -1),
+            ("a list", [1.0]),
+            ("10**400 (no float holds it)", 10**400),
+        ]
         if field.domain == "unit_open":
             values.append(("1.5 (outside its domain)", 1.5))
         if field.domain.startswith("rope_"):  # bounded: huge values overflow the rope math (1e300: NaN logits)
@@ -408,8 +458,15 @@ def field_cases() -> list[Case]:
             shown = f"{form}.{field.key}" if field.nested else field.name
             for label, value in values:
                 got = "nothing" if value is MISSING else repr(value)[:20]  # a long value is shown shortened
-                cases.append(Case(f"config `{shown}` = {label}", set_field(field, value, form), (f"`{shown}`", f"must be {field.expected()}"),
-                                  error=ConfigError, also=(f"got {got}",)))  # fmt: skip
+                cases.append(
+                    Case(
+                        f"config `{shown}` = {label}",
+                        set_field(field, value, form),
+                        (f"`{shown}`", f"must be {field.expected()}"),
+                        error=ConfigError,
+                        also=(f"got {got}",),
+                    )
+                )
     return cases
 
 
@@ -418,11 +475,26 @@ DTYPE_ARGUMENTS = ("dtype", "torch_dtype")
 
 
 def argument_cases() -> list[Case]:
-    bad = [("int32", "int32"), ("fp16", "fp16"), ("fp32", "fp32"), ("bf16", "bf16"), ("torch.int64", torch.int64),
-           ("float8", "float8_e4m3fn"), ("a number", 16)]  # fmt: skip
-    return [Case(f"from_pretrained({argument}={label})", lambda d: None, (f"`{argument}`", "must be one of 'float32', 'bfloat16'"),
-                 error=ConfigError, load_kwargs=((argument, value),))  # fmt: skip
-            for argument in DTYPE_ARGUMENTS for label, value in bad]
+    bad = [
+        ("int32", "int32"),
+        ("fp16", "fp16"),
+        ("fp32", "fp32"),
+        ("bf16", "bf16"),
+        ("torch.int64", torch.int64),
+        ("float8", "float8_e4m3fn"),
+        ("a number", 16),
+    ]
+    return [
+        Case(
+            f"from_pretrained({argument}={label})",
+            lambda d: None,
+            (f"`{argument}`", "must be one of 'float32', 'bfloat16'"),
+            error=ConfigError,
+            load_kwargs=((argument, value),),
+        )
+        for argument in DTYPE_ARGUMENTS
+        for label, value in bad
+    ]
 
 
 # -- weights holding NaN/inf, index paths out of the folder, dangling links, unreadable config files ---------
@@ -467,7 +539,10 @@ def split_index(edit_map):
         save_file({n: tensors[n] for n in first}, str(folder / "model-00001-of-00002.safetensors"))
         save_file({n: tensors[n] for n in second}, str(folder / "model-00002-of-00002.safetensors"))
         (folder / "model.safetensors").unlink()
-        weight_map = {**dict.fromkeys(first, "model-00001-of-00002.safetensors"), **dict.fromkeys(second, "model-00002-of-00002.safetensors")}
+        weight_map = {
+            **dict.fromkeys(first, "model-00001-of-00002.safetensors"),
+            **dict.fromkeys(second, "model-00002-of-00002.safetensors"),
+        }
         edit_map(weight_map, first)
         (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
@@ -481,7 +556,9 @@ def dangling_shard(folder):
         names = list(f.keys())
     (folder / "model.safetensors").unlink()
     os.symlink(folder / "blobs" / "deadbeef", folder / "model-00001-of-00001.safetensors")
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, "model-00001-of-00001.safetensors")}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, "model-00001-of-00001.safetensors")})
+    )
 
 
 def nested(levels: int):
@@ -585,10 +662,24 @@ def rope_dict(form: str, rope_type, **keys):
 
 
 #: A valid value of every yarn key (the good draft's, or Transformers' neutral one).
-YARN_VALUES = {"factor": 32.0, "original_max_position_embeddings": 256, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-               "mscale_all_dim": 1.0, "attention_factor": 1.0, "truncate": True}  # fmt: skip
+YARN_VALUES = {
+    "factor": 32.0,
+    "original_max_position_embeddings": 256,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "attention_factor": 1.0,
+    "truncate": True,
+}
 #: Keys of rope types this drafter does not support.
-OTHER_ROPE_KEYS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "short_factor": [1.0], "long_factor": [1.0], "long_mscale": 1.0}
+OTHER_ROPE_KEYS = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "short_factor": [1.0],
+    "long_factor": [1.0],
+    "long_mscale": 1.0,
+}
 
 
 def rope_key_cases() -> list[Case]:
@@ -602,13 +693,25 @@ def rope_key_cases() -> list[Case]:
         for form in ("rope_scaling", "rope_parameters"):
             type_key = "type" if form == "rope_scaling" else "rope_type"
             for label, rope_type in (("no type", None), ("type default", "default")):
-                cases.append(Case(f"{form} with {label} and yarn key `{field.key}`", rope_dict(form, rope_type, **{field.key: YARN_VALUES[field.key]}),
-                                  (f"`{form}.{field.key}` is a yarn setting", f"set `{type_key}: yarn`"), error=ConfigError))  # fmt: skip
+                cases.append(
+                    Case(
+                        f"{form} with {label} and yarn key `{field.key}`",
+                        rope_dict(form, rope_type, **{field.key: YARN_VALUES[field.key]}),
+                        (f"`{form}.{field.key}` is a yarn setting", f"set `{type_key}: yarn`"),
+                        error=ConfigError,
+                    )
+                )
     for key, value in OTHER_ROPE_KEYS.items():
         for form in ("rope_scaling", "rope_parameters"):
             yarn = {k: YARN_VALUES[k] for k in ("factor", "original_max_position_embeddings")}
-            cases.append(Case(f"{form} yarn with foreign key `{key}`", rope_dict(form, "yarn", **yarn, **{key: value}),
-                              (f"`{form}.{key}` is not a setting of yarn rope", "expected only `attention_factor`"), error=ConfigError))  # fmt: skip
+            cases.append(
+                Case(
+                    f"{form} yarn with foreign key `{key}`",
+                    rope_dict(form, "yarn", **yarn, **{key: value}),
+                    (f"`{form}.{key}` is not a setting of yarn rope", "expected only `attention_factor`"),
+                    error=ConfigError,
+                )
+            )
     return cases
 
 
@@ -620,12 +723,22 @@ def token_id_cases() -> list[Case]:
             continue
         values = [("vocab_size", 300, 300), ("vocab_size + 699", 999, 999)]
         if field.kind == "token_ids":
-            values += [("a list with one id = vocab_size", [2, 300], 300), ("a list with one id far beyond", [999, 2], 999)]
+            values += [
+                ("a list with one id = vocab_size", [2, 300], 300),
+                ("a list with one id far beyond", [999, 2], 999),
+            ]
         for label, value, bad in values:
             for base in ("full", "pruned"):  # the rule is the target vocabulary's, pruned or not
-                cases.append(Case(f"config `{field.name}` = {label} ({base} vocabulary)", cfg(**{field.name: value}),
-                                  (f"`{field.name}` is {value!r}", "expected every special token id in [0, 300)"), also=(f"id {bad} is beyond",),
-                                  error=ConfigError, base=base))  # fmt: skip
+                cases.append(
+                    Case(
+                        f"config `{field.name}` = {label} ({base} vocabulary)",
+                        cfg(**{field.name: value}),
+                        (f"`{field.name}` is {value!r}", "expected every special token id in [0, 300)"),
+                        also=(f"id {bad} is beyond",),
+                        error=ConfigError,
+                        base=base,
+                    )
+                )
     return cases
 
 
@@ -637,8 +750,15 @@ def derived_field_cases() -> list[Case]:
         if not field.derived:
             continue
         for value in (7, 99, 31, 48):
-            cases.append(Case(f"config `{field.name}` = {value} (contradicts the dims it is derived from)", cfg(**{field.name: value}),
-                              (f"`{field.name}` is {value}", "expected"), also=("leave it out",), error=ConfigError))  # fmt: skip
+            cases.append(
+                Case(
+                    f"config `{field.name}` = {value} (contradicts the dims it is derived from)",
+                    cfg(**{field.name: value}),
+                    (f"`{field.name}` is {value}", "expected"),
+                    also=("leave it out",),
+                    error=ConfigError,
+                )
+            )
     return cases
 
 
@@ -660,22 +780,50 @@ def duplicate_key_cases() -> list[Case]:
     """Every top-level field of CONFIG_FIELDS that the good draft's config.json gives, given twice (a
     different value first, then the same): the last would win silently. And nested and index keys."""
     cases = []
-    good = {"vocab_size": 300, "hidden_size": 64, "rms_norm_eps": 1e-05, "fc_norm": True, "torch_dtype": "float32", "bos_token_id": 1,
-            "eos_token_id": 2, "pad_token_id": 0, "rope_theta": 50000.0}  # fmt: skip
+    good = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "rms_norm_eps": 1e-05,
+        "fc_norm": True,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "rope_theta": 50000.0,
+    }
     for field in CONFIG_FIELDS:
         if field.nested or field.derived or field.name == "dtype":
             continue
         for label, value in (("another value first", "first"), ("the same value twice", good.get(field.name, "same"))):
             if label.startswith("the same") and field.name not in good:
                 continue
-            cases.append(Case(f"config.json gives `{field.name}` twice ({label})", duplicate_key(field.name, value),
-                              (f"gives key {field.name!r} twice", "expected each key once"), error=ConfigError))  # fmt: skip
+            cases.append(
+                Case(
+                    f"config.json gives `{field.name}` twice ({label})",
+                    duplicate_key(field.name, value),
+                    (f"gives key {field.name!r} twice", "expected each key once"),
+                    error=ConfigError,
+                )
+            )
     cases += [
-        Case("config.json gives a rope key twice", duplicate_key("factor", 2.0, inside="rope_scaling"), ("gives key 'factor' twice", "expected each key once"), error=ConfigError),
-        Case("config.json gives the aux ids twice", duplicate_key("eagle_aux_hidden_state_layer_ids", [1, 2, 3], inside="eagle_config"),
-             ("gives key 'eagle_aux_hidden_state_layer_ids' twice", "expected each key once"), error=ConfigError),
-        Case("index gives a tensor twice in its weight_map", on_files(index_with_duplicate),
-             ("model.safetensors.index.json", "expected each key once"), also=("gives key 'norm.weight' twice",)),
+        Case(
+            "config.json gives a rope key twice",
+            duplicate_key("factor", 2.0, inside="rope_scaling"),
+            ("gives key 'factor' twice", "expected each key once"),
+            error=ConfigError,
+        ),
+        Case(
+            "config.json gives the aux ids twice",
+            duplicate_key("eagle_aux_hidden_state_layer_ids", [1, 2, 3], inside="eagle_config"),
+            ("gives key 'eagle_aux_hidden_state_layer_ids' twice", "expected each key once"),
+            error=ConfigError,
+        ),
+        Case(
+            "index gives a tensor twice in its weight_map",
+            on_files(index_with_duplicate),
+            ("model.safetensors.index.json", "expected each key once"),
+            also=("gives key 'norm.weight' twice",),
+        ),
     ]
     return cases
 
@@ -691,7 +839,11 @@ def index_with_duplicate(folder):
 
 
 #: What a path that is not a regular file can be, and the words the refusal says it is.
-IRREGULAR = {"a folder": "a folder", "a FIFO": "a FIFO (named pipe)", "a symlink to /dev/zero": "a symlink to /dev/zero, which is a character device"}
+IRREGULAR = {
+    "a folder": "a folder",
+    "a FIFO": "a FIFO (named pipe)",
+    "a symlink to /dev/zero": "a symlink to /dev/zero, which is a character device",
+}
 
 
 def make_irregular(path: Path, kind: str) -> None:
@@ -712,16 +864,34 @@ def irregular_file_cases() -> list[Case]:
     cases = []
     for kind, words in IRREGULAR.items():
         cases += [
-            Case(f"config.json is {kind}", on_files(lambda f, k=kind: make_irregular(f / "config.json", k)),
-                 (f"config.json is {words}", "expected a regular file"), error=ConfigError),
-            Case(f"model.safetensors is {kind}", on_files(lambda f, k=kind: make_irregular(f / "model.safetensors", k)),
-                 (f"weight file 'model.safetensors' in", "expected a regular file"), also=(f"is {words}",)),
-            Case(f"model.safetensors.index.json is {kind}", on_files(lambda f, k=kind: make_irregular(f / "model.safetensors.index.json", k)),
-                 (f"weight index 'model.safetensors.index.json' in", "expected a regular file"), also=(f"is {words}",)),
-            Case(f"a shard is {kind}", both(index_naming(lambda f: "model-00001-of-00001.safetensors"),
-                                            on_files(lambda f, k=kind: make_irregular(f / "model-00001-of-00001.safetensors", k))),
-                 ("names shard 'model-00001-of-00001.safetensors'", "expected a regular file"), also=(f"is {words}",)),
-        ]  # fmt: skip
+            Case(
+                f"config.json is {kind}",
+                on_files(lambda f, k=kind: make_irregular(f / "config.json", k)),
+                (f"config.json is {words}", "expected a regular file"),
+                error=ConfigError,
+            ),
+            Case(
+                f"model.safetensors is {kind}",
+                on_files(lambda f, k=kind: make_irregular(f / "model.safetensors", k)),
+                ("weight file 'model.safetensors' in", "expected a regular file"),
+                also=(f"is {words}",),
+            ),
+            Case(
+                f"model.safetensors.index.json is {kind}",
+                on_files(lambda f, k=kind: make_irregular(f / "model.safetensors.index.json", k)),
+                ("weight index 'model.safetensors.index.json' in", "expected a regular file"),
+                also=(f"is {words}",),
+            ),
+            Case(
+                f"a shard is {kind}",
+                both(
+                    index_naming(lambda f: "model-00001-of-00001.safetensors"),
+                    on_files(lambda f, k=kind: make_irregular(f / "model-00001-of-00001.safetensors", k)),
+                ),
+                ("names shard 'model-00001-of-00001.safetensors'", "expected a regular file"),
+                also=(f"is {words}",),
+            ),
+        ]
     return cases
 
 
@@ -733,7 +903,10 @@ def same_tensor_in_two_shards(name):
         (folder / "model.safetensors").unlink()
         save_file(tensors, str(folder / "model-00001-of-00002.safetensors"))
         save_file({name: tensors[name]}, str(folder / "model-00002-of-00002.safetensors"))
-        weight_map = {**dict.fromkeys(tensors, "model-00001-of-00002.safetensors"), name: "model-00002-of-00002.safetensors"}
+        weight_map = {
+            **dict.fromkeys(tensors, "model-00001-of-00002.safetensors"),
+            name: "model-00002-of-00002.safetensors",
+        }
         (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
     return on_files(change)
@@ -767,7 +940,14 @@ REVIEW_CASES = [
 # fmt: on
 
 CASES += field_cases() + argument_cases() + HARDENING_CASES
-CASES += rope_key_cases() + token_id_cases() + derived_field_cases() + duplicate_key_cases() + irregular_file_cases() + REVIEW_CASES
+CASES += (
+    rope_key_cases()
+    + token_id_cases()
+    + derived_field_cases()
+    + duplicate_key_cases()
+    + irregular_file_cases()
+    + REVIEW_CASES
+)
 
 TARGET = dict(hidden_size=48, vocab_size=300, num_hidden_layers=12)  # the serving cases' target: the good drafts fit it
 
@@ -800,13 +980,16 @@ def attempt(case: Case, folder: Path) -> None:
 
 def check_serving(folder: Path, *, text_config=False, kimi_k3=False, vllm=(0, 32, 0), environ=None) -> None:
     """The plugin's serving-time check (pure Python) with a fake target: what vLLM hands it."""
-    from eagle31_mla_vllm.model import check_serving
     from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla_vllm.model import check_serving
 
     draft_hf_config = SimpleNamespace(**json.loads((folder / "config.json").read_text()))
     arch = ["KimiK3ForConditionalGeneration"] if kimi_k3 else ["DeepseekV3ForCausalLM"]
     if text_config:  # a multimodal wrapper: the language model's sizes live in its text config
-        target = SimpleNamespace(hf_config=SimpleNamespace(architectures=arch, model_type="wrapper"), hf_text_config=SimpleNamespace(**TARGET))
+        target = SimpleNamespace(
+            hf_config=SimpleNamespace(architectures=arch, model_type="wrapper"),
+            hf_text_config=SimpleNamespace(**TARGET),
+        )
     else:
         target = SimpleNamespace(hf_config=SimpleNamespace(architectures=arch, model_type="deepseek_v3", **TARGET))
     target.get_total_num_hidden_layers = lambda: TARGET["num_hidden_layers"]
@@ -818,7 +1001,9 @@ def refusal_problems(case: Case, err: BaseException) -> list[str]:
     problems = []
     cls = case.error_class
     if not isinstance(err, cls):
-        problems.append(f"raised {type(err).__module__}.{type(err).__name__}, expected an instance of {cls.__module__}.{cls.__name__}")
+        problems.append(
+            f"raised {type(err).__module__}.{type(err).__name__}, expected an instance of {cls.__module__}.{cls.__name__}"
+        )
     message = str(err)
     name, expected = case.expect
     if name not in message:
@@ -882,12 +1067,16 @@ def test_the_judge_rejects_unclear_errors():
         raise CheckpointError("missing tensor 'norm.weight'")
     except CheckpointError as err:
         problems = refusal_problems(case, err)
-    assert "message lacks the expectation 'expected shape [64]'" in problems and not any("does not name" in p for p in problems)
+    assert "message lacks the expectation 'expected shape [64]'" in problems and not any(
+        "does not name" in p for p in problems
+    )
     try:  # a ValueError with the right words is still not the library's class
         raise ValueError("missing tensor 'norm.weight', expected shape [64]")
     except ValueError as err:
         problems = refusal_problems(case, err)
-    assert any("expected an instance of eagle31_mla.checkpoint_eagle31_mla.CheckpointError" in p for p in problems), problems
+    assert any("expected an instance of eagle31_mla.checkpoint_eagle31_mla.CheckpointError" in p for p in problems), (
+        problems
+    )
     config_case = Case("control", lambda d: None, ("`hidden_size`", "must be an int >= 1"), error=ConfigError)
     try:  # the other library class is not the one the case names
         raise CheckpointError("`hidden_size` must be an int >= 1, got 0")
@@ -901,7 +1090,9 @@ def test_the_judge_rejects_unclear_errors():
             raise CheckpointError("missing tensor 'norm.weight'") from inner
     except CheckpointError as err:
         problems = refusal_problems(case, err)
-    assert any("chained to KeyError" in p for p in problems) and any("not from this project's code" in p for p in problems)
+    assert any("chained to KeyError" in p for p in problems) and any(
+        "not from this project's code" in p for p in problems
+    )
     try:
         Eagle31MLAForCausalLM.from_pretrained(Path("/nonexistent-eagle31-folder"))
     except Exception as err:  # noqa: BLE001
@@ -963,7 +1154,9 @@ def test_tally(good_drafts, tmp_path_factory, capsys):
             by_kind[kind] = by_kind.get(kind, 0) + 1
     kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(by_kind.items()))
     with capsys.disabled():
-        print(f"\n  malformed-draft corpus: {len(CASES) - skipped} malformed drafts (configs, checkpoints, serving setups), {refused} refused with a clear error "
-              f"({kinds})" + (f"; {skipped} serving-time cases skipped (no vLLM)" if skipped else ""))  # fmt: skip
+        print(
+            f"\n  malformed-draft corpus: {len(CASES) - skipped} malformed drafts (configs, checkpoints, serving setups), {refused} refused with a clear error "
+            f"({kinds})" + (f"; {skipped} serving-time cases skipped (no vLLM)" if skipped else "")
+        )
     failed = {c.name: o for c, o in zip(CASES, outcomes) if o not in ("refused", "skipped")}
     assert not failed, failed

@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from tests.support import reference_math as ref
 from tests.support.paths import GOLDEN
-from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 TOL = 1e-5
@@ -77,8 +77,13 @@ def test_golden_vectors(name):
     assert (out.hidden_states - e["next_hidden_states"]).abs().max() <= TOL
     for absorb in (True, False):
         first = model(e["input_ids"], aux_hidden_states=e["aux_hidden_states"])
-        step = model(e["decode_input_ids"], hidden_states=first.hidden_states[:, -1:],
-                     position_ids=e["decode_position_ids"], past_key_values=first.past_key_values, absorb=absorb)  # fmt: skip
+        step = model(
+            e["decode_input_ids"],
+            hidden_states=first.hidden_states[:, -1:],
+            position_ids=e["decode_position_ids"],
+            past_key_values=first.past_key_values,
+            absorb=absorb,
+        )
         assert (step.logits - e["decode_logits"]).abs().max() <= TOL
         assert (step.hidden_states - e["decode_next_hidden_states"]).abs().max() <= TOL
     # and our own reference agrees with the golden file too
@@ -139,8 +144,13 @@ def test_latent_cache_stores_only_c_kv_and_k_pe():
     assert cache.nbytes_per_token() == (32 + 16) * 4
     # the stored c_kv is normalised (kv_a_layernorm applied) and k_pe is rotated: recompute both
     attn = model.layers[0].self_attn
-    x = torch.cat([model.layers[0].input_layernorm(model.embed_tokens(ids)),
-                   model.layers[0].hidden_norm(model.combine_hidden_states(aux))], -1)  # fmt: skip
+    x = torch.cat(
+        [
+            model.layers[0].input_layernorm(model.embed_tokens(ids)),
+            model.layers[0].hidden_norm(model.combine_hidden_states(aux)),
+        ],
+        -1,
+    )
     c_kv, k_pe = attn.kv_a_proj_with_mqa(x).split([32, 16], -1)
     assert torch.allclose(cache.c_kv[:, :5], attn.kv_a_layernorm(c_kv), atol=1e-6)
     assert not torch.allclose(cache.k_pe[:, 1:5], k_pe[:, 1:], atol=1e-3)  # rotated for positions > 0
@@ -201,7 +211,6 @@ def test_draft_greedy_equals_manual_chain():
     assert drafted.past_key_values.get_seq_length() == 7 + 3
 
 
-
 def test_logits_to_keep_is_the_tail_of_the_full_logits():
     model = tiny_drafter(seed=12)
     ids, aux = aux_inputs(model.config, batch=2, length=6)
@@ -211,6 +220,7 @@ def test_logits_to_keep_is_the_tail_of_the_full_logits():
         assert tail.logits.shape == (2, keep, model.config.draft_vocab_size)
         assert torch.allclose(tail.logits, full.logits[:, -keep:], atol=1e-6)  # a 1-row product may take the mv kernel
         assert torch.equal(tail.hidden_states, full.hidden_states)  # same kernels on the same shapes: exact
+
 
 def test_draft_sampling_temperature_and_top_p():
     model = tiny_drafter(seed=11)
@@ -316,7 +326,14 @@ def test_cpu_bf16_attention_paths_agree(cpu_bf16):
         cores.append(attention._absorbed(q_nope, q_pe, latent, mask).float())
         with torch.no_grad():
             out = model(ids, aux_hidden_states=aux.bfloat16())
-            steps.append(model(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True))
+            steps.append(
+                model(
+                    ids[:, :3],
+                    hidden_states=out.hidden_states[:, -3:],
+                    past_key_values=out.past_key_values,
+                    absorb=True,
+                )
+            )
     assert (cores[0] - cores[1]).abs().max() <= bf16_tolerance(cores[0])
     for name in ("logits", "hidden_states"):
         native, fp32 = getattr(steps[0], name).float(), getattr(steps[1], name).float()
@@ -325,6 +342,8 @@ def test_cpu_bf16_attention_paths_agree(cpu_bf16):
     model32 = tiny_drafter(seed=9)
     with torch.no_grad():
         out = model32(ids, aux_hidden_states=aux)
-        ref = model32(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True)
+        ref = model32(
+            ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True
+        )
     for step in steps:
         assert (step.logits.float() - ref.logits).abs().max() <= 0.05 * ref.logits.abs().max()

@@ -11,9 +11,9 @@ import torch
 
 from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from eagle31_mla.remote_code import drift, generated
+from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
-from tests.support.paths import ROOT
 MODELING = ROOT / "modeling"
 
 # The remote code may import torch, transformers and the standard library, and nothing a user of
@@ -38,7 +38,11 @@ def test_modeling_imports_only_torch_transformers_and_stdlib():
     import re
     from importlib.metadata import requires
 
-    transformers_deps = {re.split(r"[<>=!~; \[]", r)[0].lower().replace("-", "_") for r in requires("transformers") if "extra ==" not in r}
+    transformers_deps = {
+        re.split(r"[<>=!~; \[]", r)[0].lower().replace("-", "_")
+        for r in requires("transformers")
+        if "extra ==" not in r
+    }
     assert INSTALLED_BY_TRANSFORMERS <= transformers_deps, transformers_deps
     for path in MODELING.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

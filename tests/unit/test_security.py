@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support import netguard
 from eagle31_mla import CheckpointError, Eagle31MLAForCausalLM
-from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter
-
+from tests.support import netguard
 from tests.support.paths import ROOT, SUPPORT
+from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter
 
 
 class Payload:
@@ -119,7 +118,9 @@ def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
 def test_pickle_that_is_not_a_state_dict(tmp_path):
     model = tiny_drafter()
     folder = pickle_folder(tmp_path, model, state=list(model.state_dict().values()))
-    with pytest.raises(CheckpointError, match=r"pytorch_model.bin holds a list; expected a state dict \(tensor name -> tensor\)"):
+    with pytest.raises(
+        CheckpointError, match=r"pytorch_model.bin holds a list; expected a state dict \(tensor name -> tensor\)"
+    ):
         Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
 
 
@@ -127,7 +128,9 @@ def test_several_pickles_without_an_index(tmp_path):
     model = tiny_drafter()
     pickle_folder(tmp_path, model, filename="a.pt")
     torch.save({}, tmp_path / "b.pt")
-    with pytest.raises(CheckpointError, match=r"several pickle files \(a.pt, b.pt\) and no pytorch_model.bin.index.json"):
+    with pytest.raises(
+        CheckpointError, match=r"several pickle files \(a.pt, b.pt\) and no pytorch_model.bin.index.json"
+    ):
         Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True)
 
 
@@ -142,7 +145,11 @@ def test_safetensors_win_over_pickle(tmp_path):
 def test_no_torch_load_without_weights_only_in_the_library():
     """Every torch.load in the library and the remote code passes weights_only=True."""
     root = ROOT
-    for path in [*root.joinpath("src").rglob("*.py"), *root.joinpath("modeling").glob("*.py"), *root.joinpath("plugins").rglob("*.py")]:
+    for path in [
+        *root.joinpath("src").rglob("*.py"),
+        *root.joinpath("modeling").glob("*.py"),
+        *root.joinpath("plugins").rglob("*.py"),
+    ]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if "torch.load(" in line and "`" not in line:
                 assert "weights_only=True" in line, f"{path}:{number}: {line.strip()}"
@@ -235,14 +242,22 @@ def test_a_subprocess_the_guard_cannot_enter_is_reported(tmp_path):
     shutil.copy(Path(netguard.__file__).parent / "netguard_site" / "sitecustomize.py", site)
     (tmp_path / "netguard.py").write_text("raise ImportError('a broken guard')\n")  # what sitecustomize loads
     log = tmp_path / "log"
-    out = subprocess.run([sys.executable, "-c", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(site), netguard.LOG_ENV: str(log)})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(site), netguard.LOG_ENV: str(log)},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "False"
     assert "network guard NOT installed" in log.read_text() and "a broken guard" in log.read_text()
 
 
 def test_subprocesses_of_the_suite_are_guarded_too():
-    out = subprocess.run([sys.executable, "-c", "import socket, netguard; print(netguard.is_installed())"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import socket, netguard; print(netguard.is_installed())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == "True", out.stderr

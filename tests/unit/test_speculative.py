@@ -23,11 +23,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from eagle31_mla import AuxLayerIdError, AuxLayerIds
-from eagle31_mla import speculative as spec
+from eagle31_mla import AuxLayerIdError, AuxLayerIds, speculative as spec
 from eagle31_mla.capture import TargetAuxCapture
-from eagle31_mla.modeling_eagle31_mla import sample_from_logits
-from eagle31_mla.modeling_eagle31_mla import sampling_probs as target_probs  # the reference loop's rule too
+from eagle31_mla.modeling_eagle31_mla import (
+    sample_from_logits,
+    sampling_probs as target_probs,  # the reference loop's rule too
+)
 from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
 from eagle31_mla.speculative import (
     AcceptanceStats,
@@ -53,12 +54,21 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-def tiny_target(family: str = "llama", *, seed: int = 0, vocab: int = VOCAB, lm_head: str = "repeats", attn: str = "sdpa"):
+def tiny_target(
+    family: str = "llama", *, seed: int = 0, vocab: int = VOCAB, lm_head: str = "repeats", attn: str = "sdpa"
+):
     """Unit-variance weights with strong attention / MLP outputs, so the greedy stream wanders instead
     of settling into a loop. ``lm_head``: "repeats" (half the embedding plus noise: runs of repeated
     tokens of varied length), "random", or "zero" (always token 0)."""
-    common = dict(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
-                  num_attention_heads=4, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     if family == "llama":
         model_cls, config = LlamaForCausalLM, LlamaConfig(num_key_value_heads=2, **common)
     elif family == "qwen2":
@@ -68,10 +78,21 @@ def tiny_target(family: str = "llama", *, seed: int = 0, vocab: int = VOCAB, lm_
     else:
         model_cls = DeepseekV3ForCausalLM
         config = DeepseekV3Config(
-            moe_intermediate_size=16, first_k_dense_replace=1, num_key_value_heads=4, n_routed_experts=4,
-            n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=16,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, **common,
-        )  # fmt: skip
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            **common,
+        )
     config._attn_implementation = attn
     model = model_cls(config).eval()
     g = torch.Generator().manual_seed(seed)
@@ -201,7 +222,9 @@ def test_greedy_equals_target_greedy(family, mode):
     0..3 drafts (tree: also through the runner-up branch), so every kind of rollback runs."""
     target = tiny_target(family)
     ids = prompt()
-    out = speculative_generate(target, echo_drafter(target), ids, max_new_tokens=40, **(CHAIN if mode == "chain" else TREE))
+    out = speculative_generate(
+        target, echo_drafter(target), ids, max_new_tokens=40, **(CHAIN if mode == "chain" else TREE)
+    )
     assert_target_greedy(target, ids, out.tokens, 40)
     assert len(set(out.accepted_per_round)) >= 3  # partial acceptance really happened
 
@@ -255,8 +278,9 @@ def test_agreeing_drafter_reaches_the_ceiling_when_sampling():
     """q == p (both uniform): min(1, p/q) = 1, every draft is accepted at any temperature."""
     target = tiny_target("llama", lm_head="zero")
     g = torch.Generator().manual_seed(0)
-    out = speculative_generate(target, drafter(zero_lm_head=True), prompt(), max_new_tokens=21, num_steps=3,
-                               temperature=0.7, generator=g)  # fmt: skip
+    out = speculative_generate(
+        target, drafter(zero_lm_head=True), prompt(), max_new_tokens=21, num_steps=3, temperature=0.7, generator=g
+    )
     assert out.accepted_per_round == [3] * 5
     assert len(set(out.tokens)) > 5  # really sampled
 
@@ -367,8 +391,16 @@ def test_each_round_sees_what_a_recompute_gives(monkeypatch, case):
 
     monkeypatch.setattr(spec, name, spy)
     ids, T, top_p = prompt(), 0.8, 0.9
-    out = speculative_generate(target, draft, ids, max_new_tokens=16 if leak < 1 else 6, temperature=T, top_p=top_p,
-                               generator=torch.Generator().manual_seed(0), **settings)  # fmt: skip
+    out = speculative_generate(
+        target,
+        draft,
+        ids,
+        max_new_tokens=16 if leak < 1 else 6,
+        temperature=T,
+        top_p=top_p,
+        generator=torch.Generator().manual_seed(0),
+        **settings,
+    )
     assert len(seen) == len(out.accepted_per_round) and (leak == 1 or max(out.accepted_per_round) >= 1)
     committed = ids + out.tokens[:1]
     capture = TargetAuxCapture(target, draft.config.aux_layer_ids)
@@ -392,7 +424,9 @@ def test_each_round_sees_what_a_recompute_gives(monkeypatch, case):
                     branch, up = [], node
                     while up > 0:
                         branch, up = [int(tokens[up])] + branch, parents[up]
-                    ranked = drafter_from_scratch(target, draft, capture, committed, branch)[-1].argsort(descending=True)
+                    ranked = drafter_from_scratch(target, draft, capture, committed, branch)[-1].argsort(
+                        descending=True
+                    )
                     assert tokens[children].tolist() == ranked[: len(children)].tolist()
             expected = target_probs(target(torch.tensor([verified])).logits[0, len(committed) - 1 :], T, top_p)
             assert torch.allclose(p[0, list(rows)], expected[: len(rows)], atol=1e-5)
@@ -653,8 +687,13 @@ def test_one_rule_for_sampling_settings():
     target, draft = tiny_target(), drafter()
     ids = prompt()
     context = torch.tensor([ids]), torch.zeros(1, len(ids), 3 * HIDDEN)
-    for temperature, top_p, name in ((-0.5, 1.0, "temperature"), (float("nan"), 1.0, "temperature"),
-                                     (float("inf"), 0.9, "temperature"), (0.7, 0.0, "top_p"), (0.7, 1.5, "top_p")):  # fmt: skip
+    for temperature, top_p, name in (
+        (-0.5, 1.0, "temperature"),
+        (float("nan"), 1.0, "temperature"),
+        (float("inf"), 0.9, "temperature"),
+        (0.7, 0.0, "top_p"),
+        (0.7, 1.5, "top_p"),
+    ):
         message = f"`{name}` is .*; expected"
         with pytest.raises(DraftInputError, match=message):
             draft.draft(*context, 2, temperature=temperature, top_p=top_p)
@@ -662,13 +701,22 @@ def test_one_rule_for_sampling_settings():
             speculative_generate(target, draft, ids, temperature=temperature, top_p=top_p)
         with pytest.raises(DraftInputError, match=message):
             measure_acceptance(target, draft, [ids], temperature=temperature, top_p=top_p)
-    for kwargs, name in (({"num_steps": 2.0}, "num_steps"), ({"max_new_tokens": 0}, "max_new_tokens"),
-                         ({"num_steps": True}, "num_steps"), ({"topk": "2"}, "topk")):  # fmt: skip
+    for kwargs, name in (
+        ({"num_steps": 2.0}, "num_steps"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"num_steps": True}, "num_steps"),
+        ({"topk": "2"}, "topk"),
+    ):
         with pytest.raises(DraftInputError, match=f"`{name}` is .*; expected an int"):
             speculative_generate(target, draft, ids, **kwargs)
-    for bad, message in (([], "empty"), ([1.5, 2.0], "holds 1.5"), (torch.tensor(ids).float(), "dtype torch.float32"),
-                         (torch.tensor(ids) > 3, "dtype torch.bool"), ([3, VOCAB], rf"ids in \[3, {VOCAB}\]"),
-                         ("hello", "holds 'h'")):  # fmt: skip
+    for bad, message in (
+        ([], "empty"),
+        ([1.5, 2.0], "holds 1.5"),
+        (torch.tensor(ids).float(), "dtype torch.float32"),
+        (torch.tensor(ids) > 3, "dtype torch.bool"),
+        ([3, VOCAB], rf"ids in \[3, {VOCAB}\]"),
+        ("hello", "holds 'h'"),
+    ):
         with pytest.raises(DraftInputError, match=f"`input_ids` .*{message}"):
             speculative_generate(target, draft, bad)
 
@@ -706,11 +754,30 @@ def test_acceptance_command(tmp_path, capsys):
 
     for prompts, n in (("prompts.jsonl", 3), ("prompts.txt", 2)):
         report = tmp_path / f"{prompts}.report.json"
-        assert main([
-            "acceptance", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
-            "--prompts", str(tmp_path / prompts), "--max-new-tokens", "10", "--ignore-eos", "--device", "cpu",
-            "--dtype", "float32", "--json", str(report), "--no-progress",
-        ]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "acceptance",
+                    "--target",
+                    str(tmp_path / "target"),
+                    "--draft",
+                    str(tmp_path / "draft"),
+                    "--prompts",
+                    str(tmp_path / prompts),
+                    "--max-new-tokens",
+                    "10",
+                    "--ignore-eos",
+                    "--device",
+                    "cpu",
+                    "--dtype",
+                    "float32",
+                    "--json",
+                    str(report),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
         out = capsys.readouterr().out
         assert "mean accept length" in out and "acceptance rate" in out and f"report written to {report}" in out
         result = json.loads(report.read_text())
@@ -719,18 +786,25 @@ def test_acceptance_command(tmp_path, capsys):
         assert_target_greedy(target, first, result["requests"][0]["output_ids"], 10)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"--prompts": "missing.jsonl"}, "missing.jsonl"),
-    ({"--target": "missing-target"}, "missing-target"),
-    ({"--draft": "missing-draft"}, "missing-draft"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"--prompts": "missing.jsonl"}, "missing.jsonl"),
+        ({"--target": "missing-target"}, "missing-target"),
+        ({"--draft": "missing-draft"}, "missing-draft"),
+    ],
+)
 def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, message):
     """A name that does not exist is a usage error (exit 2) with a one-line message, never a traceback."""
     from eagle31_mla.demo import DEMO_DIR
     from tests.support.engine_configs import usage_error_line
 
     (tmp_path / "prompts.txt").write_text("Ann has\n")
-    args = {"--target": str(DEMO_DIR / "target"), "--draft": str(DEMO_DIR / "draft"), "--prompts": str(tmp_path / "prompts.txt")}
+    args = {
+        "--target": str(DEMO_DIR / "target"),
+        "--draft": str(DEMO_DIR / "draft"),
+        "--prompts": str(tmp_path / "prompts.txt"),
+    }
     args.update({k: str(tmp_path / v) for k, v in change.items()})
     argv = ["acceptance", "--no-progress", "--device", "cpu"] + [x for kv in args.items() for x in kv]
     assert message in usage_error_line(argv, capsys)
@@ -739,23 +813,26 @@ def test_acceptance_command_input_errors_exit_2(tmp_path, capsys, change, messag
 # ---- bad prompts, drafting bounds and the context limit (the hardening battery's classes) -------------
 
 
-@pytest.mark.parametrize("line, expected", [
-    ('{"input_ids": [1.9, 2.7, 3.5]}', "1.9 (float) at index 0"),
-    ('{"input_ids": ["12", "3"]}', "'12' (str) at index 0"),
-    ('{"input_ids": [true, false, true]}', "True (bool) at index 0"),
-    ('{"input_ids": []}', "an empty list"),
-    ('{"input_ids": 5}', '"input_ids" is a int'),
-    ('{"prompt": 5}', '"prompt" is 5'),
-    ('{"prompt": null}', '"prompt" is null'),
-    ('{"prompt": ""}', '"prompt" is ""'),
-    ('{"messages": "hi"}', '"messages" is "hi"'),
-    ('{"messages": [{"role": "user"}]}', '"messages"[0]'),
-    ('{"prompt": "a", "input_ids": [1]}', "both"),
-    ('{"other": "hello"}', "an object with keys ['other']"),
-    ("5", "5"),
-    ("null", "null"),
-    ("[1, 2.5]", "2.5 (float) at index 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('{"input_ids": [1.9, 2.7, 3.5]}', "1.9 (float) at index 0"),
+        ('{"input_ids": ["12", "3"]}', "'12' (str) at index 0"),
+        ('{"input_ids": [true, false, true]}', "True (bool) at index 0"),
+        ('{"input_ids": []}', "an empty list"),
+        ('{"input_ids": 5}', '"input_ids" is a int'),
+        ('{"prompt": 5}', '"prompt" is 5'),
+        ('{"prompt": null}', '"prompt" is null'),
+        ('{"prompt": ""}', '"prompt" is ""'),
+        ('{"messages": "hi"}', '"messages" is "hi"'),
+        ('{"messages": [{"role": "user"}]}', '"messages"[0]'),
+        ('{"prompt": "a", "input_ids": [1]}', "both"),
+        ('{"other": "hello"}', "an object with keys ['other']"),
+        ("5", "5"),
+        ("null", "null"),
+        ("[1, 2.5]", "2.5 (float) at index 1"),
+    ],
+)
 def test_every_prompt_line_is_checked_naming_file_and_line(tmp_path, line, expected):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "fine"}\n' + line + "\n")
@@ -782,7 +859,9 @@ def test_eos_ids_have_one_reading_strict_for_arguments_lenient_for_configs():
     assert eos_token_ids(torch.tensor([2, 3]), vocab_size=8, strict=True) == (2, 3)
     assert eos_token_ids([1, "2", None, True, 4]) == (1, 4) and eos_token_ids("2") == ()  # a config's value
     for bad in ("2", [1, "2"], True, 2.0, 8, torch.tensor([2.0])):
-        with pytest.raises(spec.DraftInputError, match="`eos_token_id` .*; expected None, an int token id in \\[0, 8\\)"):
+        with pytest.raises(
+            spec.DraftInputError, match="`eos_token_id` .*; expected None, an int token id in \\[0, 8\\)"
+        ):
             eos_token_ids(bad, vocab_size=8, strict=True)
 
 
@@ -810,7 +889,9 @@ def test_generation_stops_at_the_context_limit_with_exact_statistics(settings):
     assert stats.num_accepted_tokens + stats.num_rounds <= len(out.tokens)  # the last few came from the target alone
     short = speculative_generate(target, echo_drafter(target), ids, max_new_tokens=5, **settings)
     assert short.finish_reason == "length" and not short.context_limited
-    with pytest.raises(spec.DraftInputError, match="the prompt has 40 tokens; expected fewer than the context limit of 40"):
+    with pytest.raises(
+        spec.DraftInputError, match="the prompt has 40 tokens; expected fewer than the context limit of 40"
+    ):
         speculative_generate(target, echo_drafter(target), prompt(40), max_new_tokens=5, **settings)
 
 
@@ -831,8 +912,19 @@ def test_acceptance_refuses_bad_prompts_and_swapped_models_before_loading(tmp_pa
     }
     for line, (target, draft_, message) in cases.items():
         (tmp_path / "prompts.jsonl").write_text(line + "\n")
-        code = main(["acceptance", "--target", target, "--draft", draft_, "--prompts", str(tmp_path / "prompts.jsonl"),
-                     "--device", "cpu"])  # fmt: skip
+        code = main(
+            [
+                "acceptance",
+                "--target",
+                target,
+                "--draft",
+                draft_,
+                "--prompts",
+                str(tmp_path / "prompts.jsonl"),
+                "--device",
+                "cpu",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (line, err)
         assert "Loading" not in err and "%" not in err, err
@@ -844,16 +936,37 @@ def test_acceptance_past_the_context_limit_stops_there_with_a_note(tmp_path, cap
 
     (tmp_path / "p.jsonl").write_text('{"input_ids": [5, 6, 7]}\n')
     report = tmp_path / "r.json"
-    assert main(["acceptance", "--target", str(DEMO_DIR / "target"), "--draft", str(DEMO_DIR / "draft"), "--prompts",
-                 str(tmp_path / "p.jsonl"), "--ignore-eos", "--max-new-tokens", "600", "--no-progress", "--device", "cpu",
-                 "--json", str(report)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "acceptance",
+                "--target",
+                str(DEMO_DIR / "target"),
+                "--draft",
+                str(DEMO_DIR / "draft"),
+                "--prompts",
+                str(tmp_path / "p.jsonl"),
+                "--ignore-eos",
+                "--max-new-tokens",
+                "600",
+                "--no-progress",
+                "--device",
+                "cpu",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "note: 1 request(s) stopped at the context limit of 512 positions" in err
     (request,) = json.loads(report.read_text())["requests"]
     assert request["num_prompt_tokens"] + request["num_generated_tokens"] == 512 and request["context_limited"]
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1e-300, 1.0), (5e-324, 1.0), (1e-3, 1.0), (1.0, 1e-300), (1e-300, 1e-300)])
+@pytest.mark.parametrize(
+    "temperature, top_p", [(1e-300, 1.0), (5e-324, 1.0), (1e-3, 1.0), (1.0, 1e-300), (1e-300, 1e-300)]
+)
 def test_tiny_temperatures_and_top_p_give_a_distribution(temperature, top_p):
     """Valid settings at the edge of fp32: logits / 1e-300 overflows and a top_p below fp32's smallest
     value compares as 0; either would give NaN. Both must give the argmax's one-hot (within fp32)."""
@@ -864,7 +977,9 @@ def test_tiny_temperatures_and_top_p_give_a_distribution(temperature, top_p):
     drafter = tiny_drafter(seed=1)
     ids = torch.randint(0, drafter.config.vocab_size, (1, 4))
     aux = torch.randn(1, 4, drafter.config.num_aux_hidden_states * drafter.config.target_hidden_size)
-    drafted = drafter.draft(ids, aux, 2, temperature=temperature, top_p=top_p, generator=torch.Generator().manual_seed(0))
+    drafted = drafter.draft(
+        ids, aux, 2, temperature=temperature, top_p=top_p, generator=torch.Generator().manual_seed(0)
+    )
     assert torch.isfinite(drafted.probs).all()
 
 
@@ -873,8 +988,12 @@ def test_settings_and_pairs_are_refused_with_the_library_error():
     from eagle31_mla.modeling_eagle31_mla import DraftInputError
 
     drafter = tiny_drafter(seed=1)
-    for bad in (dict(num_steps=3, num_draft_tokens=2), dict(topk=4, num_steps=2, num_draft_tokens=100),
-                dict(topk=4, tree=False), dict(topk=10_000 if drafter.config.draft_vocab_size < 10_000 else 64)):  # fmt: skip
+    for bad in (
+        dict(num_steps=3, num_draft_tokens=2),
+        dict(topk=4, num_steps=2, num_draft_tokens=100),
+        dict(topk=4, tree=False),
+        dict(topk=10_000 if drafter.config.draft_vocab_size < 10_000 else 64),
+    ):
         settings = dict(num_steps=3, topk=1, num_draft_tokens=None, temperature=0.0, top_p=1.0, tree=None) | bad
         with pytest.raises(DraftInputError):
             spec.check_settings(**settings, draft_vocab_size=drafter.config.draft_vocab_size)

@@ -33,8 +33,19 @@ COMMON = {
     "temperature": [-1.0, float("nan"), float("inf"), "0"],
     "top_p": [0.0, 1.5, float("nan"), "1"],
     "max_new_tokens": [0, -1, 1.5, "8", 10**12],
-    "eos_token_id": ["381", -1, "{vocab}", True, 10**9, 2.0, torch.tensor([2.0, 3.0]), torch.tensor([[2, 3]]),
-                     [1, "2"], {"a": 1}, b"\x02"],  # fmt: skip
+    "eos_token_id": [
+        "381",
+        -1,
+        "{vocab}",
+        True,
+        10**9,
+        2.0,
+        torch.tensor([2.0, 3.0]),
+        torch.tensor([[2, 3]]),
+        [1, "2"],
+        {"a": 1},
+        b"\x02",
+    ],
 }
 BAD = {
     "speculative_generate": {

@@ -15,11 +15,14 @@ TOL = 1e-5
 
 
 def test_diagonal_mask_literal():
-    expected = torch.tensor([
-        [1, 0, 0, 1, 0, 0, 1, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0, 1, 0],
-        [1, 1, 1, 0, 0, 1, 0, 0, 1],
-    ], dtype=torch.bool)  # fmt: skip
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 1, 0, 0, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0, 1, 0],
+            [1, 1, 1, 0, 0, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(diagonal_mask(3, 2, None, "cpu"), expected)
     anchored = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 1, 0, 1]], dtype=torch.bool)  # anchors 1 and 3, S = 4
     assert torch.equal(diagonal_mask(4, 1, torch.tensor([1, 3]), "cpu")[:, :6], anchored)
@@ -41,8 +44,12 @@ def test_ttt_equals_teacher_forced_drafting(form):
             for k in range(1, depth):
                 if t + 1 + k >= S:
                     break
-                out = model(ids[:, t + 1 + k : t + 2 + k], hidden_states=state, past_key_values=cache,
-                            position_ids=torch.tensor([[t + k]]))  # fmt: skip
+                out = model(
+                    ids[:, t + 1 + k : t + 2 + k],
+                    hidden_states=state,
+                    past_key_values=cache,
+                    position_ids=torch.tensor([[t + k]]),
+                )
                 assert (out.logits[:, 0] - unrolled[k][:, t]).abs().max() <= TOL, (t, k)
                 state = out.hidden_states
 
@@ -63,17 +70,36 @@ def tiny_target(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 
 def new_drafter(target):
     torch.manual_seed(1)
-    return drafter_for_target(target, intermediate_size=64, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,
-                              qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, max_position_embeddings=128,
-                              eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters={"rope_type": "default"})  # fmt: skip
+    return drafter_for_target(
+        target,
+        intermediate_size=64,
+        num_attention_heads=2,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        max_position_embeddings=128,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        rope_parameters={"rope_type": "default"},
+    )
 
 
 def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
@@ -81,8 +107,12 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     sequences = torch.randint(3, 64, (32, 24), generator=torch.Generator().manual_seed(0))
     config = dict(steps=8, batch_size=8, seq_len=24, depth=3, lr=1e-2, warmup=2, save_every=100)
 
-    straight = train_drafter(target, new_drafter(target), sequences, tmp_path / "a", TrainingConfig(**config), progress=False)
-    train_drafter(target, new_drafter(target), sequences, tmp_path / "b", TrainingConfig(**config), progress=False, stop_at=3)
+    straight = train_drafter(
+        target, new_drafter(target), sequences, tmp_path / "a", TrainingConfig(**config), progress=False
+    )
+    train_drafter(
+        target, new_drafter(target), sequences, tmp_path / "b", TrainingConfig(**config), progress=False, stop_at=3
+    )
     log = TrainingConfig(**config)  # a new process would pick up here: new objects, the same folder
     resumed = train_drafter(target, new_drafter(target), sequences, tmp_path / "b", log, progress=False)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
@@ -101,7 +131,9 @@ def test_training_writes_the_published_layout(tmp_path):
 
     target = tiny_target()
     sequences = torch.randint(3, 64, (8, 16), generator=torch.Generator().manual_seed(0))
-    train_drafter(target, new_drafter(target), sequences, tmp_path, TrainingConfig(steps=2, batch_size=4, depth=2), progress=False)
+    train_drafter(
+        target, new_drafter(target), sequences, tmp_path, TrainingConfig(steps=2, batch_size=4, depth=2), progress=False
+    )
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
         names = set(f.keys())
     assert "fc_norm.0.weight" in names and "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
@@ -120,8 +152,24 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     text = tmp_path / "corpus.jsonl"
     stories = [json.dumps({"text": f"Ann has {n} red apples and gives the dog {n + 1} of them."}) for n in range(60)]
     text.write_text("\n".join(stories) + "\n")
-    common = ["train", "--target", str(DEMO_DIR / "target"), "--text", str(text), "--out", str(tmp_path / "d"),
-              "--batch-size", "2", "--seq-len", "16", "--depth", "2", "--quiet", "--device", "cpu"]  # fmt: skip
+    common = [
+        "train",
+        "--target",
+        str(DEMO_DIR / "target"),
+        "--text",
+        str(text),
+        "--out",
+        str(tmp_path / "d"),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--depth",
+        "2",
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     assert main([*common, "--steps", "2", "--aux-layers", "1,2,3", "--eagle3"]) == 0
     assert "EAGLE-3," in capsys.readouterr().out
     first = json.loads((tmp_path / "d" / "training.json").read_text())
@@ -136,11 +184,14 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     assert state["step"] == 3 and [e["step"] for e in json.loads(state["log"])] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"--target": "missing-target"}, "missing-target"),
-    ({"--text": "missing.txt"}, "missing.txt"),
-    ({"--aux-layers": "1,two,3"}, "--aux-layers: expected comma-separated ints"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"--target": "missing-target"}, "missing-target"),
+        ({"--text": "missing.txt"}, "missing.txt"),
+        ({"--aux-layers": "1,two,3"}, "--aux-layers: expected comma-separated ints"),
+    ],
+)
 def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
     from eagle31_mla.demo import DEMO_DIR
     from tests.support.engine_configs import usage_error_line
@@ -169,9 +220,29 @@ def test_train_without_aux_layers_on_the_demo_target(tmp_path, capsys):
     from eagle31_mla.demo import DEMO_DIR
 
     (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat who liked to eat fish every day.\n" * 20)
-    assert main(["train", "--target", str(DEMO_DIR / "target"), "--text", str(tmp_path / "corpus.txt"), "--out",
-                 str(tmp_path / "out"), "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--quiet",
-                 "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--target",
+                str(DEMO_DIR / "target"),
+                "--text",
+                str(tmp_path / "corpus.txt"),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "16",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "aux layers" in capsys.readouterr().out
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
@@ -183,8 +254,10 @@ def test_train_refuses_a_drafter_as_target_and_bad_text_before_loading(tmp_path,
 
     (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
     (tmp_path / "ok.txt").write_text("hello there\n")
-    for target, text, message in ((DEMO_DIR / "draft", tmp_path / "ok.txt", "argument --target: "),
-                                  (DEMO_DIR / "target", tmp_path / "corpus.jsonl", "corpus.jsonl:2")):
+    for target, text, message in (
+        (DEMO_DIR / "draft", tmp_path / "ok.txt", "argument --target: "),
+        (DEMO_DIR / "target", tmp_path / "corpus.jsonl", "corpus.jsonl:2"),
+    ):
         code = main(["train", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "o"), "--quiet"])
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Loading" not in err, err

@@ -96,8 +96,10 @@ def _hooked_by(function, hook) -> bool:
 def hook_problems() -> list[str]:
     """What is missing for the plugin's hooks to run in this process (empty when all are in place)."""
     problems = []
-    for target, hook in ((RESOLVE_TARGET, resolve_eagle_aux_hidden_state),
-                         (CONFIGURE_TARGET, configure_aux_hidden_state_capture)):  # fmt: skip
+    for target, hook in (
+        (RESOLVE_TARGET, resolve_eagle_aux_hidden_state),
+        (CONFIGURE_TARGET, configure_aux_hidden_state_capture),
+    ):
         try:
             function = pkgutil.resolve_name(target)
         except (ImportError, AttributeError, ValueError) as err:
@@ -242,8 +244,9 @@ def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
         model.set_eagle3_layers_to_capture(list(form))
         stored = captured_layers(model)
         if stored is None:
-            logger.warning("eagle31-mla: cannot read back what %s captures; passing one-based %s",
-                           type(model).__name__, wanted)  # fmt: skip
+            logger.warning(
+                "eagle31-mla: cannot read back what %s captures; passing one-based %s", type(model).__name__, wanted
+            )
             return wanted
         if list(stored) == wanted:
             return form

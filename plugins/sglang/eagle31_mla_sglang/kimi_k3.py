@@ -38,7 +38,9 @@ def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
     if self.pp_group.world_size != 1:
         raise NotImplementedError("eagle31-mla: Kimi-K3 EAGLE-3 capture supports pipeline parallel size 1")
     if getattr(model, "carries_bank_slices", False):
-        raise RuntimeError("eagle31-mla: SGLANG_K3_SP_ATTN_RES keeps only a shard of each row; nothing whole to capture")
+        raise RuntimeError(
+            "eagle31-mla: SGLANG_K3_SP_ATTN_RES keeps only a shard of each row; nothing whole to capture"
+        )
     if getattr(model, "dspark_layers_to_capture", None) is not None:
         raise RuntimeError("eagle31-mla: EAGLE-3 and DSpark capture cannot both be on")
     for handle in getattr(model, "_eagle31_handles", []):
@@ -57,8 +59,11 @@ def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
         buffer, module._eagle31_buffer = module._eagle31_buffer, None
         return (output, buffer) if isinstance(output, torch.Tensor) else output
 
-    handles = [model.layers[x].register_forward_hook(capture, with_kwargs=True)  # after zero-based layer x
-               for x in ids.zero_based if model.start_layer <= x < model.end_layer]  # fmt: skip
+    handles = [
+        model.layers[x].register_forward_hook(capture, with_kwargs=True)  # after zero-based layer x
+        for x in ids.zero_based
+        if model.start_layer <= x < model.end_layer
+    ]
     handles.append(model.register_forward_pre_hook(open_buffer, with_kwargs=True))
     handles.append(model.register_forward_hook(return_aux, with_kwargs=True))
     model._eagle31_handles = handles
@@ -77,8 +82,10 @@ def install_if_missing(model_class) -> None:
         return
     from sglang.srt.models import kimi_k3
 
-    for name, method in ((KIMI_K3_LANGUAGE_MODEL, set_eagle3_layers_to_capture_language_model),
-                         (KIMI_K3_MULTIMODAL, set_eagle3_layers_to_capture_multimodal)):  # fmt: skip
+    for name, method in (
+        (KIMI_K3_LANGUAGE_MODEL, set_eagle3_layers_to_capture_language_model),
+        (KIMI_K3_MULTIMODAL, set_eagle3_layers_to_capture_multimodal),
+    ):
         cls = getattr(kimi_k3, name)
         if not hasattr(cls, "set_eagle3_layers_to_capture"):
             cls.set_eagle3_layers_to_capture = method

@@ -4,9 +4,9 @@ Installed with the project, loaded by vLLM in every process through the ``vllm.g
 entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "method": "eagle3",
 "num_speculative_tokens": 3}'`` then serves the drafter fed exactly the tensors it was trained on:
 
-* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` (``ENGINE_ARCHITECTURE``) are rewritten as vLLM parses
-  them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever convention the file
-  uses (read by :mod:`eagle31_mla.aux_layers`), become explicit one-based top-level ids, which both
+* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` (``ENGINE_ARCHITECTURE``) are
+  rewritten as vLLM parses them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever
+  convention the file uses (read by :mod:`eagle31_mla.aux_layers`), become explicit one-based top-level ids, which both
   model runners of every version read first; the architecture becomes this plugin's class;
 * that class (:mod:`.model`) validates the ids against the target, enforces the Kimi-K3 prefix-only
   aux stream, and applies ``fc_norm`` / ``norm_output`` where the installed vLLM does not;
@@ -141,7 +141,9 @@ def _fix_cpu_rotary_for_strided_inputs() -> None:
     forward_cpu._eagle31_fixed = True
     forward_cpu._eagle31_original = compiled
     RotaryEmbedding.forward_cpu = forward_cpu
-    logger.info("eagle31-mla: CPU rotary op bypassed for strided (MLA) inputs; set %s=0 to keep vLLM's", CPU_ROTARY_FIX_ENV)
+    logger.info(
+        "eagle31-mla: CPU rotary op bypassed for strided (MLA) inputs; set %s=0 to keep vLLM's", CPU_ROTARY_FIX_ENV
+    )
 
 
 def _fix_cpu_spec_decode_sampling() -> None:
@@ -175,5 +177,7 @@ def _fix_cpu_spec_decode_sampling() -> None:
     expand_batch_to_tokens._eagle31_fixed = True
     expand_batch_to_tokens._eagle31_original = broken
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    logger.info("eagle31-mla: CPU rejection sampler expands temperature/top-p in PyTorch; set %s=0 to keep vLLM's",
-                CPU_SAMPLING_FIX_ENV)  # fmt: skip
+    logger.info(
+        "eagle31-mla: CPU rejection sampler expands temperature/top-p in PyTorch; set %s=0 to keep vLLM's",
+        CPU_SAMPLING_FIX_ENV,
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -28,9 +28,9 @@ from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausal
 
 from eagle31_mla import compatibility
 from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
+from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
 from eagle31_mla.engine_facts import is_kimi_k3_model
 from eagle31_mla.engine_facts.vllm import VllmFeatures, features
-from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
 from eagle31_mla.modeling_eagle31_mla import normalise_aux_chunks
 
 from . import installed_version
@@ -45,7 +45,9 @@ class ServingConfigError(ValueError):
 
 
 def is_kimi_k3(target_hf_config) -> bool:
-    return is_kimi_k3_model(getattr(target_hf_config, "model_type", None), getattr(target_hf_config, "architectures", None))
+    return is_kimi_k3_model(
+        getattr(target_hf_config, "model_type", None), getattr(target_hf_config, "architectures", None)
+    )
 
 
 def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, environ=os.environ) -> None:
@@ -64,8 +66,11 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
     if not engine.supported:
         logger.warning("eagle31-mla: %s is outside the supported range 0.20-0.33", engine.describe())
     kimi_k3 = is_kimi_k3(target_hf_config)
-    for rule in (compatibility.vllm_fc_width(engine, len(ids)), compatibility.vllm_kimi_k3_version(engine, kimi_k3),
-                 compatibility.vllm_kimi_k3_stream(engine, kimi_k3, environ)):  # fmt: skip
+    for rule in (
+        compatibility.vllm_fc_width(engine, len(ids)),
+        compatibility.vllm_kimi_k3_version(engine, kimi_k3),
+        compatibility.vllm_kimi_k3_stream(engine, kimi_k3, environ),
+    ):
         if rule is not None:
             raise ServingConfigError(f"eagle31-mla: {rule.message} (this is {engine.describe()})")
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
@@ -80,8 +85,10 @@ def _built_for(draft) -> compatibility.Sizes:
 
 
 def _sizes(target_text_config) -> compatibility.Sizes:
-    return compatibility.Sizes(hidden_size=getattr(target_text_config, "hidden_size", None) or None,
-                               vocab_size=getattr(target_text_config, "vocab_size", None) or None)  # fmt: skip
+    return compatibility.Sizes(
+        hidden_size=getattr(target_text_config, "hidden_size", None) or None,
+        vocab_size=getattr(target_text_config, "vocab_size", None) or None,
+    )
 
 
 class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
@@ -100,8 +107,12 @@ class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
             n = len(draft.eagle_aux_hidden_state_layer_ids)
             self.model.fc_norm = nn.ModuleList(RMSNorm(width, eps=draft.rms_norm_eps) for _ in range(n))
         if self.fc_norm_in_plugin or self.norm_output_in_plugin:
-            logger.info("eagle31-mla: %s needs the plugin for fc_norm=%s norm_output=%s",
-                        engine.describe(), self.fc_norm_in_plugin, self.norm_output_in_plugin)  # fmt: skip
+            logger.info(
+                "eagle31-mla: %s needs the plugin for fc_norm=%s norm_output=%s",
+                engine.describe(),
+                self.fc_norm_in_plugin,
+                self.norm_output_in_plugin,
+            )
 
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.fc_norm_in_plugin:
