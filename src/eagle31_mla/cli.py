@@ -20,8 +20,9 @@ from .checkpoint_eagle31_mla import is_hub_repo_id  # stdlib only at import: the
 __all__ = ["main"]
 
 EXIT_CODES = """exit codes: 0 success (doctor: nothing is wrong); 1 problems found (doctor: misconfigurations;
-inspect/convert: the drafter is refused; serve-command: the command cannot serve it right);
-2 usage error or unreadable input; 130 interrupted (Ctrl-C)"""
+inspect/convert: the drafter is refused; serve-command: the command cannot serve it right; acceptance
+--expect/--reference: the measurement is not consistent with it); 2 usage error, unreadable input, or a
+server that cannot be measured (unreachable, no speculative decoding); 130 interrupted (Ctrl-C)"""
 
 #: Set to 1 to see the traceback of an unexpected failure (the CLI otherwise prints one line).
 TRACEBACK_ENV = "EAGLE31_MLA_TRACEBACK"
@@ -431,6 +432,58 @@ def device(text: str) -> str:
     return text
 
 
+@_argtype(
+    "an http:// or https:// URL of a running server, like http://127.0.0.1:8000",
+    ("empty", "text", "scheme", "nohost"),
+)
+def server_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise _fail(server_url.expected, text)
+    parts.port  # noqa: B018 - raises ValueError for a port out of range: refused by _argtype
+    return text.strip()
+
+
+@_argtype(
+    "an accept length: a finite number >= 1 (tokens per verification round, bonus included)",
+    ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"),
+)
+def accept_length(text: str) -> float:
+    value = _number(text, accept_length.expected, integer=False)
+    if value < 1:
+        raise _fail(accept_length.expected, text)
+    return value
+
+
+@_argtype(
+    "an integer in [1, 1024] (requests in flight)",
+    ("zero", "negative", "nan", "inf", "text", "fraction", "empty", "huge", "fullwidth", "underscore"),
+)
+def concurrency(text: str) -> int:
+    value = _number(text, concurrency.expected, integer=True)
+    if not 1 <= value <= 1024:
+        raise _fail(concurrency.expected, text)
+    return value
+
+
+@_argtype(
+    "an offline `eagle31-mla acceptance --json` report (JSON with total.mean_accept_length)",
+    ("missing", "folder", "empty_file", "empty", "binary", "toolong", "not_json"),
+    "input",
+)
+def reference_report(text: str) -> str:
+    from .live import read_reference
+
+    try:
+        existing_file(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(existing_file.expected, reference_report.expected)) from None
+    read_reference(text)  # a LiveError (ValueError) becomes the one-line argument error
+    return text
+
+
 def _roster(args: argparse.Namespace) -> int:
     """Build the default (Kimi-K3) drafter without allocating it and check it against the published roster."""
     import torch
@@ -499,12 +552,42 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The offline measurement's defaults for the arguments a server measurement has no use for (argparse leaves
+#: them None, so that one given with --server is refused by name).
+OFFLINE_DEFAULTS = {"num_steps": 3, "topk": 1, "seed": 0, "device": "auto", "dtype": "auto"}
+#: Arguments of the offline measurement only: their flags as the error names them.
+OFFLINE_ONLY = {
+    "target": "--target",
+    "draft": "--draft",
+    "num_steps": "--num-steps",
+    "topk": "--topk",
+    "num_draft_tokens": "--num-draft-tokens",
+    "seed": "--seed",
+    "device": "--device",
+    "dtype": "--dtype",
+    "trust_remote_code": "--trust-remote-code",
+    "revision": "--revision",
+    "draft_revision": "--draft-revision",
+}
+#: Arguments of the server measurement only.
+SERVER_ONLY = {
+    "engine": "--engine",
+    "concurrency": "--concurrency",
+    "model": "--model",
+    "timeout": "--timeout",
+    "log": "--log",
+    "expect": "--expect",
+    "reference": "--reference",
+}
+
+
 def _add_acceptance_arguments(parser) -> None:
-    """The ``acceptance`` command's arguments (an ``argparse`` parser or sub-parser)."""
+    """The ``acceptance`` command's arguments (an ``argparse`` parser or sub-parser): the offline measurement
+    (--target + --draft, loaded here) and the server measurement (--server URL --engine E)."""
     parser.add_argument(
-        "--target", required=True, type=model_ref, help="target model: Hub id or folder (a Transformers causal LM)"
+        "--target", type=model_ref, help="target model: Hub id or folder (a Transformers causal LM); not with --server"
     )
-    parser.add_argument("--draft", required=True, type=model_ref, help="drafter: Hub id or folder")
+    parser.add_argument("--draft", type=model_ref, help="drafter: Hub id or folder; not with --server")
     parser.add_argument(
         "--prompts",
         required=True,
@@ -512,12 +595,12 @@ def _add_acceptance_arguments(parser) -> None:
         help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line",
     )
     parser.add_argument(
-        "--num-steps", type=_bounded("num_steps", "draft steps"), default=3, help="draft steps per round (default 3)"
+        "--num-steps", type=_bounded("num_steps", "draft steps"), default=None, help="draft steps per round (default 3)"
     )
     parser.add_argument(
         "--topk",
         type=_bounded("topk", "draft branches"),
-        default=1,
+        default=None,
         help="1: chain drafting; > 1: EAGLE tree (default 1)",
     )
     parser.add_argument(
@@ -530,26 +613,28 @@ def _add_acceptance_arguments(parser) -> None:
     parser.add_argument("--top-p", type=top_p, default=1.0, help="in (0, 1] (default 1: no truncation)")
     parser.add_argument(
         "--max-new-tokens",
+        "--max-tokens",
         type=_bounded("max_new_tokens", "new tokens"),
         default=256,
         help="new tokens per prompt (default 256; generation also stops at the context limit)",
     )
-    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=None, help="(default 0)")
     parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     parser.add_argument(
         "--chat-template",
+        "--chat",
         action="store_true",
-        help="wrap text prompts as one user message of the tokenizer's chat template",
+        help="wrap text prompts as one user message of the tokenizer's chat template (server: /v1/chat/completions)",
     )
     parser.add_argument(
-        "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"
+        "--device", default=None, type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"
     )
     parser.add_argument(
         "--dtype",
-        default="auto",
+        default=None,
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype of both models (auto: each checkpoint's)",
+        help="weights dtype of both models (default auto: each checkpoint's)",
     )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the target's own modeling code")
     parser.add_argument("--revision", default=None, type=nonempty, help="target revision (branch, tag or commit)")
@@ -564,12 +649,131 @@ def _add_acceptance_arguments(parser) -> None:
         help="also write the report as JSON ('-' for stdout); its folder must exist",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    live = parser.add_argument_group(
+        "a running server (--server URL --engine E: no model is loaded here; see eagle31_mla.live)"
+    )
+    live.add_argument(
+        "--server",
+        type=server_url,
+        metavar="URL",
+        help="measure the OpenAI-compatible server at URL (e.g. http://127.0.0.1:8000) instead of --target/--draft",
+    )
+    live.add_argument(
+        "--engine",
+        choices=["vllm", "sglang", "tokenspeed"],
+        help="what serves it: vllm (/metrics counters, or per-request metrics from 0.29), sglang "
+        "(sglext.spec_tokens_details), tokenspeed (usage fields; --log)",
+    )
+    live.add_argument(
+        "--concurrency",
+        type=concurrency,
+        default=None,
+        metavar="N",
+        help="requests in flight (default 1: vLLM's counters are then attributed per request)",
+    )
+    live.add_argument("--model", type=nonempty, metavar="NAME", help="the served model (default: GET /v1/models)")
+    live.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for any one HTTP answer, a whole generation included (default 120)",
+    )
+    live.add_argument(
+        "--log",
+        type=existing_file,
+        metavar="FILE",
+        help="TokenSpeed: the scheduler's log file (its 'Req: <rid> Finish! Accept_num_tokens_avg' lines)",
+    )
+    verdict = live.add_mutually_exclusive_group()
+    verdict.add_argument(
+        "--expect", type=accept_length, metavar="X", help="the accept length the deployment should reach, e.g. 2.66"
+    )
+    verdict.add_argument(
+        "--reference",
+        type=reference_report,
+        metavar="FILE",
+        help="an offline `acceptance --json` report to compare with (its total.mean_accept_length)",
+    )
 
 
 def _acceptance(args: argparse.Namespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
     speculative-decoding loop (eagle31_mla.speculative): mean accept length, per-position acceptance,
-    histogram, drafts per generated token; a table, and JSON with --json."""
+    histogram, drafts per generated token; a table, and JSON with --json.
+
+    With --server URL --engine E, measure a running vLLM, SGLang or TokenSpeed deployment instead (no model
+    loaded here): per-request table, mean accept length with a 95% confidence interval, per-position
+    acceptance where the engine reports it, output tokens/s; with --expect X or --reference REPORT a verdict
+    (exit 1 when inconsistent, naming the likely misconfiguration and the `doctor` command to run)."""
+    if args.server is not None:
+        return _acceptance_server(args)
+    given = [flag for dest, flag in SERVER_ONLY.items() if getattr(args, dest) is not None]
+    if given:
+        return _error(f"{given[0]} measures a running server: it needs --server URL (or drop {given[0]})")
+    missing = [flag for flag, value in (("--target", args.target), ("--draft", args.draft)) if not value]
+    if missing:
+        return _error(
+            f"acceptance needs {' and '.join(missing)} (the pair to load here), or --server URL --engine E "
+            "to measure a running server"
+        )
+    for dest, value in OFFLINE_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return _acceptance_offline(args)
+
+
+def _acceptance_server(args: argparse.Namespace) -> int:
+    """``acceptance --server``: eagle31_mla.live.measure_server, printed; JSON written (atomically) at the end."""
+    given = [flag for dest, flag in OFFLINE_ONLY.items() if getattr(args, dest) not in (None, False)]
+    if given:
+        return _error(
+            f"{given[0]} is for the offline measurement (the pair loaded here); --server measures what the "
+            f"server runs: drop {given[0]}"
+        )
+    if args.engine is None:
+        return _error("--server needs --engine vllm, sglang or tokenspeed (what serves it)")
+    if args.log is not None and args.engine != "tokenspeed":
+        return _error(f"--log reads TokenSpeed's scheduler log; --engine is {args.engine}")
+    from .live import LiveError, format_report, measure_server, write_json_atomic
+    from .prompts import PromptError
+
+    try:
+        report = measure_server(
+            args.server,
+            args.engine,
+            args.prompts,
+            concurrency=args.concurrency or 1,
+            max_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            chat=args.chat_template,
+            model=args.model,
+            timeout=args.timeout or 120.0,
+            log=args.log,
+            limit=args.limit,
+            ignore_eos=args.ignore_eos,
+            progress=not args.no_progress,
+            expect=args.expect,
+            reference=args.reference,
+        )
+    except (LiveError, PromptError) as err:
+        return _error(str(err))
+    verdict = report.get("verdict")
+    for warning in verdict["warnings"] if verdict else []:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+        if args.json:
+            write_json_atomic(args.json, report)
+            print(f"report written to {args.json}")
+    return 1 if verdict and not verdict["consistent"] else 0
+
+
+def _acceptance_offline(args: argparse.Namespace) -> int:
+    """``acceptance --target --draft``: the reference loop on the pair loaded here."""
     from .engines import InputError, Target, check_roles, read_config_json
     from .prompts import prompt_token_ids, read_prompt_lines
     from .speculative import check_settings

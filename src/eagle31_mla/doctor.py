@@ -630,7 +630,11 @@ def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, dra
                 Finding(
                     "vllm-ids-convention",
                     f"vLLM's {runner_name} runner reads {where} one-based and {got}; {wanted} "
-                    "(off by one: nothing fails, acceptance drops)",
+                    + (
+                        "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
+                        if capture.layers and 0 in capture.layers
+                        else "(off by one: nothing fails, acceptance drops)"
+                    ),
                     _ids_fix_vllm(draft_name, ids),
                     plugin_fixes=True,
                 )

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["cpu_servable_target_config", "demo_corpus", "demo_story", "held_out_prompts", "train_byte_level_bpe"]
+__all__ = [
+    "DEMO_CHAT_TEMPLATE",
+    "cpu_servable_target_config",
+    "demo_corpus",
+    "demo_story",
+    "held_out_prompts",
+    "train_byte_level_bpe",
+]
 
 
 def train_byte_level_bpe(texts, vocab_size: int, folder):
@@ -77,6 +84,15 @@ def cpu_servable_target_config(
     config.topk_method = "noaux_tc"  # without it vLLM expects a correction bias Transformers does not write
     config.scoring_func = "sigmoid"
     return config
+
+
+#: The demo target's chat template (written by scripts/build_demo_pair.py as target/chat_template.jinja). The
+#: target continues stories; it is no chat model: the template joins the messages' texts with spaces and drops
+#: the roles, so a one-message chat request is the same prompt, token for token, as a completion request of its
+#: text (what lets the tests compare chat completions with the reference loop).
+DEMO_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if not loop.first %} {% endif %}{{ message['content'] }}{% endfor %}"
+)
 
 
 # ---- the demo pair's story corpus: generated, so it ships under the project's licence ---------------

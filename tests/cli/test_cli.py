@@ -17,3 +17,12 @@ def test_console_script_help():
     assert result.returncode == 0
     for command in ("demo", "roster", "acceptance", "train", "inspect", "convert", "doctor", "serve-command"):
         assert command in result.stdout
+
+
+def test_acceptance_help_shows_both_measurements(capsys):
+    """`acceptance --help` shows the offline pair and the running-server arguments (and exits 0)."""
+    assert main(["acceptance", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--target", "--draft", "--server", "--engine", "--concurrency", "--expect", "--reference", "--log"):
+        assert flag in out, flag
+    assert "--max-new-tokens MAX_NEW_TOKENS, --max-tokens MAX_NEW_TOKENS" in out

@@ -93,6 +93,8 @@ def files(tmp_path_factory):
     (root / "a-folder").mkdir()
     (root / "binary.txt").write_bytes(b"\xff\xfe\x00\x01garbage\n")
     (root / "loop").symlink_to(root / "loop")
+    (root / "offline.json").write_text(json.dumps({"settings": {}, "total": {"mean_accept_length": 2.5}}))
+    (root / "server.log").write_text("[2026-10-06 12:00:00 TP0] Req: r1 Finish! Accept_num_tokens_avg: 2.5\n")
     return root
 
 
@@ -121,6 +123,9 @@ def class_value(cls: str, root: Path) -> str:
         "underscore": "1_0",  # int() and float() read 10
         "toolong": str(root / ("n" * 300)),  # ENAMETOOLONG from the file system, not a traceback
         "loop": str(root / "loop"),  # a symlink to itself
+        "scheme": "ftp://127.0.0.1/",  # --server: not http(s)
+        "nohost": "http://",  # --server: no host
+        "not_json": str(root / "a-file.txt"),  # --reference: a text file that is not an acceptance report
     }[cls]
 
 
@@ -183,6 +188,7 @@ SUBPROCESS = [
     ("demo", "prompts", "zero"),
     ("acceptance", "json", "missing_parent"),
     ("acceptance", "top_p", "nan"),
+    ("acceptance", "server", "scheme"),
     ("train", "lr", "inf"),
     ("inspect", "path", "missing"),
     ("convert", "dst", "unwritable"),
@@ -211,6 +217,9 @@ def test_bad_value_in_a_real_process(command, dest, cls, files):
         ("acceptance", {"prompts": "{root}/blank.txt"}, "argument --prompts: expected at least one prompt"),
         ("acceptance", {"topk": "1", "num_draft_tokens": "9"}, "chain drafting verifies num_steps + 1"),
         ("acceptance", {"topk": "4"}, "tree drafting (topk 4) needs num_draft_tokens"),
+        ("acceptance", {"server": "http://127.0.0.1:9"}, "--target is for the offline measurement"),
+        ("acceptance", {"expect": "2.5"}, "--expect measures a running server: it needs --server URL"),
+        ("acceptance", {"expect": "2", "reference": "{root}/offline.json"}, "not allowed with argument --expect"),
         ("train", {"seq_len": "4", "depth": "4"}, "argument --seq-len: expected more than --depth 4"),
         ("train", {"aux_layers": "1,2,9"}, "argument --aux-layers: expected one-based ids <= 4"),
         ("train", {"text": "{root}/blank.txt"}, "argument --text: expected at least one non-empty document"),
@@ -261,7 +270,7 @@ def _role_arguments(command: str, role: str) -> list[argparse.Action]:
 
 
 #: a value for an input argument the baseline leaves out
-OPTIONAL_INPUTS = {"token_counts": "{root}/counts.txt"}
+OPTIONAL_INPUTS = {"token_counts": "{root}/counts.txt", "reference": "{root}/offline.json", "log": "{root}/server.log"}
 
 
 def _input_value(command: str, action: argparse.Action, root: Path) -> str:

@@ -9,6 +9,7 @@ target distribution (chi-square on 1e5 vectorised draws), and deliberately broke
 import functools
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -902,11 +903,14 @@ def test_acceptance_refuses_bad_prompts_and_swapped_models_before_loading(tmp_pa
     from eagle31_mla.demo import DEMO_DIR
 
     T, D = str(DEMO_DIR / "target"), str(DEMO_DIR / "draft")
+    bare = tmp_path / "target-without-chat-template"  # the demo target ships one (for chat completions)
+    shutil.copytree(DEMO_DIR / "target", bare)
+    (bare / "chat_template.jinja").unlink()
     cases = {
         '{"input_ids": [1.9, 2.7]}': (T, D, "prompts.jsonl:1: "),
         '{"input_ids": [1, 2, 999999]}': (T, D, "outside the target's vocabulary [0, 512)"),
         '{"prompt": null}': (T, D, "prompts.jsonl:1: "),
-        '{"messages": [{"role": "user", "content": "hi"}]}': (T, D, "has no chat template"),
+        '{"messages": [{"role": "user", "content": "hi"}]}': (str(bare), D, "has no chat template"),
         '{"prompt": "hi"}': (D, D, "argument --target: "),
         '{"input_ids": [5, 6]}': (T, T, "argument --draft: "),
     }

@@ -34,6 +34,17 @@ __all__ = [
     "parse_version",
     "target_reading",
     "stored_layers",
+    "METRIC_PREFIX",
+    "MODEL_OWNER",
+    "SPEC_FLAG",
+    "SPEC_DETAILS_REQUEST_FIELD",
+    "SPEC_DETAILS_RESPONSE_FIELD",
+    "SPEC_VERIFY_CT",
+    "SPEC_NUM_CORRECT_DRAFTS",
+    "SPEC_NUM_PROPOSED_DRAFTS",
+    "SPEC_CORRECT_DRAFTS_HISTOGRAM",
+    "SPEC_ACCEPT_LENGTH",
+    "SERVER_INFO_PATH",
 ]
 
 #: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
@@ -112,3 +123,35 @@ def stored_layers(reading: str, ids: Sequence[int] | None, num_layers: int) -> l
     if reading == PLUS_ONE or (reading == FIRST_ID_HEURISTIC and ids and ids[0] == 1):
         return [i + 1 for i in ids]
     return list(ids)
+
+
+# ---- what a running SGLang server reports about speculative decoding (``eagle31-mla acceptance --server``) ----
+#
+# Read from the sglang 0.5.23 wheel (``srt/entrypoints/openai/``, ``srt/managers/tokenizer_manager.py``).
+
+#: The prefix of its Prometheus series (``/metrics`` exists only with --enable-metrics: http_server.py:314-317).
+METRIC_PREFIX = "sglang:"
+#: ``owned_by`` of its ``/v1/models`` entries (``openai/protocol.py:93``).
+MODEL_OWNER = "sglang"
+#: Speculative decoding is on with this server flag; without it no request carries the fields below.
+SPEC_FLAG = "--speculative-algorithm"
+#: Set true in a /v1/completions or /v1/chat/completions request body (``protocol.py:393,961``; no server flag) ...
+SPEC_DETAILS_REQUEST_FIELD = "return_spec_tokens_details"
+#: ... and the response carries ``sglext.spec_tokens_details`` (``SpecTokensDetails``, ``protocol.py:456-467``;
+#: an object for n = 1; mapped from meta_info in ``openai/utils.py:310-351``), present only when the request
+#: had verify rounds (``tokenizer_manager.py:3138-3206``: added only when ``spec_verify_ct > 0``).
+SPEC_DETAILS_RESPONSE_FIELD = ("sglext", "spec_tokens_details")
+#: Verify rounds of the request.
+SPEC_VERIFY_CT = "spec_verify_ct"
+#: Accepted drafts (the bonus token excluded): AL = 1 + correct / verify_ct, bonus included.
+SPEC_NUM_CORRECT_DRAFTS = "spec_num_correct_drafts"
+#: verify_ct * (speculative_num_draft_tokens - 1).
+SPEC_NUM_PROPOSED_DRAFTS = "spec_num_proposed_drafts"
+#: Index j: verify rounds that accepted exactly j drafts; only as long as the largest j seen
+#: (``schedule_batch.py:1566-1572``).
+SPEC_CORRECT_DRAFTS_HISTOGRAM = "spec_correct_drafts_histogram"
+#: completion_tokens / verify_ct: counts the prefill token too, so it runs high by 1 / verify_ct. Not used.
+SPEC_ACCEPT_LENGTH = "spec_accept_length"
+#: GET: the server's arguments (``model_path``, ``speculative_draft_model_path``, ...) and ``version``
+#: (``http_server.py:863-892``).
+SERVER_INFO_PATH = "/server_info"

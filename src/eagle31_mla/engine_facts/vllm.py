@@ -24,6 +24,16 @@ __all__ = [
     "VllmFeatures",
     "features",
     "parse_version",
+    "METRIC_PREFIX",
+    "SPEC_DECODE_COUNTERS",
+    "SPEC_DECODE_POSITION_LABEL",
+    "DIFFUSION_COUNTER_PREFIX",
+    "DISABLE_LOG_STATS_FLAG",
+    "PER_REQUEST_SPEC_METRICS_FROM",
+    "PER_REQUEST_SPEC_METRICS_FLAG",
+    "PER_REQUEST_SPEC_METRICS_FIELD",
+    "MODEL_OWNER",
+    "VERSION_PATH",
 ]
 
 #: The range this plugin is written for: [0.20, 0.34).
@@ -107,3 +117,44 @@ def features(version: tuple[int, int, int]) -> VllmFeatures:
         v1_reads_nested_aux_ids=v >= (0, 22),
         v2_model_runner=v >= (0, 22),
     )
+
+
+# ---- what a running vLLM server reports about speculative decoding (``eagle31-mla acceptance --server``) ----
+#
+# Read from the released sdists 0.20.0-0.33.0 (0.32.0 installed): the names below are the same in every one.
+
+#: The prefix of every vLLM series on ``/metrics`` (always mounted, no flag: 0.32's
+#: ``entrypoints/serve/instrumentator/metrics.py:56-81``).
+METRIC_PREFIX = "vllm:"
+#: The speculative-decoding counters (``prometheus_client.Counter``, scraped with a ``_total`` suffix), labels
+#: ``model_name`` and ``engine`` (the engine index, one series per data-parallel engine: sum over it). They
+#: exist only with ``--speculative-config``, from the server's start (children created at 0). Registered at
+#: 0.32's ``v1/spec_decode/metrics.py:229-264`` (0.20-0.23: lines 155-189, one ``Counter`` each).
+#: AL = 1 + d(accepted_tokens) / d(drafts) (the docstring at 0.32's ``v1/spec_decode/metrics.py:190-203``);
+#: per position j (label ``position`` = "0".."k-1"): rounds whose draft at depth j + 1 was accepted.
+SPEC_DECODE_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_tokens_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+SPEC_DECODE_POSITION_LABEL = "position"
+#: A diffusion (dLLM) model's counters take the scalar counters' place (0.24+, ``metrics.py:215-247``):
+#: not speculative decoding.
+DIFFUSION_COUNTER_PREFIX = "vllm:diffusion_"
+#: Without stats (``log_stats=False``, 0.32's ``async_llm.py:195-201,287``) no stat logger exists: ``/metrics``
+#: still answers, with no ``vllm:`` series at all.
+DISABLE_LOG_STATS_FLAG = "--disable-log-stats"
+#: Per-request acceptance in the response, top-level ``metrics.speculative_decoding`` (vllm-project/vllm
+#: PR #48915; first in 0.29.0), with the server flag below set to ``summary`` or ``detailed`` (independent of
+#: --disable-log-stats); filled when the request finishes, null for n > 1. Fields (0.32's
+#: ``entrypoints/generate/base/protocol.py:100-119``, built in ``v1/metrics/stats.py:350-422``):
+#: ``mean_acceptance_length`` (bonus included), ``acceptance_histogram`` (index j: steps that accepted exactly
+#: j drafts), ``num_spec_steps``, ``num_accepted_draft_tokens``, ``num_draft_tokens``, ``num_spec_tokens``.
+PER_REQUEST_SPEC_METRICS_FROM = (0, 29)
+PER_REQUEST_SPEC_METRICS_FLAG = "--per-request-spec-decode-metrics"
+PER_REQUEST_SPEC_METRICS_FIELD = ("metrics", "speculative_decoding")
+#: ``owned_by`` of its ``/v1/models`` entries (0.32's ``entrypoints/serve/engine/protocol.py:109``).
+MODEL_OWNER = "vllm"
+#: GET answers ``{"version": "..."}`` (0.32's ``entrypoints/serve/instrumentator/basic.py:53-56``).
+VERSION_PATH = "/version"

