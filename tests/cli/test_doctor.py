@@ -116,7 +116,7 @@ CASES: dict[str, tuple[Case, Case]] = {
     ),
     "bos-eos-mismatch": (Case(draft(eos_token_id=163585), K3, "vllm", "0.30"), Case(draft(), K3, "vllm", "0.30")),
     "vllm-ids-convention": (  # the training form served as is: V1 reads nested [1, 45, 89] one-based
-        Case(nested_only([1, 29, 57]), K3, "vllm", "0.30"),
+        Case(nested_only([1, 45, 89]), K3, "vllm", "0.30"),
         Case(draft(), K3, "vllm", "0.30"),
     ),
     "vllm-nested-ids-ignored": (
@@ -179,8 +179,8 @@ CASES: dict[str, tuple[Case, Case]] = {
         Case(draft([3, 46, 89], eagle_config={"use_aux_hidden_state": True}), K3, "tokenspeed", layers=[3, 46, 89]),
     ),
     "tokenspeed-ids-convention": (
-        Case(nested_only([1, 29, 57]), K3, "tokenspeed"),
-        Case(nested_only([1, 29, 57]), K3, "tokenspeed", layers=[2, 46, 90]),
+        Case(nested_only([1, 45, 89]), K3, "tokenspeed"),
+        Case(nested_only([1, 45, 89]), K3, "tokenspeed", layers=[2, 46, 90]),
     ),
     "tokenspeed-unknown-target": (Case(draft(), UNKNOWN, "tokenspeed"), Case(draft(), K3, "tokenspeed")),
     "target-depth-mismatch": (  # the draft records the depth it was trained for; the target is deeper
@@ -289,9 +289,9 @@ def test_kimi_k3_stream_variable_only_matters_where_it_exists():
 
 
 def test_the_plugin_handles_what_it_corrects_and_nothing_else():
-    bare = Case(nested_only([1, 29, 57]), K3, "vllm", "0.22.1").run()
+    bare = Case(nested_only([1, 45, 89]), K3, "vllm", "0.22.1").run()
     assert {"vllm-ids-convention", "vllm-fc-norm-ignored", "vllm-kimi-k3-version"} <= {f.id for f in bare.problems}
-    plugin = Case(nested_only([1, 29, 57]), K3, "vllm", "0.22.1", plugin=True).run()
+    plugin = Case(nested_only([1, 45, 89]), K3, "vllm", "0.22.1", plugin=True).run()
     assert {f.id for f in plugin.handled} >= {"vllm-ids-convention", "vllm-fc-norm-ignored"}
     assert [f.id for f in plugin.problems] == ["vllm-kimi-k3-version"]  # a version the plugin cannot change
 
@@ -306,7 +306,7 @@ def test_without_a_version_every_release_is_checked_and_the_affected_ones_named(
 
 
 def test_the_fix_is_exact_applying_it_makes_the_config_clean():
-    bad = nested_only([1, 29, 57])
+    bad = nested_only([1, 45, 89])
     finding = next(f for f in Case(bad, K3, "vllm", "0.30").run().problems if f.id == "vllm-ids-convention")
     snippet = re.search(r"set (.*) \(what `eagle31-mla convert` writes", finding.fix)[1]
     fixed = {**bad, **json.loads("{" + snippet + "}")}
@@ -336,7 +336,7 @@ def test_serve_time_rules_are_worded_once():
 
 
 def test_tokenspeed_fix_is_the_flag_in_the_targets_convention():
-    k3 = next(f for f in Case(nested_only([1, 29, 57]), K3, "tokenspeed").run().problems)
+    k3 = next(f for f in Case(nested_only([1, 45, 89]), K3, "tokenspeed").run().problems)
     assert "--eagle3-layers-to-capture 2,46,90" in k3.fix
     ds = next(f for f in Case(draft([2, 30, 58]), DS, "tokenspeed").run().problems)  # DeepSeek adds 1
     assert ds.id == "tokenspeed-ids-convention" and "--eagle3-layers-to-capture 1,29,57" in ds.fix
@@ -351,7 +351,7 @@ def folders(tmp_path):
     return {
         "k3": write_config(tmp_path / "Kimi-K3", K3),
         "draft": write_config(tmp_path / "draft", draft()),
-        "training": write_config(tmp_path / "training-draft", nested_only([1, 29, 57])),
+        "training": write_config(tmp_path / "training-draft", nested_only([1, 45, 89])),
     }
 
 
