@@ -366,6 +366,7 @@ def _json_bytes(data: Any) -> bytes:
 MANIFEST = ".eagle31-convert-manifest.json"
 #: In a temporary folder: who is writing it (pid, host) and the files it plans.
 MARKER = ".eagle31-convert-partial.json"
+_MARKER_TMP = MARKER + ".tmp"  # the marker before its atomic rename
 _TMP = ".eagle31-convert-"
 _WRITER = "eagle31-mla convert"
 
@@ -441,6 +442,19 @@ def _swap_record(old: Path) -> Path:
     return old.with_name(old.name.replace(f"{_TMP}old-", f"{_TMP}swap-", 1) + ".json")
 
 
+def _interrupted_at_start(folder: Path, dst: Path) -> bool:
+    """A temporary folder whose convert was killed between creating it and renaming its marker into place:
+    named ``.<DST>.eagle31-convert-new-<pid>-<token>`` for a process no longer running here, and holding
+    nothing but (at most) the marker's own temporary file, so removing it cannot lose anyone's data."""
+    pid, _, token = folder.name.removeprefix(f".{dst.name}{_TMP}new-").partition("-")
+    if not (pid.isdigit() and pid.isascii() and len(token) == 8 and all(c in "0123456789abcdef" for c in token)):
+        return False
+    if _alive({"pid": int(pid), "host": socket.gethostname()}):
+        return False
+    entries = list(folder.iterdir())
+    return all(e.name == _MARKER_TMP and e.is_file() and not e.is_symlink() for e in entries)
+
+
 def _clean_leftovers(dst: Path) -> list[str]:
     """Finish what an interrupted convert into ``dst`` left beside it; returns notes on what was done."""
     notes = []
@@ -480,6 +494,12 @@ def _clean_leftovers(dst: Path) -> list[str]:
                 f"removed the leftovers of an interrupted conversion ({leftover.name})"
                 + (f"; kept {leftover} for {', '.join(kept)}, which convert did not write" if kept else "")
             )
+            continue
+        elif _interrupted_at_start(leftover, dst):
+            for entry in leftover.iterdir():  # at most the unfinished marker: nothing else was written yet
+                entry.unlink()
+            leftover.rmdir()
+            notes.append(f"removed the empty folder of a conversion interrupted as it started ({leftover.name})")
             continue
         elif not _listed(leftover):
             continue  # no marker or manifest by convert: not provably its own, left alone
@@ -843,16 +863,9 @@ def convert(
             raise InputError(f"cannot write DST {dst}: {err.strerror or err}") from None
         committed = False
         try:
-            (tmp / MARKER).write_bytes(
-                _json_bytes(
-                    {
-                        "written_by": _WRITER,
-                        "pid": os.getpid(),
-                        "host": socket.gethostname(),
-                        "files": sorted({*written, MANIFEST}),
-                    }
-                )
-            )
+            marker = {"written_by": _WRITER, "pid": os.getpid(), "host": socket.gethostname()}
+            (tmp / _MARKER_TMP).write_bytes(_json_bytes({**marker, "files": sorted({*written, MANIFEST})}))
+            os.replace(tmp / _MARKER_TMP, tmp / MARKER)  # whole or absent: a kill never leaves half a marker
             bar = _progress(total, progress)
             try:
                 for file, shard in zip(names, shards):

@@ -193,6 +193,26 @@ def test_leftovers_of_a_killed_convert_are_cleaned_and_only_they(tmp_path, old):
     assert any("interrupted conversion" in note for note in result.notes)
 
 
+def test_a_convert_killed_before_its_marker_was_written_is_cleaned_and_only_it(tmp_path, old):
+    """Killed between creating its folder and renaming its marker into place (the marker is written whole,
+    by rename): the folder is empty or holds only the marker's temporary file. The next convert removes
+    such a folder when the pid in its name is gone; a live pid's, or one holding anything else, stays."""
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    name = f".{old.name}.eagle31-convert-new-{{}}-{{}}"
+    empty = old.parent / name.format(dead, "0a1b2c3d")
+    half_marker = old.parent / name.format(dead, "4e5f6a7b")
+    with_a_file = old.parent / name.format(dead, "8c9d0e1f")
+    alive = old.parent / name.format(os.getppid(), "2a3b4c5d")  # a live writer about to write its marker
+    for folder in (empty, half_marker, with_a_file, alive):
+        folder.mkdir()
+    (half_marker / f"{MARKER}.tmp").write_text('{"written_by": "eagle31-mla con')
+    (with_a_file / "notes.txt").write_text("not convert's: never deleted")
+    result = convert(source(tmp_path), old, force=True, progress=False)
+    assert not empty.exists() and not half_marker.exists()
+    assert (with_a_file / "notes.txt").read_text() == "not convert's: never deleted" and alive.is_dir()
+    assert sum("interrupted as it started" in note for note in result.notes) == 2
+
+
 def test_an_interrupted_non_atomic_swap_is_restored(tmp_path, old):
     """Without renameat2 the swap is two renames; killed between them, the next convert puts DST back."""
     import socket
