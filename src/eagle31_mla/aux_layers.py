@@ -237,26 +237,30 @@ def engine_default_one_based_ids(num_target_layers: int) -> list[int]:
     return [2, n // 2, n - 3]
 
 
-def aux_layer_ids_config_entries(ids: AuxLayerIds) -> dict[str, Any]:
-    """The ``config.json`` entries this library writes: one-based everywhere, labelled.
+def aux_layer_ids_config_entries(ids: AuxLayerIds, convention: str = ONE_BASED) -> dict[str, Any]:
+    """The ``config.json`` entries this library writes: the ids in one convention everywhere, labelled.
 
-    The top level is what vLLM (both model runners, every version) and TokenSpeed read; the nested copy
-    mirrors the published checkpoint's layout. Engine plugins translate from here to their own forms.
+    One-based is the form written to files: the top level is what vLLM (both model runners, every version)
+    and TokenSpeed read; the nested copy mirrors the published checkpoint's layout. An engine plugin that
+    must hand a target the other form writes it with its label, so the entries still read back as ``ids``.
     """
+    if convention not in CONVENTIONS:
+        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+    form = list(ids.one_based) if convention == ONE_BASED else list(ids.zero_based)
     return {
-        IDS_KEY: list(ids.one_based),
-        CONVENTION_KEY: ONE_BASED,
-        "eagle_config": {IDS_KEY: list(ids.one_based), "use_aux_hidden_state": True},
+        IDS_KEY: form,
+        CONVENTION_KEY: convention,
+        "eagle_config": {IDS_KEY: list(form), "use_aux_hidden_state": True},
     }
 
 
-def write_aux_layer_ids(config: Any, ids: AuxLayerIds) -> None:
+def write_aux_layer_ids(config: Any, ids: AuxLayerIds, convention: str = ONE_BASED) -> None:
     """Set :func:`aux_layer_ids_config_entries` on a config object (a ``PretrainedConfig``, an engine's
     parsed draft config): the one way ids are written back, so every writer labels them alike.
 
     Other keys of an existing ``eagle_config`` dict are kept; the ids in it are replaced.
     """
-    entries = aux_layer_ids_config_entries(ids)
+    entries = aux_layer_ids_config_entries(ids, convention)
     config.eagle_aux_hidden_state_layer_ids = entries[IDS_KEY]
     config.aux_layer_ids_convention = entries[CONVENTION_KEY]
     config.eagle_config = {**(getattr(config, "eagle_config", None) or {}), **entries["eagle_config"]}

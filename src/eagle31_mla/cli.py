@@ -1116,7 +1116,7 @@ DEFAULT_DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
 def _serve_command(args: argparse.Namespace) -> int:
     """Print the launch command for vLLM, SGLang or TokenSpeed serving --target with --draft: aux ids in
     that engine's form, the environment variable, topk / steps / draft tokens. The pair is checked with
-    `doctor` (assuming the eagle31-mla plugin for vLLM and SGLang); exit 1 if problems remain."""
+    `doctor` (assuming the engine's eagle31-mla plugin); exit 1 if problems remain."""
     from .doctor import diagnose, engine_releases
     from .engines import KIMI_K3_TARGET, InputError, Target, read_config_json
     from .serving import serve_command
@@ -1155,7 +1155,7 @@ def _serve_command(args: argparse.Namespace) -> int:
             args.engine,
             version,
             environ=dict(command.env),
-            with_plugin=args.engine != "tokenspeed",
+            with_plugin=True,
             layers_to_capture=command.layers_to_capture,
             draft_name=args.draft,
         )

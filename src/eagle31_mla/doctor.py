@@ -55,6 +55,7 @@ __all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K
 PROBLEM, NOTE = "problem", "note"
 VLLM_PLUGIN = f"{PLUGIN_INSTALL['vllm']} where vLLM runs (its plugin"
 SGLANG_PLUGIN = f"{PLUGIN_INSTALL['sglang']} where SGLang runs (its plugin"
+TOKENSPEED_PLUGIN = f"{PLUGIN_INSTALL['tokenspeed']} where TokenSpeed runs (its plugin"
 
 #: Every check: id -> what it catches. Ids are stable: scripts may match on them.
 CHECKS: dict[str, str] = {
@@ -756,7 +757,8 @@ def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: 
                 "tokenspeed-unknown-target",
                 f"how TokenSpeed's {target.architectures[:1] or target.model_type} reads "
                 "aux ids is not in the table, so the capture cannot be checked",
-                f"pass {tokenspeed_facts.LAYERS_FLAG} in that target's convention",
+                f"pass {tokenspeed_facts.LAYERS_FLAG} in that target's convention (the eagle31-mla plugin refuses to "
+                "serve the drafter on a target it does not know)",
                 severity=NOTE,
             )
         )
@@ -772,8 +774,23 @@ def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: 
     form = tokenspeed_flag_form(target, ids)
     if capture.layers == ids.one_based:
         return
-    fix = f"pass {tokenspeed_facts.LAYERS_FLAG} {','.join(map(str, form))} (TokenSpeed hands it to the target as is)"
+    flag = f"{tokenspeed_facts.LAYERS_FLAG} {','.join(map(str, form))}"
     got = f"the target captures one-based {list(capture.layers)}; the drafter needs {ids.describe()}"
+    if capture.source == FLAG:  # the plugin refuses a flag naming other layers: loud, but still the user's to fix
+        rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
+        add(
+            Finding(
+                "tokenspeed-ids-convention",
+                f"TokenSpeed passes {tokenspeed_facts.LAYERS_FLAG} raw and the target {rule}, so {got}",
+                f"pass {flag} (TokenSpeed hands it to the target as is), or drop the flag: {TOKENSPEED_PLUGIN} gives "
+                "the target the right ids, and refuses a flag that names other layers)",
+            )
+        )
+        return
+    fix = (
+        f"pass {flag} (TokenSpeed hands it to the target as is); or {TOKENSPEED_PLUGIN} writes the ids into the "
+        "draft config in the form the target reads, checked on what the target stores)"
+    )
     if capture.source == DEFAULT:
         add(
             Finding(
@@ -781,11 +798,17 @@ def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: 
                 "TokenSpeed looks for ids in eagle_config (which hides the top-level key "
                 f"when present) and then the top level, and finds none, so {got}",
                 fix,
+                plugin_fixes=True,
             )
         )
     else:
-        where = {FLAG: tokenspeed_facts.LAYERS_FLAG, NESTED: "the nested eagle_config ids"}.get(
-            capture.source, "the top-level ids"
-        )
+        where = "the nested eagle_config ids" if capture.source == NESTED else "the top-level ids"
         rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
-        add(Finding("tokenspeed-ids-convention", f"TokenSpeed passes {where} raw and the target {rule}, so {got}", fix))
+        add(
+            Finding(
+                "tokenspeed-ids-convention",
+                f"TokenSpeed passes {where} raw and the target {rule}, so {got}",
+                fix,
+                plugin_fixes=True,
+            )
+        )

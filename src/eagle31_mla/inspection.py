@@ -211,7 +211,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
 
 
 def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
-    """Per engine and release: served as is, with this project's plugin (or TokenSpeed's flag), or not,
+    """Per engine and release: served as is, with this project's plugin (on TokenSpeed, or its flag), or not,
     against a Kimi-K3-architecture target sized like the drafter (no environment variables set)."""
     from .doctor import diagnose, engine_releases
 
@@ -230,15 +230,13 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
             bare = diagnose(raw, target, engine, label, environ={})
             if bare.ok:
                 status, blocking = "as is", []
-            elif engine == "tokenspeed":
-                flag = tokenspeed_flag_form(target, ids)
-                fixed = diagnose(raw, target, engine, label, environ={}, layers_to_capture=flag) if flag else bare
-                status = f"with --eagle3-layers-to-capture {','.join(map(str, flag))}" if fixed.ok and flag else "no"
-                blocking = [f.id for f in (bare.problems if fixed.ok else fixed.problems)]
             else:
                 plugin = diagnose(raw, target, engine, label, environ={}, with_plugin=True)
                 status = "with the eagle31-mla plugin" if plugin.ok else "no"
                 blocking = [f.id for f in (bare.problems if plugin.ok else plugin.problems)]
+                flag = tokenspeed_flag_form(target, ids) if engine == "tokenspeed" else None
+                if plugin.ok and flag and diagnose(raw, target, engine, label, environ={}, layers_to_capture=flag).ok:
+                    status += f" (or --eagle3-layers-to-capture {','.join(map(str, flag))})"
             if (
                 rows
                 and rows[-1]["engine"] == engine

@@ -4,8 +4,9 @@ Each engine takes the aux layers its own way: vLLM and SGLang read them from the
 ``config.json`` (vLLM the top-level one-based key, SGLang the nested ``eagle_config`` one) and have
 no flag for them, so the command names them in a comment and the eagle31-mla plugin makes the engine
 use them right; TokenSpeed takes ``--eagle3-layers-to-capture`` in the target's convention, which the
-command passes explicitly. Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the
-published acceptance numbers were measured.
+command passes explicitly (its plugin would give the target the same ids, and checks the flag).
+Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the published acceptance numbers were
+measured.
 """
 
 from __future__ import annotations
@@ -164,12 +165,14 @@ def serve_command(
             argv += [tokenspeed_facts.LAYERS_FLAG, ",".join(map(str, form))]
             convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
             comments.append(
-                f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention})"
+                f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention}); "
+                f"with {PLUGIN_INSTALL['tokenspeed']} it is optional (the plugin gives the target these ids) "
+                "and checked"
             )
         else:
             comments.append(
-                f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known; "
-                "give it in the target's own convention"
+                f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known (the "
+                f"eagle31-mla plugin refuses it); give it in the target's own convention"
             )
         if tensor_parallel_size:
             argv += ["--tensor-parallel-size", str(tensor_parallel_size)]

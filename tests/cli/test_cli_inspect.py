@@ -72,7 +72,7 @@ def test_inspect_json_for_a_training_checkpoint(tmp_path, capsys):
     vllm = {tuple(r["versions"]): r["status"] for r in info["serving"] if r["engine"] == "vllm"}
     assert vllm[tuple(f"0.{m}" for m in range(27, 34))] == "with the eagle31-mla plugin"  # nested zero-based ids
     tokenspeed = next(r for r in info["serving"] if r["engine"] == "tokenspeed")
-    assert tokenspeed["status"] == "with --eagle3-layers-to-capture 2,46,90"
+    assert tokenspeed["status"] == "with the eagle31-mla plugin (or --eagle3-layers-to-capture 2,46,90)"
 
 
 def test_inspect_refusals_and_unreadable_input(tmp_path, capsys):

@@ -116,7 +116,13 @@ def test_rebuild_script_is_deterministic(tmp_path):
         return {k: v for k, v in json.loads(path.read_text()).items() if k != "transformers_version"}
 
     for part in ("target", "draft"):
-        assert config(folders[0] / part / "config.json") == config(DEMO_DIR / part / "config.json"), part
+        built, shipped = config(folders[0] / part / "config.json"), config(DEMO_DIR / part / "config.json")
+        if part == "target":  # keys a newer transformers writes by default and this one does not know
+            from transformers import AutoConfig
+
+            known = set(AutoConfig.for_model(shipped["model_type"]).to_dict())
+            shipped = {key: value for key, value in shipped.items() if key in built or key in known}
+        assert built == shipped, part
     shipped = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
     assert {**json.loads((folders[0] / "draft" / "training.json").read_text()), "steps": shipped["steps"]} == shipped
 

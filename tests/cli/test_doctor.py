@@ -463,3 +463,26 @@ def test_a_draft_and_target_given_the_wrong_way_round_are_named_as_swapped(capsy
     captured = capsys.readouterr()
     assert code == 2 and "look swapped" in captured.err and "expected --draft DRAFTER --target TARGET" in captured.err
     assert "architectures" not in captured.out  # no advice to rewrite the target's config
+
+
+def test_the_tokenspeed_plugin_handles_the_id_forms_and_not_a_wrong_flag():
+    """With the TokenSpeed plugin the draft's ids reach the target in its own form (the profile rewrites the
+    draft config); a --eagle3-layers-to-capture naming other layers is refused at serve time, so it stays
+    the user's problem; a target whose id rule is unknown, or whose last layer is out of reach, too."""
+    for bad, target in (
+        (nested_only([1, 45, 89]), K3),  # training form: Kimi-K3 would capture one layer early
+        (draft([3, 46, 89], eagle_config={"use_aux_hidden_state": True}), K3),  # ids hidden by an empty eagle_config
+        (draft([2, 30, 58]), DS),  # one-based on DeepSeek, which adds 1
+    ):
+        assert not Case(bad, target, "tokenspeed").run().ok
+        plugin = Case(bad, target, "tokenspeed", plugin=True).run()
+        assert plugin.ok and {f.id for f in plugin.handled} <= {"tokenspeed-ids-convention", "tokenspeed-ids-ignored"}
+        assert plugin.handled and "where TokenSpeed runs" in plugin.handled[0].fix
+    flagged = Case(draft(), K3, "tokenspeed", layers=[1, 45, 89], plugin=True).run()
+    finding = next(f for f in flagged.problems if f.id == "tokenspeed-ids-convention")
+    assert not finding.plugin_fixes and "or drop the flag" in finding.fix and "2,46,90" in finding.fix
+    assert Case(draft(), K3, "tokenspeed", layers=[2, 46, 90], plugin=True).run().ok
+    last = Case(draft([2, 30, 61]), DS, "tokenspeed", plugin=True).run()
+    assert "aux-ids-beyond-target" in {f.id for f in last.problems}
+    unknown = Case(draft(), UNKNOWN, "tokenspeed", plugin=True).run()
+    assert "refuses" in next(f for f in unknown.notes if f.id == "tokenspeed-unknown-target").fix

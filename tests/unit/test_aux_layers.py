@@ -111,3 +111,29 @@ def test_written_entries_are_labelled_and_read_back_unchanged():
         assert entries["eagle_aux_hidden_state_layer_ids"] == list(ids)
         assert entries["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(ids)
         assert aux_layer_ids_from_config(entries)[0].one_based == ids
+
+
+def test_entries_written_zero_based_for_an_engine_read_back_unchanged():
+    """The TokenSpeed plugin writes a DeepSeek target's zero-based form onto the draft config: labelled, it
+    still reads as the same layers (by the rule and by the config class), so rewriting it again is harmless."""
+    from types import SimpleNamespace
+
+    from eagle31_mla import Eagle31MLAConfig
+    from eagle31_mla.aux_layers import write_aux_layer_ids
+
+    ids = AuxLayerIds((2, 46, 90))
+    entries = aux_layer_ids_config_entries(ids, "zero_based")
+    assert (
+        entries["eagle_aux_hidden_state_layer_ids"]
+        == [1, 45, 89]
+        == entries["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    )
+    assert aux_layer_ids_from_config(entries)[0] == ids
+    config = SimpleNamespace(eagle_config={"use_aux_hidden_state": True, "other": 1})
+    write_aux_layer_ids(config, ids, "zero_based")
+    assert config.eagle_config["other"] == 1 and config.aux_layer_ids_convention == "zero_based"
+    model_config = Eagle31MLAConfig()
+    write_aux_layer_ids(model_config, ids, "zero_based")
+    assert model_config.aux_layer_ids.one_based == (2, 46, 90)
+    with pytest.raises(AuxLayerIdError, match="expected one of"):
+        aux_layer_ids_config_entries(ids, "two_based")

@@ -13,9 +13,13 @@ from pathlib import Path
 from tests.support.paths import ROOT
 
 #: Where each top-level package lives; a module's name is its path below one of these.
-SOURCE_ROOTS = (ROOT / "src", ROOT / "plugins" / "vllm", ROOT / "plugins" / "sglang")
+#: Every plugin folder counts, so a new engine's plugin is checked without editing this file.
+PLUGIN_ROOTS = tuple(sorted(path for path in (ROOT / "plugins").iterdir() if path.is_dir()))
+SOURCE_ROOTS = (ROOT / "src", *PLUGIN_ROOTS)
 CORE_ROOT = ROOT / "src"
-PLUGIN_PACKAGES = ("eagle31_mla_vllm", "eagle31_mla_sglang")
+PLUGIN_PACKAGES = tuple(
+    package.name for root in PLUGIN_ROOTS for package in sorted(root.iterdir()) if (package / "__init__.py").is_file()
+)
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ def test_engine_facts_and_rules_import_without_an_engine_or_torch():
     is installed."""
     code = (
         "import sys\n"
-        "for name in ('vllm', 'sglang', 'torch', 'transformers', 'eagle31_mla_vllm', 'eagle31_mla_sglang'):\n"
+        f"for name in ('vllm', 'sglang', 'tokenspeed', 'torch', 'transformers', *{PLUGIN_PACKAGES!r}):\n"
         "    sys.modules[name] = None\n"
         "import eagle31_mla.engine_facts.vllm, eagle31_mla.engine_facts.sglang, eagle31_mla.engine_facts.tokenspeed\n"
         "import eagle31_mla.compatibility, eagle31_mla.engines, eagle31_mla.serving\n"

@@ -33,8 +33,12 @@ __all__ = [
 
 ENGINES = ("vllm", "sglang", "tokenspeed")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
-#: The install line of this project's plugin for an engine (TokenSpeed has none).
-PLUGIN_INSTALL = {"vllm": 'pip install "eagle31-mla[vllm]"', "sglang": 'pip install "eagle31-mla[sglang]"'}
+#: The install line of this project's plugin for an engine.
+PLUGIN_INSTALL = {
+    "vllm": 'pip install "eagle31-mla[vllm]"',
+    "sglang": 'pip install "eagle31-mla[sglang]"',
+    "tokenspeed": 'pip install "eagle31-mla[tokenspeed]"',
+}
 
 
 def parse_release(version: str, engine: str) -> tuple[int, int, int]:

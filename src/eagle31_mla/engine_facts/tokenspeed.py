@@ -1,18 +1,26 @@
 """What TokenSpeed does with an EAGLE-3 MLA draft (lightseekorg/tokenspeed 0.1.1; reference notes §5).
 
-TokenSpeed has no plugin package: these facts are applied by :mod:`eagle31_mla.engines` and
-:mod:`eagle31_mla.doctor` alone. Its ``_MLA_ARCHITECTURES`` list holds one drafter name,
+Applied by :mod:`eagle31_mla.engines` / :mod:`eagle31_mla.doctor` (offline) and by the TokenSpeed plugin
+(``eagle31_mla_tokenspeed``) at serve time. Its ``_MLA_ARCHITECTURES`` list holds one drafter name,
 :data:`~eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`; any other name silently gets MHA.
+Paths below are in the tokenspeed 0.1.1 wheel (``tokenspeed/``); ``tests/engines/test_tokenspeed_plugin.py``
+checks them against the installed package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import KIMI_K3_ARCHITECTURES, KIMI_K3_MODEL_TYPE, ONE_BASED, PLUS_ONE
+from . import KIMI_K3_ARCHITECTURES, KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL, ONE_BASED, PLUS_ONE
 
 __all__ = [
     "RELEASES",
+    "PLUGIN_API_VERSION",
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_SYMBOLS",
+    "STORED_IDS",
+    "LANGUAGE_MODELS",
+    "K3_EAGLE3_CAPTURE",
     "LAYERS_FLAG",
     "ONE_BASED_TARGETS",
     "PLUS_ONE_TARGETS",
@@ -30,6 +38,50 @@ __all__ = [
 ]
 
 RELEASES = ((0, 1, 1),)
+
+# ---- the plugin contract (``runtime/plugins/__init__.py``, ``runtime/plugins/registry.py``) ----
+#
+# Plugins are ``tokenspeed.plugins`` entry points whose no-argument ``register()`` runs at the top of every
+# ``ModelConfig.__init__`` (``runtime/configs/model_config.py:482``), so in every process. A plugin whose
+# ``register()`` raises only gets a ``UserWarning`` and its registrations are undone: failure is quiet.
+
+#: Bumped by TokenSpeed "whenever a class or protocol on the plugin contract changes".
+PLUGIN_API_VERSION = 2
+ENTRY_POINT_GROUP = "tokenspeed.plugins"
+#: What the plugin uses, as ``module:qualified.name``: the registry, TokenSpeed's own MLA drafter and MLA
+#: geometry, the function that reads the draft config's ids (``configure_draft_target`` in
+#: ``runtime/execution/factory.py:161-202`` hands its result, or the flag, raw to the target), how the target's
+#: config is read and its class resolved, and each target class's id setter.
+PLUGIN_SYMBOLS = (
+    "tokenspeed.runtime.plugins.registry:register_model",
+    "tokenspeed.runtime.configs.model_profile:ModelProfile",
+    "tokenspeed.runtime.models.deepseek_v3:Eagle3DeepseekV2ForCausalLM",
+    "tokenspeed.runtime.configs.model_config:configure_mla_attention",
+    "tokenspeed.runtime.execution.factory:_eagle_aux_layer_ids",
+    "tokenspeed.runtime.utils.hf_transformers_utils:get_config",
+    "tokenspeed.runtime.models.registry:ModelRegistry.resolve_model_cls",
+    "tokenspeed.runtime.models.kimi_k3:KimiK3ForConditionalGeneration.set_eagle3_layers_to_capture",
+    "tokenspeed.runtime.models.kimi_k3:KimiLinearForCausalLM.set_eagle3_layers_to_capture",
+    "tokenspeed.runtime.models.kimi_k3:KimiLinearModel.forward",
+    "tokenspeed.runtime.models.deepseek_v3:DeepseekV3ForCausalLM.set_eagle3_layers_to_capture",
+)
+#: Where each target class keeps the ids it will capture, always as one-based completed-layer counts:
+#: Kimi-K3's language model ``model.eagle3_layers_to_capture`` (a tuple, ``models/kimi_k3.py:3639-3658``);
+#: DeepSeek-V3 ``model.layers_to_capture`` (a set of "capture before layer i" = after i layers,
+#: ``models/deepseek_v3.py:2073-2080``, read at ``:1995-1997``). Kimi-K2.5 delegates to its DeepSeek-V3
+#: ``language_model`` (``models/kimi_k25.py:274-281``).
+STORED_IDS = {ONE_BASED: "eagle3_layers_to_capture", PLUS_ONE: "layers_to_capture"}
+#: Multimodal wrappers whose setter delegates to their ``language_model``, and that model's class.
+LANGUAGE_MODELS = {
+    KIMI_K3_MULTIMODAL: "tokenspeed.runtime.models.kimi_k3:KimiLinearForCausalLM",
+    "KimiK25ForConditionalGeneration": "tokenspeed.runtime.models.deepseek_v3:DeepseekV3ForCausalLM",
+}
+#: Kimi-K3's EAGLE-3 capture, the statement in ``KimiLinearModel.forward`` (``models/kimi_k3.py:3538-3540``)
+#: under ``if capture_eagle3 and layer_idx + 1 in self.eagle3_layers_to_capture``: ``prefix_sum`` is what each
+#: layer returns, the prefix-only AttnRes stream this drafter was trained on (the AttnRes mixture is only
+#: read by DFLASH/DSpark taps, through ``dflash_aux_stream``). No flag or variable changes it.
+K3_EAGLE3_CAPTURE = "aux_hidden_states.append(prefix_sum.clone())"
+
 #: Overrides the draft config's ids; passed raw to the target, so it is in the TARGET's convention.
 LAYERS_FLAG = "--eagle3-layers-to-capture"
 #: Kimi-K3 (and Kimi-Linear) targets store one-based completed-layer ids unchanged (sorted, distinct, within 1..n).

@@ -1,0 +1,235 @@
+"""TokenSpeed's own MLA drafter with a profile: MLA's latent cache, and the aux ids in the served target's form.
+
+``model_profile(hf_config)`` is where a TokenSpeed plugin model states its facts; its ``configure_attention``
+runs while TokenSpeed builds the draft's ``ModelConfig``, with the launch's ``ServerArgs``, on the same
+draft config object that ``configure_draft_target`` later reads the ids from
+(``tokenspeed.runtime.execution.factory``). That is where the ids are put right.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import pkgutil
+import textwrap
+from types import SimpleNamespace
+
+from tokenspeed.runtime.configs.model_config import configure_mla_attention
+from tokenspeed.runtime.configs.model_profile import ModelProfile
+from tokenspeed.runtime.models.deepseek_v3 import Eagle3DeepseekV2ForCausalLM
+from torch import nn
+
+from eagle31_mla.aux_layers import (
+    ONE_BASED,
+    ZERO_BASED,
+    AuxLayerIdError,
+    AuxLayerIds,
+    aux_layer_ids_from_attributes,
+    write_aux_layer_ids,
+)
+from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
+from eagle31_mla.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
+from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.engine_facts import captures_layer_input, tokenspeed as facts
+from eagle31_mla.engines import Target, tokenspeed_flag_form
+
+from .contract import SUPPORTED_RELEASES, PluginAPIError
+
+__all__ = [
+    "Eagle31MLADrafter",
+    "ServingConfigError",
+    "configure_draft",
+    "target_form",
+    "stored_layers",
+    "k3_stream_problem",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class ServingConfigError(ValueError):
+    """This draft cannot be served with this target and these flags: the message says why and what to do."""
+
+
+class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
+    """TokenSpeed's ``Eagle3DeepseekV2ForCausalLM``, unchanged but for its profile and checkpoint names."""
+
+    @classmethod
+    def model_profile(cls, hf_config) -> ModelProfile:
+        draft_ids(hf_config)  # unreadable or contradictory ids stop here, before anything is built
+        return ModelProfile(
+            configure_attention=configure_draft,
+            cache_family="mla",  # MLA's latent cache; Kimi-K3's unified cache takes exactly this draft view
+            linear_attention=None,
+            default_attention_backend=None,
+            default_prefix_granularity=None,
+            request_token_history=False,
+            tokenizer_kwargs={},
+            attention_instances_per_layer=1,
+            numerics_envelopes=frozenset({"auto"}),
+        )
+
+    def load_weights(self, weights):
+        """The published names (``layers.0.*``), whatever layout the checkpoint uses; TokenSpeed maps on from there."""
+        return super().load_weights((canonical_tensor_name(name), tensor) for name, tensor in weights)
+
+
+def draft_ids(hf_config, num_target_layers: int | None = None) -> AuxLayerIds:
+    depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
+    try:
+        ids, _ = aux_layer_ids_from_attributes(hf_config, depth if isinstance(depth, int) else None)
+    except AuxLayerIdError as err:
+        raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
+    return ids
+
+
+def configure_draft(model_config, server_args) -> None:
+    """The profile's ``configure_attention``: MLA geometry, then the ids for the served target."""
+    configure_mla_attention(model_config, server_args)
+    if getattr(server_args, "speculative_algorithm", None) != "EAGLE3":
+        return
+    from tokenspeed.runtime.models.registry import ModelRegistry
+    from tokenspeed.runtime.utils.hf_transformers_utils import get_config
+
+    config = get_config(
+        server_args.model, trust_remote_code=server_args.trust_remote_code, revision=server_args.revision
+    )
+    target = Target.from_config(config.to_dict(), server_args.model)
+    target_cls, _ = ModelRegistry.resolve_model_cls(list(target.architectures))
+    flag = getattr(server_args, "eagle3_layers_to_capture", None)
+    target_form(model_config.hf_config, target, target_cls, flag)
+
+
+def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
+    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right; return it.
+
+    Refuses (:class:`ServingConfigError`) what would feed the drafter other layers: a target of other sizes,
+    ids it cannot reach, a ``--eagle3-layers-to-capture`` naming other layers, a Kimi-K3 stream other than the
+    prefix-only one."""
+    ids = draft_ids(hf_config, target.num_layers)
+    name = target_cls.__name__
+    built_for = Sizes(
+        getattr(hf_config, "target_hidden_size", None),
+        getattr(hf_config, "vocab_size", None),
+        getattr(hf_config, "target_num_hidden_layers", None),
+    )
+    refusals = size_mismatches(built_for, Sizes(target.hidden_size, target.vocab_size, target.num_layers))
+    reading = facts.target_reading(target.architectures, target.model_type)
+    if reading is None:
+        raise ServingConfigError(
+            f"eagle31-mla: how TokenSpeed's {name} reads EAGLE-3 layer ids is not known to the plugin, so it cannot "
+            f"make it capture {ids.describe()}; serve a target in the table ({', '.join(facts.ONE_BASED_TARGETS)}, "
+            f"{', '.join(facts.PLUS_ONE_TARGETS)})"
+        )
+    if captures_layer_input(reading) and target.num_layers:
+        refusals += [r for r in [last_layer_out_of_reach("TokenSpeed", name, ids, target.num_layers)] if r]
+    if refusals:
+        raise ServingConfigError("eagle31-mla: " + " | ".join(r.message for r in refusals))
+    if target.is_kimi_k3 and (problem := k3_stream_problem()):
+        raise ServingConfigError(f"eagle31-mla: {problem}")
+
+    wanted = list(ids.one_based)
+    form = tokenspeed_flag_form(target, ids)
+    stored = stored_layers(target_cls, form, target.num_layers)
+    if stored != wanted:
+        raise ServingConfigError(
+            f"eagle31-mla: TokenSpeed's {name} given {form} captures one-based {stored}, not the drafter's "
+            f"{ids.describe()}; this TokenSpeed reads ids unlike {SUPPORTED_RELEASES}, the release(s) the plugin knows"
+        )
+    if flag:
+        try:
+            flagged = stored_layers(target_cls, [int(i) for i in flag], target.num_layers)
+        except ValueError as err:
+            flagged = f"an error ({err})"
+        if flagged != wanted:
+            raise ServingConfigError(
+                f"eagle31-mla: {facts.LAYERS_FLAG} {','.join(map(str, flag))} makes TokenSpeed's {name} capture "
+                f"{flagged if isinstance(flagged, str) else f'one-based {flagged}'}, but the drafter was trained on "
+                f"{ids.describe()}; drop the flag (the plugin gives the target the right ids) or pass "
+                f"{facts.LAYERS_FLAG} {','.join(map(str, form))}"
+            )
+
+    write_aux_layer_ids(hf_config, ids, ONE_BASED if form == wanted else ZERO_BASED)
+    from tokenspeed.runtime.execution.factory import _eagle_aux_layer_ids
+
+    read = _eagle_aux_layer_ids(hf_config)
+    if read != form:
+        raise PluginAPIError(
+            f"eagle31-mla: TokenSpeed reads {read} from the draft config where the plugin wrote {form}; its "
+            "`_eagle_aux_layer_ids` has changed, so the plugin cannot tell the target which layers to capture"
+        )
+    logger.info(
+        "eagle31-mla: TokenSpeed's %s captures %s for %s (handed %s)", name, ids.describe(), DRAFT_ARCHITECTURE, form
+    )
+    return form
+
+
+def _bare(cls) -> nn.Module:
+    """An instance of a TokenSpeed model class without its layers or weights: enough for its id setter."""
+    instance = object.__new__(cls)
+    nn.Module.__init__(instance)
+    return instance
+
+
+def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[int]:
+    """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores, as one-based
+    completed-layer ids (where :data:`~eagle31_mla.engine_facts.tokenspeed.STORED_IDS` says each class keeps
+    them). Raises ValueError where the setter refuses ``given``."""
+    model = text = _bare(target_cls)
+    inner = facts.LANGUAGE_MODELS.get(target_cls.__name__)
+    if inner is not None:
+        model.language_model = text = _bare(pkgutil.resolve_name(inner))
+    text.config = SimpleNamespace(num_hidden_layers=num_layers)
+    text.model = SimpleNamespace(layers=[None] * num_layers, **{slot: None for slot in facts.STORED_IDS.values()})
+    try:
+        model.set_eagle3_layers_to_capture(list(given))
+    except (AttributeError, TypeError) as err:
+        raise PluginAPIError(
+            f"eagle31-mla: TokenSpeed's {target_cls.__name__}.set_eagle3_layers_to_capture no longer works as the "
+            f"plugin expects ({type(err).__name__}: {err})"
+        ) from None
+    stored = [value for value in (getattr(text.model, slot) for slot in facts.STORED_IDS.values()) if value is not None]
+    if len(stored) != 1:
+        raise PluginAPIError(
+            f"eagle31-mla: TokenSpeed's {target_cls.__name__} keeps its EAGLE-3 layers somewhere other than "
+            f"{' or '.join(facts.STORED_IDS.values())}; the plugin cannot check what it captures"
+        )
+    return sorted(stored[0])
+
+
+def k3_stream_problem() -> str | None:
+    """Why TokenSpeed's Kimi-K3 EAGLE-3 capture is not known to be the prefix-only stream (None: it is).
+
+    Read from the installed ``KimiLinearModel.forward``: under the EAGLE-3 condition it must append
+    :data:`~eagle31_mla.engine_facts.tokenspeed.K3_EAGLE3_CAPTURE`, and ``prefix_sum`` must be what each
+    layer returns."""
+    from tokenspeed.runtime.models.kimi_k3 import KimiLinearModel
+
+    where = "TokenSpeed's KimiLinearModel.forward"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(KimiLinearModel.forward)))
+    except (OSError, TypeError, SyntaxError) as err:
+        return f"cannot read {where} to confirm it captures the prefix-only stream ({err})"
+    captures = [
+        ast.unparse(statement)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "eagle3" in ast.unparse(node.test)
+        for statement in node.body
+        if "append" in ast.unparse(statement)
+    ]
+    layer_returns_prefix = any(
+        isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == "layer"
+        and isinstance(node.targets[0], ast.Tuple)
+        and ast.unparse(node.targets[0].elts[0]) == "prefix_sum"
+        for node in ast.walk(tree)
+    )
+    if captures == [facts.K3_EAGLE3_CAPTURE] and layer_returns_prefix:
+        return None
+    return (
+        f"{where} captures {captures or 'nothing recognisable'} for EAGLE-3, not `{facts.K3_EAGLE3_CAPTURE}` after "
+        "each layer; the drafter was trained on Kimi-K3's prefix-only stream and the plugin cannot confirm that "
+        "this TokenSpeed captures it (the AttnRes mixture would drop acceptance silently)"
+    )
