@@ -918,7 +918,28 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     """Train a drafter against a Transformers target with test-time training on a local text file
     (one document per line, or JSONL with a "text" field), or on target states captured with vLLM
-    (--data, from `eagle31-mla capture`: no target model runs). Resumes from OUT when it holds a checkpoint."""
+    (--data, from `eagle31-mla capture`: no target model runs). --init fine-tunes an existing drafter with
+    the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
+    init_ids = None
+    if args.init is not None:
+        from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+        from .engines import InputError, read_config_json
+
+        try:
+            init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
+        except (InputError, AuxLayerIdError) as err:
+            return _error(f"argument --init: {err}")
+        if args.aux_layers and list(args.aux_layers) != init_ids:
+            return _error(
+                f"argument --aux-layers: the --init drafter reads aux layers {init_ids}, not {args.aux_layers}"
+            )
+        if args.eagle3:
+            return _error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
+    args.aux_layers = init_ids or args.aux_layers
+    if args.depth is None:
+        args.depth = 7 if args.init else 4
+    if args.lr is None:
+        args.lr = 2e-5 if args.init else 3e-3
     if args.seq_len <= args.depth:
         return _error(
             f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
@@ -958,7 +979,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .training import TrainingConfig, default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
+    from .training import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
 
     ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
     try:  # what the user named must exist and load; a failure here is input, not a bug
@@ -972,24 +993,39 @@ def _train(args: argparse.Namespace) -> int:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     except (OSError, ValueError) as err:
         return _error(str(err))
-    drafter = drafter_for_target(
-        target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
-    )
-    config = TrainingConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        depth=args.depth,
-        lr=args.lr,
-        num_anchors=args.anchors,
-        seed=args.seed,
-    )
-    train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet)
+    if args.init:
+        from .training import drafter_to_finetune
+
+        try:
+            drafter = drafter_to_finetune(args.init, target.get_input_embeddings().weight)
+        except (OSError, ValueError) as err:
+            return _error(f"argument --init: {err}")
+    else:
+        drafter = drafter_for_target(
+            target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+        )
+    train_drafter(target, drafter, sequences, args.out, _training_config(args, args.seq_len), progress=not args.quiet)
     print(
         f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
         f"{drafter.config.aux_layer_ids.describe()})"
     )
     return 0
+
+
+def _training_config(args: argparse.Namespace, seq_len: int):
+    """From scratch: the defaults; --init: TorchSpec's fine-tuning recipe (TrainingConfig.finetune)."""
+    from .training import TrainingConfig
+
+    chosen = dict(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=seq_len,
+        depth=args.depth,
+        lr=args.lr,
+        num_anchors=args.anchors,
+        seed=args.seed,
+    )
+    return TrainingConfig.finetune(**chosen) if args.init else TrainingConfig(**chosen)
 
 
 def _train_on_captured(args: argparse.Namespace) -> int:
@@ -1021,21 +1057,21 @@ def _train_on_captured(args: argparse.Namespace) -> int:
         device = _device(args.device)
     except (InputError, CapturedDataError, OSError, ValueError) as err:
         return _error(str(err))
-    from .training import CapturedTarget, TrainingConfig, drafter_from_files, train_on
+    from .training import CapturedTarget, drafter_from_files, train_on
 
-    drafter = drafter_from_files(
-        args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
-    )
-    config = TrainingConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=data.longest,
-        depth=args.depth,
-        lr=args.lr,
-        num_anchors=args.anchors,
-        seed=args.seed,
-    )
-    train_on(CapturedTarget(data, target.vocab_size, device), drafter, args.out, config, progress=not args.quiet)
+    if args.init:
+        from .training import drafter_to_finetune, target_embeddings
+
+        try:
+            drafter = drafter_to_finetune(args.init, target_embeddings(args.target)[0])
+        except (OSError, ValueError) as err:
+            return _error(f"argument --init: {err}")
+    else:
+        drafter = drafter_from_files(
+            args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+        )
+    states = CapturedTarget(data, target.vocab_size, device)
+    train_on(states, drafter, args.out, _training_config(args, data.longest), progress=not args.quiet)
     print(
         f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
         f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
@@ -1394,15 +1430,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IDS",
         help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)",
     )
+    train.add_argument(
+        "--init",
+        type=model_ref,
+        help="fine-tune this drafter (its aux layers; TorchSpec's recipe: lr 2e-5, AdamW 0.9/0.999, 7 steps "
+        "weighted 0.8^k, bf16 compute on float32 weights, bf16 export; the embedding reloaded from the target)",
+    )
     train.add_argument("--eagle3", action="store_true", help="plain EAGLE-3 (no fc_norm, no norm_output)")
     train.add_argument("--steps", type=positive_int, default=1000)
     train.add_argument("--batch-size", type=positive_int, default=16)
     train.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence, > --depth (default 128)")
-    train.add_argument("--depth", type=positive_int, default=4, help="TTT unroll depth (default 4)")
+    train.add_argument("--depth", type=positive_int, default=None, help="TTT unroll depth (default 4; --init: 7)")
     train.add_argument(
         "--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions"
     )
-    train.add_argument("--lr", type=positive_float, default=3e-3)
+    train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default 3e-3; --init: 2e-5)")
     train.add_argument("--seed", type=seed_int, default=0)
     train.add_argument(
         "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"

@@ -44,6 +44,7 @@ __all__ = [
     "CapturedTarget",
     "drafter_for_target",
     "drafter_from_files",
+    "drafter_to_finetune",
     "target_embeddings",
 ]
 
@@ -118,9 +119,16 @@ def ttt_loss(
     depth: int,
     loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the fed token is real text
     anchors: torch.Tensor | None = None,
+    depth_decay: float | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Mean forward KL from the target's distribution over depths 0..depth-1, and the drafter's top-1
-    agreement with the target's argmax at each depth."""
+    """Forward KL from the target's distribution at depths 0..depth-1, and the drafter's top-1 agreement
+    with the target's argmax at each depth. ``depth_decay`` None: the mean over depths; a number d:
+    TorchSpec's sum of d^k x the depth-k loss (0.8 in its recipes), which keeps depth 0, the step that
+    matters most for accept length, the heaviest.
+
+    With a pruned vocabulary, positions whose target argmax lies outside the draft vocabulary are left out
+    (no draft token can be right there, as TorchSpec does), and the target's mass is renormalised over the
+    draft vocabulary at the others."""
     B, S = input_ids.shape
     device = input_ids.device
     loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
@@ -128,20 +136,27 @@ def ttt_loss(
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
         index = fed.clamp(max=S - 1)
         target = target_probs[:, index]  # P[t+1+k]: the target's distribution of x[t+2+k]
+        weight = loss_mask[:, index] * (fed < S)
         if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
+            weight = weight * drafter.t2d[target.argmax(-1)]
             target = target[..., drafter.draft_to_target_ids(torch.arange(logits.shape[-1], device=device))]
             target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
-        weight = loss_mask[:, index] * (fed < S)
         # forward KL(P || Q) = sum P log P - sum P log Q; the first term only makes the value readable
         kl = (torch.special.xlogy(target, target) - target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
         losses.append((kl * weight).sum() / weight.sum().clamp_min(1))
         agree = (logits.argmax(-1) == target.argmax(-1)).float()
         accuracy.append(float((agree * weight).sum() / weight.sum().clamp_min(1)))
-    return torch.stack(losses).mean(), accuracy
+    losses = torch.stack(losses)
+    if depth_decay is None:
+        return losses.mean(), accuracy
+    weights = depth_decay ** torch.arange(len(losses), device=losses.device, dtype=losses.dtype)
+    return (weights * losses).sum(), accuracy
 
 
 @dataclass
 class TrainingConfig:
+    """Defaults train a small drafter from scratch; :meth:`finetune` is the published drafter's recipe."""
+
     steps: int = 1000
     batch_size: int = 16
     seq_len: int = 128
@@ -152,7 +167,30 @@ class TrainingConfig:
     num_anchors: int | None = None  # anchored TTT: unroll depths >= 1 at this many positions
     seed: int = 0
     save_every: int = 250
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    depth_decay: float | None = None  # None: mean over depths; d: sum of d^k x loss_k (TorchSpec: 0.8)
+    compute_dtype: str | None = None  # "bfloat16": autocast compute, float32 master weights and optimizer
+    export_dtype: str | None = None  # the published export's dtype; then checkpoints go to OUT/checkpoint
     log: list = field(default_factory=list)
+
+    @classmethod
+    def finetune(cls, steps: int = 1000, **overrides) -> TrainingConfig:
+        """TorchSpec's recipe for the published Kimi-K3 drafter, for fine-tuning it (``train --init``):
+        AdamW (0.9, 0.999) at 2e-5 with a linear warmup over 1.5% of the steps then cosine decay,
+        gradient clip 1.0, 7 unroll steps weighted 0.8^k and summed, bf16 compute on float32 master
+        weights, the export in bf16 as published."""
+        recipe = dict(
+            steps=steps,
+            lr=2e-5,
+            betas=(0.9, 0.999),
+            warmup=max(1, round(0.015 * steps)),
+            depth=7,
+            depth_decay=0.8,
+            compute_dtype="bfloat16",
+            export_dtype="bfloat16",
+        )
+        return cls(**{**recipe, **overrides})
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -243,6 +281,21 @@ def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31ML
 
     embed, head = target_embeddings(target_path)
     return _new_drafter(AutoConfig.from_pretrained(target_path).get_text_config(), embed, head, config_overrides)
+
+
+def drafter_to_finetune(path: str | Path, embed: torch.Tensor) -> Eagle31MLAForCausalLM:
+    """A trained drafter to fine-tune, as TorchSpec trains it: float32 master weights, its embedding
+    reloaded from the target's (``embed`` [V, H]) and frozen."""
+    drafter = Eagle31MLAForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if tuple(embed.shape) != tuple(drafter.embed_tokens.weight.shape):
+        raise ValueError(
+            f"the drafter's embedding is {list(drafter.embed_tokens.weight.shape)} but the target's is "
+            f"{list(embed.shape)}: fine-tune a drafter against the target it was trained for"
+        )
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(embed)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    return drafter
 
 
 def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
@@ -337,10 +390,12 @@ def train_on(
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
-    state_path = out_dir / "trainer_state.pt"
+    # with a separate export dtype the float32 master weights are checkpointed apart from the export
+    work_dir = out_dir / "checkpoint" if config.export_dtype else out_dir
+    state_path = work_dir / "trainer_state.pt"
     drafter.to(states.device)  # one device for both (a GPU when the target is on one), before the optimizer
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas))
     warmup = max(1, config.warmup)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
@@ -348,12 +403,12 @@ def train_on(
     start = 0
     if state_path.is_file():
         saved = torch.load(state_path, map_location="cpu", weights_only=True)
-        trained = Eagle31MLAForCausalLM.from_pretrained(out_dir, dtype=drafter.dtype).state_dict()
+        trained = Eagle31MLAForCausalLM.from_pretrained(work_dir, dtype=drafter.dtype).state_dict()
         drafter.load_state_dict(trained)
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         start, config.log = saved["step"], json.loads(saved["log"])
-        logger.info("resuming from step %d in %s", start, out_dir)
+        logger.info("resuming from step %d in %s", start, work_dir)
     states.prepare()
     drafter.train()
     end = config.steps if stop_at is None else min(stop_at, config.steps)
@@ -367,18 +422,55 @@ def train_on(
             anchors = (
                 torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(states.device)
             )
-        loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, loss_mask=loss_mask, anchors=anchors)
+        with _compute(config.compute_dtype, states.device):
+            loss, acc = ttt_loss(
+                drafter,
+                batch,
+                aux,
+                probs,
+                config.depth,
+                loss_mask=loss_mask,
+                anchors=anchors,
+                depth_decay=config.depth_decay,
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        entry = {"step": step + 1, "loss": round(loss.item(), 5), "acc": [round(a, 4) for a in acc]}
+        if torch.isfinite(loss) and torch.isfinite(norm):
+            optimizer.step()
+        else:  # a non-finite loss or gradient: the step is skipped (the schedule still advances), and logged
+            entry["skipped"] = "non-finite loss or gradient"
+            logger.warning("step %d skipped: non-finite loss or gradient", step + 1)
         schedule.step()
-        config.log.append({"step": step + 1, "loss": round(loss.item(), 5), "acc": [round(a, 4) for a in acc]})
+        config.log.append(entry)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in acc))
         if (step + 1) % config.save_every == 0 or step + 1 == end:
-            save_checkpoint(drafter, optimizer, schedule, step + 1, config, out_dir)
+            save_checkpoint(drafter, optimizer, schedule, step + 1, config, work_dir)
+    if config.export_dtype and end == config.steps:
+        export_drafter(drafter, out_dir, getattr(torch, config.export_dtype), config)
     drafter.eval()
     return drafter
+
+
+def _compute(dtype: str | None, device):
+    """bf16 compute for the drafter's forward and loss, float32 master weights (torch autocast)."""
+    import contextlib
+
+    if dtype is None or dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
+
+
+def export_drafter(drafter: Eagle31MLAForCausalLM, out_dir: Path, dtype: torch.dtype, config: TrainingConfig) -> None:
+    """The published layout in ``dtype`` (bf16 as published), beside the float32 checkpoint."""
+    import copy
+
+    exported = copy.deepcopy(drafter).to(dtype)
+    exported.config.dtype = dtype
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exported.save_pretrained(out_dir)
+    write_recipe(out_dir, config)
 
 
 def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
@@ -393,6 +485,11 @@ def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -
         },
         out_dir / "trainer_state.pt",
     )
+    write_recipe(out_dir, config)
+
+
+def write_recipe(out_dir: Path, config: TrainingConfig) -> None:
+    """``training.json``: the settings a drafter was trained with (the log stays in the trainer state)."""
     (out_dir / "training.json").write_text(
         json.dumps({k: v for k, v in asdict(config).items() if k != "log"}, indent=2)
     )

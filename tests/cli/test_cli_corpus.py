@@ -282,6 +282,7 @@ OPTIONAL_INPUTS = {
     "data": "{root}/captured",
     "draft": "{root}/model",
     "prompts": "{root}/prompts.txt",
+    "init": "{root}/model",
 }
 #: an optional input that excludes a baseline argument (argparse's mutually exclusive groups)
 EXCLUDES = {("train", "data"): "text", ("capture", "prompts"): "text"}
