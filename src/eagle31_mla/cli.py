@@ -947,6 +947,10 @@ def _train(args: argparse.Namespace) -> int:
         )
     if args.data is not None:
         return _train_on_captured(args)
+    from .distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        return _error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
     from .prompts import PromptError, read_corpus
 
@@ -1024,6 +1028,7 @@ def _training_config(args: argparse.Namespace, seq_len: int):
         lr=args.lr,
         num_anchors=args.anchors,
         seed=args.seed,
+        save_every=args.save_every,
     )
     return TrainingConfig.finetune(**chosen) if args.init else TrainingConfig(**chosen)
 
@@ -1057,8 +1062,11 @@ def _train_on_captured(args: argparse.Namespace) -> int:
         device = _device(args.device)
     except (InputError, CapturedDataError, OSError, ValueError) as err:
         return _error(str(err))
+    import torch
+
     from .training import CapturedTarget, drafter_from_files, train_on
 
+    torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
     if args.init:
         from .training import drafter_to_finetune, target_embeddings
 
@@ -1071,7 +1079,17 @@ def _train_on_captured(args: argparse.Namespace) -> int:
             args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
         )
     states = CapturedTarget(data, target.vocab_size, device)
-    train_on(states, drafter, args.out, _training_config(args, data.longest), progress=not args.quiet)
+    config = _training_config(args, data.longest)
+    from .distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        from .distributed import train_distributed
+
+        train_distributed(states, drafter, args.out, config, micro_batch=args.micro_batch, progress=not args.quiet)
+        if int(os.environ.get("RANK", 0)):
+            return 0  # rank 0 reports
+    else:
+        train_on(states, drafter, args.out, config, progress=not args.quiet)
     print(
         f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
         f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
@@ -1445,6 +1463,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions"
     )
     train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default 3e-3; --init: 2e-5)")
+    train.add_argument("--save-every", type=positive_int, default=250, help="steps between checkpoints (default 250)")
+    train.add_argument(
+        "--micro-batch",
+        type=positive_int,
+        default=None,
+        help="under torchrun: sequences per forward on a rank (gradient accumulation up to --batch-size / ranks)",
+    )
     train.add_argument("--seed", type=seed_int, default=0)
     train.add_argument(
         "--device", default="auto", type=device, help="cpu, cuda, cuda:1, ... (default: cuda when available)"

@@ -38,6 +38,10 @@ __all__ = [
     "capture_target_states",
     "ttt_forward",
     "ttt_loss",
+    "ttt_loss_terms",
+    "loss_weight_sums",
+    "combine_depth_losses",
+    "clip_gradients",
     "train_drafter",
     "train_on",
     "LiveTarget",
@@ -78,6 +82,37 @@ def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> t
     return torch.cat([context, own], dim=1)
 
 
+def depth_rows(positions: torch.Tensor, k: int, anchors: torch.Tensor | None) -> torch.Tensor:
+    """The query positions unrolled at depth k: all of them at depth 0 (and without anchors), else the anchors."""
+    return positions if (k == 0 or anchors is None) else anchors
+
+
+def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """[B, T]: which rows count in the loss: the fed token is real text and inside the sequence, and (with a
+    pruned vocabulary) the target's argmax has a draft token."""
+    S = target_probs.shape[1]
+    index = fed.clamp(max=S - 1)
+    weight = loss_mask[:, index] * (fed < S)
+    if drafter.d2t is not None:
+        weight = weight * drafter.t2d[target_probs[:, index].argmax(-1)]
+    return weight
+
+
+def loss_weight_sums(drafter, target_probs, depth: int, loss_mask=None, anchors=None) -> torch.Tensor:
+    """[depth]: the loss weights summed per depth, without running the drafter (data-parallel ranks add
+    theirs to divide by the whole batch's)."""
+    B, S = target_probs.shape[:2]
+    device = target_probs.device
+    loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
+    positions = torch.arange(S, device=device)
+    return torch.stack(
+        [
+            _loss_weight(drafter, target_probs, loss_mask, depth_rows(positions, k, anchors) + 1 + k).sum()
+            for k in range(depth)
+        ]
+    )
+
+
 def ttt_forward(
     drafter: Eagle31MLAForCausalLM,
     input_ids: torch.Tensor,  # [B, S]
@@ -92,7 +127,7 @@ def ttt_forward(
     cache, state = ConcatKVCache(), None
     positions = torch.arange(S, device=device)
     for k in range(depth):
-        rows = positions if (k == 0 or anchors is None) else anchors
+        rows = depth_rows(positions, k, anchors)
         if k == 1 and anchors is not None:
             state = state[:, anchors]
         token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
@@ -111,7 +146,7 @@ def ttt_forward(
         yield rows, out.logits, rows + 1 + k
 
 
-def ttt_loss(
+def ttt_loss_terms(
     drafter: Eagle31MLAForCausalLM,
     input_ids: torch.Tensor,  # [B, S]
     aux: torch.Tensor,  # [B, S, n·Ht]
@@ -119,12 +154,9 @@ def ttt_loss(
     depth: int,
     loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the fed token is real text
     anchors: torch.Tensor | None = None,
-    depth_decay: float | None = None,
-) -> tuple[torch.Tensor, list[float]]:
-    """Forward KL from the target's distribution at depths 0..depth-1, and the drafter's top-1 agreement
-    with the target's argmax at each depth. ``depth_decay`` None: the mean over depths; a number d:
-    TorchSpec's sum of d^k x the depth-k loss (0.8 in its recipes), which keeps depth 0, the step that
-    matters most for accept length, the heaviest.
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per depth k: (sum of the weighted forward KL, sum of the weights, sum of the weighted top-1
+    agreement) over the batch. Sums, so that data-parallel ranks can add theirs before dividing.
 
     With a pruned vocabulary, positions whose target argmax lies outside the draft vocabulary are left out
     (no draft token can be right there, as TorchSpec does), and the target's mass is renormalised over the
@@ -132,25 +164,50 @@ def ttt_loss(
     B, S = input_ids.shape
     device = input_ids.device
     loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
-    losses, accuracy = [], []
+    terms = []
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
         index = fed.clamp(max=S - 1)
         target = target_probs[:, index]  # P[t+1+k]: the target's distribution of x[t+2+k]
-        weight = loss_mask[:, index] * (fed < S)
+        weight = _loss_weight(drafter, target_probs, loss_mask, fed)
         if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
-            weight = weight * drafter.t2d[target.argmax(-1)]
             target = target[..., drafter.draft_to_target_ids(torch.arange(logits.shape[-1], device=device))]
             target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
         # forward KL(P || Q) = sum P log P - sum P log Q; the first term only makes the value readable
         kl = (torch.special.xlogy(target, target) - target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
-        losses.append((kl * weight).sum() / weight.sum().clamp_min(1))
         agree = (logits.argmax(-1) == target.argmax(-1)).float()
-        accuracy.append(float((agree * weight).sum() / weight.sum().clamp_min(1)))
-    losses = torch.stack(losses)
+        terms.append(((kl * weight).sum(), weight.sum(), (agree * weight).sum().detach()))
+    return terms
+
+
+def combine_depth_losses(
+    terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], depth_decay: float | None = None
+) -> tuple[torch.Tensor, list[float]]:
+    """The loss from :func:`ttt_loss_terms` (summed over ranks where there are several): per depth the
+    weighted mean KL; then their mean (``depth_decay`` None) or TorchSpec's sum of d^k x loss_k."""
+    losses = torch.stack([kl / weight.clamp_min(1) for kl, weight, _ in terms])
+    accuracy = [float(agree / weight.clamp_min(1)) for _, weight, agree in terms]
     if depth_decay is None:
         return losses.mean(), accuracy
     weights = depth_decay ** torch.arange(len(losses), device=losses.device, dtype=losses.dtype)
     return (weights * losses).sum(), accuracy
+
+
+def ttt_loss(
+    drafter: Eagle31MLAForCausalLM,
+    input_ids: torch.Tensor,
+    aux: torch.Tensor,
+    target_probs: torch.Tensor,
+    depth: int,
+    loss_mask: torch.Tensor | None = None,
+    anchors: torch.Tensor | None = None,
+    depth_decay: float | None = None,
+) -> tuple[torch.Tensor, list[float]]:
+    """Forward KL from the target's distribution at depths 0..depth-1, and the drafter's top-1 agreement
+    with the target's argmax at each depth. ``depth_decay`` None: the mean over depths; a number d:
+    TorchSpec's sum of d^k x the depth-k loss (0.8 in its recipes), which keeps depth 0, the step that
+    matters most for accept length, the heaviest."""
+    terms = ttt_loss_terms(drafter, input_ids, aux, target_probs, depth, loss_mask, anchors)
+    return combine_depth_losses(terms, depth_decay)
 
 
 @dataclass
@@ -341,14 +398,14 @@ class CapturedTarget:
     def prepare(self) -> None:
         pass
 
-    def batch(self, indices: torch.Tensor, aux_layer_ids):
+    def batch(self, indices: torch.Tensor, aux_layer_ids, pad_to: int | None = None):
         if list(aux_layer_ids.one_based) != self.data.manifest.aux_layer_ids:
             raise ValueError(
                 f"the capture holds aux layers {self.data.manifest.aux_layer_ids}; the drafter reads "
                 f"{aux_layer_ids.describe()}"
             )
         rows = [self.data.sequence(int(i)) for i in indices]
-        S = max(ids.shape[0] for ids, *_ in rows)
+        S = max([ids.shape[0] for ids, *_ in rows] + [pad_to or 0])
         B, width = len(rows), rows[0][1].shape[-1]
         input_ids = torch.zeros(B, S, dtype=torch.long)
         aux = torch.zeros(B, S, width, dtype=self.dtype)
@@ -435,8 +492,9 @@ def train_on(
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        norm = clip_gradients(params, config.grad_clip)
         entry = {"step": step + 1, "loss": round(loss.item(), 5), "acc": [round(a, 4) for a in acc]}
+        entry["grad_norm"] = float(norm)  # before clipping
         if torch.isfinite(loss) and torch.isfinite(norm):
             optimizer.step()
         else:  # a non-finite loss or gradient: the step is skipped (the schedule still advances), and logged
@@ -451,6 +509,27 @@ def train_on(
         export_drafter(drafter, out_dir, getattr(torch, config.export_dtype), config)
     drafter.eval()
     return drafter
+
+
+def clip_gradients(params, max_norm: float, reduce=None) -> torch.Tensor:
+    """Scale the gradients to a total norm of at most ``max_norm``; return the norm before. The squares are
+    summed in float64 over each parameter's local gradient (a shard, under FSDP: ``reduce`` adds the ranks'
+    sums), so one process and N ranks clip alike. (torch's ``clip_grad_norm_`` over FSDP2's sharded
+    gradients returned a norm 1e-4 off the gathered gradients' on gloo with 2 ranks.)"""
+    squares = torch.zeros((), dtype=torch.float64, device=params[0].device)
+    for p in params:
+        if p.grad is not None:
+            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            squares += local.double().pow(2).sum()
+    if reduce is not None:
+        reduce(squares)
+    norm = squares.sqrt().float()
+    if torch.isfinite(norm):
+        scale = min(1.0, max_norm / (float(norm) + 1e-6))
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm
 
 
 def _compute(dtype: str | None, device):

@@ -1,0 +1,235 @@
+"""Data-parallel drafter training with FSDP2 under ``torchrun``, from a capture folder.
+
+    torchrun --nproc-per-node 8 -m eagle31_mla.train --target T --data DIR --out OUT [train options]
+
+The same objective as :func:`eagle31_mla.training.train_on` (test-time training, forward KL, anchors,
+depth weights), with the drafter sharded by ``torch.distributed.fsdp.fully_shard`` (bf16 parameters
+and float32 gradient reduction on GPU when the recipe computes in bf16; float32 on CPU, where the tests
+run it with the gloo backend). What makes N ranks train the drafter one rank trains:
+
+* the global batch is ``batch_size`` sequences whatever the number of ranks: every rank draws the same
+  step batch (:func:`~eagle31_mla.training.step_batch`) and takes every N-th sequence of it, in
+  micro-batches of ``micro_batch`` (gradient accumulation without synchronisation but for the last);
+* every rank pads its sequences to the step's longest, so positions and anchors are the same;
+* the loss is divided by the weights summed over all ranks (``all_reduce``), not a rank's own, and
+  scaled by N because FSDP averages gradients over ranks.
+
+Checkpoints use ``torch.distributed.checkpoint``: each step's state goes to its own folder, and a
+``latest`` file naming it is replaced (rename) once every rank has written, so a rank killed mid-save
+leaves the previous checkpoint named and loadable; older step folders are removed after that. The final
+export is the published layout (``save_pretrained``) written by rank 0 from the gathered weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+from .training import (
+    CapturedTarget,
+    TrainingConfig,
+    _compute,
+    clip_gradients,
+    combine_depth_losses,
+    loss_weight_sums,
+    step_batch,
+    ttt_loss_terms,
+    write_recipe,
+)
+
+__all__ = ["launched_by_torchrun", "train_distributed", "LATEST"]
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"  # names the last complete checkpoint folder in OUT/checkpoint
+STEP_FOLDER = "step-{:08d}"
+#: Test-only: "RANK:STEP" makes that rank exit at once (as a kill would) when it reaches that step.
+KILL_ENV = "EAGLE31_TEST_KILL_RANK_AT_STEP"
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def _setup() -> tuple[int, int, torch.device]:
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def _shard(drafter: Eagle31MLAForCausalLM, world: int, device: torch.device, config: TrainingConfig) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy()
+    if config.compute_dtype == "bfloat16" and device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for module in (drafter.layers[0], drafter.fc):  # the decoder layer and fc: the drafter's bulk
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(drafter, mesh=mesh, mp_policy=policy)
+
+
+def _state(drafter, optimizer):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
+
+
+def _save(work_dir: Path, step: int, drafter, optimizer, schedule, config: TrainingConfig, rank: int) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    folder = work_dir / STEP_FOLDER.format(step)
+    if rank == 0 and folder.exists():
+        shutil.rmtree(folder)  # a partial save of this very step from a killed run: ours, never named
+    dist.barrier()
+    dcp.save(_state(drafter, optimizer), checkpoint_id=str(folder))
+    if rank == 0:
+        trainer = {"step": step, "schedule": schedule.state_dict(), "log": config.log}
+        (folder / "trainer.json").write_text(json.dumps(trainer))
+    dist.barrier()  # every rank has written its shards
+    if rank == 0:
+        pointer = work_dir / f".{LATEST}.tmp"
+        pointer.write_text(folder.name)
+        os.replace(pointer, work_dir / LATEST)
+        for old in work_dir.glob("step-*"):
+            if old.name != folder.name and old.is_dir():
+                shutil.rmtree(old)
+    dist.barrier()
+
+
+def _resume(work_dir: Path, drafter, optimizer, schedule, config: TrainingConfig) -> int:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    latest = work_dir / LATEST
+    if not latest.is_file():
+        return 0
+    folder = work_dir / latest.read_text().strip()
+    state = _state(drafter, optimizer)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(drafter, state["model"])
+    set_optimizer_state_dict(drafter, optimizer, state["optim"])
+    trainer = json.loads((folder / "trainer.json").read_text())
+    schedule.load_state_dict(trainer["schedule"])
+    config.log = trainer["log"]
+    logger.info("resuming from step %d in %s", trainer["step"], folder)
+    return trainer["step"]
+
+
+def _export(drafter, out_dir: Path, config: TrainingConfig, rank: int) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        template = Eagle31MLAForCausalLM(drafter.config)  # the unsharded model the gathered weights fill
+        template.load_state_dict(full)
+        dtype = getattr(torch, config.export_dtype) if config.export_dtype else torch.float32
+        template.to(dtype)
+        template.config.dtype = dtype
+        out_dir.mkdir(parents=True, exist_ok=True)
+        template.save_pretrained(out_dir)
+        write_recipe(out_dir, config)
+    dist.barrier()
+
+
+def train_distributed(
+    states: CapturedTarget,
+    drafter: Eagle31MLAForCausalLM,
+    out_dir: str | Path,
+    config: TrainingConfig,
+    *,
+    micro_batch: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Train ``drafter`` on ``states`` on every rank of the torchrun job; rank 0 exports to ``out_dir``."""
+    from tqdm.auto import tqdm
+
+    rank, world, device = _setup()
+    if config.batch_size % world:
+        raise ValueError(f"--batch-size {config.batch_size} must be a multiple of the number of ranks ({world})")
+    local = config.batch_size // world
+    micro_batch = micro_batch or local
+    out_dir = Path(out_dir)
+    work_dir = out_dir / "checkpoint"
+    if rank == 0:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    states.device = device
+    drafter.to(device)
+    _shard(drafter, world, device, config)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas))
+    warmup = max(1, config.warmup)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
+    )
+    dist.barrier()
+    start = _resume(work_dir, drafter, optimizer, schedule, config)
+    kill = os.environ.get(KILL_ENV)
+    drafter.train()
+    lengths = [end - begin for _, begin, end in states.data._index]
+    bar = tqdm(range(start, config.steps), desc="train drafter", disable=not progress or rank, initial=start)
+    for step in bar:
+        if kill and kill == f"{rank}:{step}":
+            os._exit(1)  # test-only: this rank dies as a killed process does
+        indices = step_batch(len(states), config.batch_size, step, config.seed)
+        pad_to = max(lengths[int(i)] for i in indices)  # every rank pads to the step's longest sequence
+        mine = indices[rank::world]
+        anchors = None
+        if config.num_anchors is not None and config.num_anchors < pad_to - 2:
+            g = torch.Generator().manual_seed(config.seed * 100_003 + step)
+            anchors = torch.randperm(pad_to - 2, generator=g)[: config.num_anchors].sort().values.to(device)
+        chunks = [mine[i : i + micro_batch] for i in range(0, len(mine), micro_batch)]
+        batches = [states.batch(chunk, drafter.config.aux_layer_ids, pad_to=pad_to) for chunk in chunks]
+        # the whole step's loss weights per depth (every micro-batch of every rank), known before any forward
+        totals = sum(loss_weight_sums(drafter, probs, config.depth, mask, anchors) for _, _, probs, mask in batches)
+        dist.all_reduce(totals)
+        loss_total, agree = 0.0, torch.zeros(config.depth, device=device)
+        for n, (ids, aux, probs, mask) in enumerate(batches):
+            drafter.set_requires_gradient_sync(n == len(batches) - 1)  # reduce the gradients once, at the end
+            with _compute(config.compute_dtype, device):
+                terms = ttt_loss_terms(drafter, ids, aux, probs, config.depth, mask, anchors)
+            # this micro-batch's share of the step loss: its KL sums over the step's weight sums
+            loss, _ = combine_depth_losses(
+                [(kl, total, a) for (kl, _, a), total in zip(terms, totals)], config.depth_decay
+            )
+            (loss * world).backward()  # FSDP averages gradients over the ranks: the sum is wanted
+            loss_total += float(loss.detach())
+            agree += torch.stack([a for _, _, a in terms])
+        norm = clip_gradients(params, config.grad_clip, reduce=dist.all_reduce)
+        reduced = torch.tensor([loss_total], device=device)
+        dist.all_reduce(reduced)
+        dist.all_reduce(agree)
+        accuracy = [round(float(a / w.clamp_min(1)), 4) for a, w in zip(agree, totals)]
+        entry = {"step": step + 1, "loss": round(float(reduced), 5), "acc": accuracy, "grad_norm": float(norm)}
+        if torch.isfinite(reduced).all() and torch.isfinite(norm):
+            optimizer.step()
+        else:
+            entry["skipped"] = "non-finite loss or gradient"
+            logger.warning("step %d skipped: non-finite loss or gradient", step + 1)
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        config.log.append(entry)
+        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+            _save(work_dir, step + 1, drafter, optimizer, schedule, config, rank)
+    _export(drafter, out_dir, config, rank)
+    if rank == 0:
+        (out_dir / "training_log.json").write_text(json.dumps({"world_size": world, **asdict(config)}, indent=1))
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
