@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +188,49 @@ def test_what_capture_refuses_before_starting_the_engine(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"capture needs vLLM >= 0.29 .* vLLM 0.28.1 is installed"):
         capture_with_vllm(TARGET, [[1, 2, 3]], IDS, out, progress=False)
     assert not out.exists()
+
+
+def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
+    """The scale-out path end to end on the demo pair, on CPU: `eagle31-mla capture` (vLLM), a fine-tune of
+    the demo drafter with `torchrun --nproc-per-node 2 -m eagle31_mla.train --init ... --data ...` (FSDP2,
+    gloo), the export loaded with `from_pretrained`, and served by `vllm serve` with the plugin: it drafts,
+    and the target accepts about as much as of the drafter before the fine-tune."""
+    import os
+    import subprocess
+    import sys
+
+    import openai
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import demo_prompts
+    from eagle31_mla.testing import demo_corpus
+    from tests.support.paths import ROOT
+    from tests.support.vllm_server import VllmServer, spec_decode_counters
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(demo_corpus(seed=5, n=60)[0]) + "\n")
+    states = tmp_path / "states"
+    argv = ["capture", "--target", TARGET, "--draft", str(DEMO_DIR / "draft"), "--text", str(text)]
+    argv += ["--seq-len", "64", "--out", str(states), "--top-k", "64", "--engine-args", json.dumps(ENGINE), "--quiet"]
+    assert main(argv) == 0
+    tuned = tmp_path / "tuned"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]
+    command += ["--out", str(tuned), "--steps", "4", "--batch-size", "4", "--quiet"]
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    drafter = Eagle31MLAForCausalLM.from_pretrained(tuned)
+    assert drafter.dtype == torch.bfloat16 and list(drafter.config.aux_layer_ids.one_based) == [1, 2, 3]
+
+    config = {"model": str(tuned), "method": "eagle3", "num_speculative_tokens": 3}
+    with VllmServer(Path(TARGET), tmp_path / "server", speculative_config=config, name="tuned") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=120, max_retries=0)
+        for prompt in demo_prompts(4):
+            out = client.completions.create(model=TARGET, prompt=prompt, max_tokens=32, temperature=0)
+            assert out.choices[0].text
+        counters = spec_decode_counters(server.metrics_text())
+    accept_length = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+    assert counters["num_drafts"] > 0 and accept_length > 2.5, counters  # the demo drafter: about 3.4
