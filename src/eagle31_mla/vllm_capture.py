@@ -105,6 +105,15 @@ def _drain(llm) -> None:
     raise RuntimeError("vLLM's scheduler still holds requests after 10000 steps; the hidden states were not written")
 
 
+def _release() -> None:
+    """Shut vLLM's KV-connector agent down when the capture ends. An in-process engine leaves it set in a
+    module global, and vLLM 0.29 only replaces it when the next engine in the process has a connector too:
+    an engine started later without one would inherit ours (and fail registering its caches)."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    ensure_kv_transfer_shutdown()
+
+
 def _connector_config(spool: Path) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
@@ -206,39 +215,42 @@ def capture_with_vllm(
     to = getattr(torch, dtype)
     bar = tqdm(total=len(sequences), initial=len(done), desc="capture", unit="seq", disable=not progress)
     started, tokens, written = time.monotonic(), 0, 0
-    for start in range(0, len(pending), sequences_per_shard):
-        chunk = pending[start : start + sequences_per_shard]
-        outputs = llm.generate(
-            [{"prompt_token_ids": list(map(int, sequences[i]))} for i in chunk],
-            SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, logprobs=top_k),
-            use_tqdm=False,
-        )
-        _drain(llm)
-        items = []
-        for i, output in zip(chunk, outputs):
-            path = (output.kv_transfer_params or {}).get("hidden_states_path")
-            if path is None:
-                raise RuntimeError(f"vLLM returned no hidden-states file for input sequence {i}")
-            data = load_hidden_states(path)  # waits for the connector's write (its file lock)
-            cleanup_hidden_states(path)
-            states, token_ids = data["hidden_states"], data["token_ids"]
-            if token_ids.tolist() != list(map(int, sequences[i])) or states.shape[1] != len(slots):
-                raise RuntimeError(
-                    f"vLLM's hidden-states file for input sequence {i} holds {list(states.shape)} for "
-                    f"{token_ids.numel()} tokens; expected {len(sequences[i])} tokens x {len(slots)} layers {slots}"
-                )
-            # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
-            logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
-            items.append((i, token_ids, states.to(to), logprobs, logprob_ids))
-            tokens += token_ids.numel()
-        manifest.shards.append(write_shard(out, len(manifest.shards), items))
-        write_manifest(out, manifest)
-        bar.update(len(chunk))
-        bar.set_postfix(tokens_per_s=f"{tokens / max(time.monotonic() - started, 1e-9):.0f}")
-        written += 1
-        if max_shards is not None and written >= max_shards:
-            break
-    bar.close()
+    try:
+        for start in range(0, len(pending), sequences_per_shard):
+            chunk = pending[start : start + sequences_per_shard]
+            outputs = llm.generate(
+                [{"prompt_token_ids": list(map(int, sequences[i]))} for i in chunk],
+                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, logprobs=top_k),
+                use_tqdm=False,
+            )
+            _drain(llm)
+            items = []
+            for i, output in zip(chunk, outputs):
+                path = (output.kv_transfer_params or {}).get("hidden_states_path")
+                if path is None:
+                    raise RuntimeError(f"vLLM returned no hidden-states file for input sequence {i}")
+                data = load_hidden_states(path)  # waits for the connector's write (its file lock)
+                cleanup_hidden_states(path)
+                states, token_ids = data["hidden_states"], data["token_ids"]
+                if token_ids.tolist() != list(map(int, sequences[i])) or states.shape[1] != len(slots):
+                    raise RuntimeError(
+                        f"vLLM's hidden-states file for input sequence {i} holds {list(states.shape)} for "
+                        f"{token_ids.numel()} tokens; expected {len(sequences[i])} tokens x {len(slots)} layers {slots}"
+                    )
+                # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
+                logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
+                items.append((i, token_ids, states.to(to), logprobs, logprob_ids))
+                tokens += token_ids.numel()
+            manifest.shards.append(write_shard(out, len(manifest.shards), items))
+            write_manifest(out, manifest)
+            bar.update(len(chunk))
+            bar.set_postfix(tokens_per_s=f"{tokens / max(time.monotonic() - started, 1e-9):.0f}")
+            written += 1
+            if max_shards is not None and written >= max_shards:
+                break
+    finally:
+        bar.close()
+        _release()
     if spool.is_dir() and not any(spool.iterdir()):
         spool.rmdir()
     logger.info("captured %d tokens in %.1f s", tokens, time.monotonic() - started)

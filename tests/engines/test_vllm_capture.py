@@ -36,6 +36,62 @@ VOCAB = 512
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, attention_backend=CPU_MLA, seed=0)
 
 
+def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
+    """``capture_with_vllm`` on the demo target in a fresh process, as the CLI runs it: each in-process vLLM
+    engine keeps memory the CPU build does not give back, and the engine suites already run many. Returns
+    what the process reports: the manifest's sequence count and whether vLLM's KV-connector agent was
+    released afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    spec = {"sequences": sequences, "out": str(out), "kwargs": {"engine_args": ENGINE, **kwargs}}
+    code = (
+        "import json, sys\n"
+        "from eagle31_mla.aux_layers import AuxLayerIds\n"
+        "from eagle31_mla.vllm_capture import capture_with_vllm\n"
+        "from vllm.distributed.kv_transfer.kv_transfer_state import has_kv_transfer_group\n"
+        "spec = json.loads(sys.stdin.read())\n"
+        f"m = capture_with_vllm({TARGET!r}, spec['sequences'], AuxLayerIds({tuple(IDS.one_based)!r}), spec['out'],"
+        " progress=False, **spec['kwargs'])\n"
+        "print(json.dumps({'done': sorted(m.done), 'released': not has_kv_transfer_group()}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_cli(argv: list[str]) -> str:
+    """`eagle31-mla ARGV` in a fresh process (its stdout); fails the test with its stderr otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle31_mla.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 @pytest.fixture(scope="module")
 def hf_target():
     from transformers import AutoModelForCausalLM
@@ -59,17 +115,8 @@ def sequences():
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory, sequences):
     folder = tmp_path_factory.mktemp("capture") / "demo"
-    capture_with_vllm(
-        TARGET,
-        sequences,
-        IDS,
-        folder,
-        dtype="float32",
-        top_k=VOCAB,
-        sequences_per_shard=3,
-        engine_args=ENGINE,
-        progress=False,
-    )
+    report = capture_in_a_subprocess(sequences, folder, dtype="float32", top_k=VOCAB, sequences_per_shard=3)
+    assert report == {"done": list(range(len(sequences))), "released": True}  # no stale connector left behind
     return folder
 
 
@@ -95,13 +142,13 @@ def test_captured_states_are_the_targets(captured, sequences, hf_target):
 
 def test_an_interrupted_capture_resumes_without_losing_or_repeating(tmp_path, captured, sequences):
     folder = tmp_path / "resumed"
-    kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3, engine_args=ENGINE, progress=False)
-    first = capture_with_vllm(TARGET, sequences, IDS, folder, max_shards=1, **kwargs)  # stops as a kill would
-    assert sorted(first.done) == [0, 1, 2]
+    kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3)
+    first = capture_in_a_subprocess(sequences, folder, max_shards=1, **kwargs)  # stops as a kill would
+    assert first["done"] == [0, 1, 2]
     (folder / "shard-00001.safetensors").write_bytes(b"half a shard")  # written, never listed: overwritten
-    with pytest.raises(CapturedDataError, match="another inputs_sha256"):
-        capture_with_vllm(TARGET, sequences[:5], IDS, folder, **kwargs)
-    capture_with_vllm(TARGET, sequences, IDS, folder, **kwargs)
+    with pytest.raises(CapturedDataError, match="another inputs_sha256"):  # refused before any engine starts
+        capture_with_vllm(TARGET, sequences[:5], IDS, folder, engine_args=ENGINE, progress=False, **kwargs)
+    assert capture_in_a_subprocess(sequences, folder, **kwargs)["done"] == list(range(len(sequences)))
     resumed, whole = CapturedStates(folder), CapturedStates(captured)
     assert len(resumed) == len(sequences) and not (folder / SPOOL).exists()
     for i in range(len(sequences)):
@@ -149,8 +196,7 @@ def test_capture_then_train_through_the_cli(tmp_path, capsys):
     engine = json.dumps(ENGINE)
     argv = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--text", str(text), "--seq-len", "32"]
     argv += ["--out", str(out), "--dtype", "float32", "--top-k", "32", "--engine-args", engine, "--quiet"]
-    assert main(argv) == 0, capsys.readouterr().err
-    printed = capsys.readouterr().out
+    printed = run_cli(argv)  # the engine in its own process: see capture_in_a_subprocess
     assert "captured" in printed and "top-32" in printed and f"{3 * 128 * 4 + 32 * 8 + 8:,} bytes per token" in printed
     drafter_dir = tmp_path / "drafter"
     argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(drafter_dir), "--steps", "3"]
@@ -202,7 +248,6 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
     import openai
 
     from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.cli import main
     from eagle31_mla.demo import demo_prompts
     from eagle31_mla.testing import demo_corpus
     from tests.support.paths import ROOT
@@ -213,7 +258,7 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
     states = tmp_path / "states"
     argv = ["capture", "--target", TARGET, "--draft", str(DEMO_DIR / "draft"), "--text", str(text)]
     argv += ["--seq-len", "64", "--out", str(states), "--top-k", "64", "--engine-args", json.dumps(ENGINE), "--quiet"]
-    assert main(argv) == 0
+    run_cli(argv)
     tuned = tmp_path / "tuned"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]

@@ -6,7 +6,6 @@ of every gradient (measured: about 1e-7; the bound is 1e-4 of how far training m
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -16,10 +15,9 @@ import pytest
 import torch
 
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.captured import CapturedStates
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.distributed import KILL_ENV, LATEST
-from eagle31_mla.training import CapturedTarget, TrainingConfig, drafter_from_files, train_on
+from eagle31_mla.training import drafter_from_files
 from tests.support.paths import ROOT
 from tests.unit.test_captured import IDS, capture_folder
 
@@ -61,22 +59,28 @@ def two_ranks(tmp_path_factory, data):
 
 
 def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data):
+    """The same command without torchrun runs the single-process trainer (``train_on``); with one rank the
+    FSDP2 path gives its weights exactly. Both in fresh single-threaded processes (a test process that ran
+    other engines may hold other global settings)."""
     result = torchrun(1, data, tmp_path / "one")
     assert result.returncode == 0, result.stderr[-3000:]
-    torch.manual_seed(0)  # the CLI seeds a new drafter with --seed (0)
-    start = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based))
-    config = TrainingConfig(steps=4, batch_size=4, seq_len=24, depth=3, lr=0.1, save_every=2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as torchrun runs each rank (OMP_NUM_THREADS=1): the same float32 summation order
-    try:
-        reference = train_on(
-            CapturedTarget(CapturedStates(data), 512), copy.deepcopy(start), tmp_path / "ref", config, False
-        )
-    finally:
-        torch.set_num_threads(threads)
-    one = weights(tmp_path / "one")
-    for name, p in reference.named_parameters():
+    command = [sys.executable, "-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data)]
+    plain = subprocess.run(
+        [*command, "--out", str(tmp_path / "plain"), *ARGS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert not (tmp_path / "plain" / "training_log.json").exists()  # not the distributed path
+    one, reference = weights(tmp_path / "one"), weights(tmp_path / "plain")
+    moved = 0
+    for name, p in reference.items():
         assert torch.equal(one[name], p), name
+        moved += p.requires_grad
+    assert moved > 10
 
 
 def test_two_ranks_train_what_one_rank_trains(tmp_path, data, two_ranks):
