@@ -15,6 +15,12 @@ products, and the fp32 ones taken where the CPU has no native bf16).
     python benchmarks/decode_step.py                       # bf16, contexts 1k 4k 16k 32k
     python benchmarks/decode_step.py --contexts 1024 4096 --steps 5 --naive-context 4096   # a quick run
     python benchmarks/decode_step.py --device cuda --compile reduce-overhead   # GPU, CUDA graphs
+    python benchmarks/decode_step.py --device cuda --attn flashinfer   # GPU, FlashInfer's MLA decode kernel
+    python benchmarks/decode_step.py --device cuda --json rows.json    # also the rows as JSON (scripts/gpu_check.sh)
+
+``--attn flashinfer`` (the ``[gpu]`` extra) runs the drafter with ``attn_implementation="flashinfer"``: the step's
+attention over the latent cache through FlashInfer, everything else eager torch; it plans on the host every step,
+so it does not combine with ``--compile``.
 
 Random weights (built on the meta device, then filled in bf16: never an fp32 copy of 3 B params).
 """
@@ -22,6 +28,7 @@ Random weights (built on the meta device, then filled in bf16: never an fp32 cop
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import time
@@ -125,20 +132,29 @@ def time_step(model, context: int, steps: int, absorb: bool, device, reads: Stre
 
 def time_attention_core(model, context: int, steps: int, absorb: bool, device) -> float:
     """The attention alone, from the step's query to its per-head output over a `context`-token latent
-    cache: what absorption changes, without the weight reads both paths share."""
+    cache: what absorption changes, without the weight reads both paths share (absorbed: through FlashInfer
+    when the drafter's attention implementation is "flashinfer")."""
     config, attention = model.config, model.layers[0].self_attn
     g = torch.Generator(device=device).manual_seed(0)
     q_nope = torch.randn(1, config.num_attention_heads, 1, config.qk_nope_head_dim, generator=g, device=device)
     q_pe = torch.randn(1, config.num_attention_heads, 1, config.qk_rope_head_dim, generator=g, device=device)
-    latent = torch.randn(1, context, config.kv_cache_values_per_token, generator=g, device=device)
-    q_nope, q_pe, latent = (t.to(model.dtype) for t in (q_nope, q_pe, latent))
-    core = attention._absorbed if absorb else attention._naive
+    cache = LatentKVCache.for_model(config, 1, dtype=model.dtype, device=device, capacity=context)
+    cache.update(
+        *torch.randn(1, context, config.kv_cache_values_per_token, generator=g, device=device).split(
+            [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1
+        )
+    )
+    q_nope, q_pe = (t.to(model.dtype) for t in (q_nope, q_pe))
+    latent = cache.latent[:, :context]
     times = []
     with torch.inference_mode():
         for i in range(steps + 1):
             sync(device)
             t = time.perf_counter()
-            core(q_nope, q_pe, latent, None)
+            if absorb:
+                attention._absorbed(q_nope, q_pe, latent, None, cache)
+            else:
+                attention._naive(q_nope, q_pe, latent, None)
             sync(device)
             if i >= 1:  # warm-up
                 times.append(time.perf_counter() - t)
@@ -157,17 +173,34 @@ def main() -> None:
         choices=["default", "reduce-overhead", "max-autotune"],
         help="torch.compile the model first with this mode (reduce-overhead: CUDA graphs)",
     )
+    parser.add_argument(
+        "--attn",
+        default="eager",
+        choices=["eager", "flashinfer"],
+        help="the drafter's attention implementation (flashinfer: its MLA decode kernel; the [gpu] extra)",
+    )
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the step rows as JSON to PATH")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.attn == "flashinfer" and args.compile:
+        parser.error("--attn flashinfer plans FlashInfer's kernel on the host every step: run it without --compile")
+    if args.attn == "flashinfer":  # refused now, with what is missing, not after building 6 GB of weights
+        from eagle31_mla.flashinfer_backend import require
 
-    print(f"# decode step, Kimi-K3 drafter dims, bf16, batch 1 ({time.strftime('%Y-%m-%d')})")
+        config = Eagle31MLAConfig()
+        require(device, torch.bfloat16, kv_lora_rank=config.kv_lora_rank, rope_dim=config.qk_rope_head_dim)
+
+    label = f"attention {args.attn}" + (f", torch.compile {args.compile}" if args.compile else ", eager torch")
+    print(f"# decode step, Kimi-K3 drafter dims, bf16, batch 1, {label} ({time.strftime('%Y-%m-%d')})")
     print(
         f"# machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" and torch.cuda.is_available() else "")
     )
     if device.type == "cpu":
         print(f"# cpu: {cpu_kind()}")
     model = random_drafter(device)
+    model.config._attn_implementation = args.attn
     if args.compile:
         model.forward = torch.compile(model.forward, mode=args.compile, dynamic=False)
     print(
@@ -175,6 +208,7 @@ def main() -> None:
         "| step achieved (GB/s) | step / floor |"
     )
     print("|--:|--:|--:|--:|--:|--:|--:|")
+    rows = []
     for context in args.contexts:
         reads = StreamingRead(device)  # sampled before every step of this row
         nbytes = step_bytes(model, context)
@@ -184,7 +218,11 @@ def main() -> None:
             f"| {context} | {nbytes / 1e9:.3f} GB | {reads.rate() / 1e9:.1f} | {floor * 1e3:.1f} | {step * 1e3:.1f} | "
             f"{nbytes / step / 1e9:.1f} | {step / floor:.2f} |"
         )
+        rows.append(dict(context=context, bytes=nbytes, read_rate=reads.rate(), floor_s=floor, step_s=step))
         del reads
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"label": label, "device": str(device), "torch": torch.__version__, "rows": rows}, f, indent=2)
     lm_head = model.lm_head.weight
     share = lm_head.numel() * lm_head.element_size() / step_bytes(model, args.contexts[0])
     print(f"\nlm_head: {share:.0%} of the bytes a step reads at {args.contexts[0]} tokens")

@@ -18,6 +18,7 @@ n aux states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import math
@@ -41,6 +42,8 @@ __all__ = [
     "DraftOutput",
     "LatentKVCache",
     "DraftInputError",
+    "SAMPLING_BACKENDS",
+    "check_sampling_backend",
     "check_sampling_settings",
     "cpu_has_native_bf16",
     "latent_attention_dtype",
@@ -345,6 +348,7 @@ class Eagle31MLAAttention(nn.Module):
 
     def __init__(self, config: Eagle31MLAConfig):
         super().__init__()
+        self.config = config  # `_attn_implementation` is read at each step: "flashinfer" decodes through FlashInfer
         self.num_heads = config.num_attention_heads
         self.nope_dim = config.qk_nope_head_dim
         self.rope_dim = config.qk_rope_head_dim
@@ -386,7 +390,7 @@ class Eagle31MLAAttention(nn.Module):
             latent = torch.cat([c_kv, k_pe], dim=-1)  # [B, T, C+R]
 
         if absorb:
-            out = self._absorbed(q_nope, q_pe, latent, mask)
+            out = self._absorbed(q_nope, q_pe, latent, mask, cache)
         else:
             out = self._naive(q_nope, q_pe, latent, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.v_dim))  # [B, T, H]
@@ -401,16 +405,26 @@ class Eagle31MLAAttention(nn.Module):
         q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
 
-    def _absorbed(self, q_nope, q_pe, latent, mask) -> torch.Tensor:
+    def _absorbed(self, q_nope, q_pe, latent, mask, cache=None) -> torch.Tensor:
         """Fold kv_b_proj into the query and the output, so attention reads only the latent cache.
 
         Every head shares the one latent key, so the heads become extra query rows of a single-head
-        attention (multi-query form): the cache is read once per step, never expanded per head."""
+        attention (multi-query form): the cache is read once per step, never expanded per head.
+
+        With ``config._attn_implementation == "flashinfer"`` a one-token step per sequence over the
+        whole cache (decode: T == 1, no mask) runs FlashInfer's MLA kernel on the same absorbed query
+        (:func:`eagle31_mla.flashinfer_backend.latent_decode`, CUDA, fp16/bf16). Multi-token steps (a
+        prompt, a tree step, a chain's first step) and masked steps (padding, trees) take the torch path
+        below: FlashInfer's paged MLA kernel has no arbitrary mask."""
         B, h, T, _ = q_nope.shape
         w_k, w_v_t = self._absorbed_weights()  # [h, N, C], [h, C, V]
         q_latent = torch.matmul(q_nope.transpose(0, 1).reshape(h, B * T, -1), w_k)  # [h, B·T, C]
         q_latent = q_latent.view(h, B, T, -1).transpose(0, 1)  # [B, h, T, C]
         q = torch.cat([q_latent, q_pe], dim=-1).reshape(B, h * T, -1)  # [B, h·T, C+R]
+        if T == 1 and mask is None and cache is not None and self.config._attn_implementation == "flashinfer":
+            out = flashinfer_backend().latent_decode(q, cache, self.kv_lora_rank, self.scale)  # [B, h, C]
+            out = out.to(w_v_t.dtype).transpose(0, 1)  # [h, B, C]
+            return torch.matmul(out, w_v_t).view(h, B, T, -1).transpose(0, 1)  # [B, h, T, V]
         # Products read the cache in the model's dtype (bf16: accumulated in fp32, scores rounded once
         # to bf16); scaling and softmax in fp32; an fp32 model is fp32 throughout. Where the CPU has no
         # native bf16 the products run in fp32 over an fp32 copy of the cache (latent_attention_dtype).
@@ -512,9 +526,23 @@ class DraftOutput:
     hidden_states: torch.Tensor | None = None
 
 
-#: The ``attn_implementation`` values ``from_pretrained`` accepts: none given, or "eager" (the model's own
-#: attention code, what Transformers reports for a model that claims no other).
-ATTN_IMPLEMENTATIONS = (None, "eager")
+#: The ``attn_implementation`` values ``from_pretrained`` accepts: none given, "eager" (the model's own
+#: attention code, what Transformers reports for a model that claims no other), or "flashinfer" (decode steps
+#: through FlashInfer's MLA kernel on CUDA: the library's ``[gpu]`` extra, not in the Hub remote code).
+ATTN_IMPLEMENTATIONS = (None, "eager", "flashinfer")
+
+
+def flashinfer_backend():
+    """:mod:`eagle31_mla.flashinfer_backend`, imported on first use: it belongs to the installed library, and
+    the Hub remote code (this file copied next to a checkpoint, torch + transformers only) does not carry it."""
+    try:
+        return importlib.import_module(".flashinfer_backend", __package__)
+    except ImportError:
+        raise RuntimeError(
+            "the FlashInfer path (attn_implementation='flashinfer', sampling_backend='flashinfer') is part of the "
+            'eagle31-mla library (pip install "eagle31-mla[gpu]"), not of this copy of the modeling code '
+            f"({__name__}); load the drafter with eagle31_mla.Eagle31MLAForCausalLM"
+        ) from None
 
 
 class Eagle31MLAPreTrainedModel(PreTrainedModel):
@@ -524,7 +552,8 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["Eagle31MLADecoderLayer"]
     # No `_supports_sdpa` / flash claims: MLA attention here is the drafter's own (naive for a prompt, absorbed
     # over the latent cache for decode, picked by `absorb`), so Transformers' `attn_implementation` switch has
-    # nothing to choose; it reports "eager" (the model's own code) and refuses anything else by name.
+    # nothing to choose; it reports "eager" (the model's own code). `from_pretrained` also takes "flashinfer"
+    # (decode steps through FlashInfer, stored as `config._attn_implementation`) and refuses anything else.
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -911,16 +940,20 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         generator: torch.Generator | None = None,
         past_key_values: LatentKVCache | None = None,
         position_ids: torch.LongTensor | None = None,
+        sampling_backend: str = "torch",
     ) -> DraftOutput:
         """Draft ``num_tokens`` chained tokens after the context: the first from the context's last
         position, each later one from the previous token's embedding and the previous step's state,
         one position further, attending to everything cached. Every argument is checked before
-        anything is computed or cached (sampling settings by :func:`check_sampling_settings`)."""
+        anything is computed or cached (sampling settings by :func:`check_sampling_settings`).
+        ``sampling_backend`` "flashinfer" draws with FlashInfer on CUDA (:func:`sample_from_logits`)."""
         if not isinstance(num_tokens, numbers.Integral) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise DraftInputError(
                 f"`num_tokens` is {describe_value(num_tokens)}; expected an int >= 1 (tokens to draft)"
             )
         check_sampling_settings(temperature, top_p)
+        if check_sampling_backend(sampling_backend) == "flashinfer":
+            flashinfer_backend().require(self.fc.weight.device)
         if generator is not None:
             if not isinstance(generator, torch.Generator):
                 raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a torch.Generator or None")
@@ -970,7 +1003,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
         tokens, probs = [], []
         for step in range(num_tokens):
-            draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator)  # [B], [B, V]
+            # [B], [B, V]: the token and the distribution it was drawn from
+            draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator, sampling_backend)
             tokens.append(self.draft_to_target_ids(draft_id))
             probs.append(p)
             if step == num_tokens - 1:
@@ -1043,11 +1077,13 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             "attn_implementation",
         }
         unknown = set(kwargs) - ignored
-        if kwargs.get("attn_implementation") not in ATTN_IMPLEMENTATIONS:
+        attn_implementation = kwargs.get("attn_implementation")
+        if attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ConfigError(
-                f"`attn_implementation` is {kwargs['attn_implementation']!r}; expected one of {ATTN_IMPLEMENTATIONS} "
+                f"`attn_implementation` is {attn_implementation!r}; expected one of {ATTN_IMPLEMENTATIONS} "
                 "(this drafter's MLA attention is its own code: naive for a prompt, absorbed over the latent cache "
-                "for decode; there is no sdpa or flash-attention variant to switch to)"
+                "for decode, whose one-token steps 'flashinfer' runs through FlashInfer on CUDA; there is no sdpa "
+                "or flash-attention variant to switch to)"
             )
         if (
             kwargs.get("device_map") is not None
@@ -1090,11 +1126,17 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         chosen = wanted["dtype"] if dtype is not None else wanted["torch_dtype"]
         dtype = chosen or resolve_dtype(config.dtype, "config dtype") or torch.float32
         device = torch.device(device or "cpu")
+        if attn_implementation == "flashinfer":  # refused here, before minutes of loading, if it cannot run
+            flashinfer_backend().require(
+                device, dtype, kv_lora_rank=config.kv_lora_rank, rope_dim=config.qk_rope_head_dim
+            )
 
         model = cls.on_meta_device(config, dtype)
         state = load_checkpoint_state(folder, model, dtype=dtype, device=device, allow_pickle=allow_pickle)
         model.load_state_dict(state, strict=True, assign=True)
         model.rotary_emb.reset_inv_freq(device)
+        if attn_implementation == "flashinfer":
+            model.config._attn_implementation = "flashinfer"  # where Transformers keeps it; not written to config.json
         model.config.name_or_path = str(pretrained_model_name_or_path)
         model.eval()
         return model
@@ -1130,12 +1172,26 @@ def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
     return float(temperature), float(top_p)
 
 
-def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+#: Who samples: "torch" (this file's rule and ``torch.multinomial``) or "flashinfer" (FlashInfer's top-p
+#: renormalisation and draws on CUDA: :mod:`eagle31_mla.flashinfer_backend`, the ``[gpu]`` extra).
+SAMPLING_BACKENDS = ("torch", "flashinfer")
+
+
+def check_sampling_backend(backend) -> str:
+    """``backend`` one of :data:`SAMPLING_BACKENDS`, else :class:`DraftInputError` naming ``sampling_backend``."""
+    if not isinstance(backend, str) or backend not in SAMPLING_BACKENDS:
+        raise DraftInputError(f"`sampling_backend` is {describe_value(backend)}; expected one of {SAMPLING_BACKENDS}")
+    return backend
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float, backend: str = "torch") -> torch.Tensor:
     """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities. One-hot
     argmax for temperature 0 (ties to the lowest id); otherwise temperature softmax truncated to the
     smallest prefix reaching ``top_p``, renormalised. The drafter and the reference loop share it.
-    Settings follow :func:`check_sampling_settings`."""
+    Settings follow :func:`check_sampling_settings`. ``backend="flashinfer"`` truncates with FlashInfer's
+    ``top_p_renorm_probs`` (CUDA) instead of the sort below: the same rule, up to ties at the threshold."""
     temperature, top_p = check_sampling_settings(temperature, top_p)
+    check_sampling_backend(backend)
     if temperature == 0:
         return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     if temperature >= 1e-3:
@@ -1143,6 +1199,8 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     else:  # logits / temperature could overflow fp32 (inf - inf = NaN): shift by the max, divide in fp64
         shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
         probs = torch.softmax(shifted / temperature, dim=-1).float()
+    if top_p < 1 and backend == "flashinfer":
+        return flashinfer_backend().top_p_renorm(probs, top_p)
     if top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
@@ -1153,12 +1211,15 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
 
 
 def sample_from_logits(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None, backend: str = "torch"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V]."""
-    probs = sampling_probs(logits, temperature, top_p)
+    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V].
+    Greedy (temperature 0) is the argmax under either backend: there is nothing to sample."""
+    probs = sampling_probs(logits, temperature, top_p, backend)
     if temperature == 0:
         return probs.argmax(-1), probs
+    if backend == "flashinfer":
+        return flashinfer_backend().sample(probs, generator), probs
     return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
 
 

@@ -83,8 +83,20 @@ def _forbidden_skip(report, markers=()) -> str | None:
 
 _REQUIRED: dict[str, str | None] = {}
 
+# ---- the GPU path: scripts/gpu_check.sh sets EAGLE31_REQUIRE_GPU=1, and then a skipped test marked `gpu` is a
+# failure (no CUDA, or flashinfer missing, must not pass as "skipped"), and at least one must be selected.
+REQUIRE_GPU_ENV = "EAGLE31_REQUIRE_GPU"
+
+
+def gpu_required(environ=os.environ) -> bool:
+    value = environ.get(REQUIRE_GPU_ENV, "")
+    if value not in ("", "0", "1"):
+        raise pytest.UsageError(f"{REQUIRE_GPU_ENV}={value!r}: expected 1 (require the gpu tests) or 0 / unset")
+    return value == "1"
+
 
 def pytest_configure(config):
+    gpu_required()  # a bad value stops the run before any test
     _REQUIRED.clear()
     _REQUIRED.update(required_engines())
     for engine, version in _REQUIRED.items():
@@ -128,6 +140,10 @@ def pytest_make_collect_report(collector):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("gpu") and gpu_required():
+        report.outcome = "failed"
+        report.longrepr = f"skipped ({_skip_reason(report)}), but this run requires the GPU tests ({REQUIRE_GPU_ENV}=1)"
+        return
     engine = _forbidden_skip(report, {m.name for m in item.iter_markers()})
     if engine:
         report.outcome = "failed"
@@ -143,6 +159,7 @@ _SELECTED_BY_ENGINE: dict[str, int] = {}
 
 def pytest_collection_finish(session):
     _SELECTED_BY_ENGINE.clear()
+    _SELECTED_BY_ENGINE["gpu"] = sum(1 for item in session.items if item.get_closest_marker("gpu"))
     for engine in _REQUIRED:
         _SELECTED_BY_ENGINE[engine] = sum(1 for item in session.items if item.get_closest_marker(engine))
 
@@ -150,11 +167,12 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session, exitstatus):
     if getattr(session.config.option, "collectonly", False):
         return
-    missing = [engine for engine in _REQUIRED if not _SELECTED_BY_ENGINE.get(engine)]
+    missing = [f"{engine} ({REQUIRE_ENGINES_ENV})" for engine in _REQUIRED if not _SELECTED_BY_ENGINE.get(engine)]
+    if gpu_required() and not _SELECTED_BY_ENGINE.get("gpu"):
+        missing.append(f"gpu ({REQUIRE_GPU_ENV}=1)")
     if missing:
         session.config.get_terminal_writer().line(
-            f"\nFAILED: this run requires {', '.join(missing)} ({REQUIRE_ENGINES_ENV}), but no test marked with it "
-            "was selected",
+            f"\nFAILED: this run requires {', '.join(missing)}, but no test marked with it was selected",
             red=True,
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

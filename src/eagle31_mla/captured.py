@@ -8,7 +8,10 @@ concatenated along the token axis:
 * ``aux`` [T, n, H]: the residual stream after each aux layer, in ascending layer order (one-based ids,
   :mod:`eagle31_mla.aux_layers`; for Kimi-K3 the prefix-only stream);
 * ``topk_logprobs`` [T, K] float32 and ``topk_ids`` [T, K] int32: the target's K most likely next tokens
-  after position t and their log-probabilities, as the engine computed them: the loss input.
+  after position t and their log-probabilities, as the engine computed them: the loss input;
+* ``loss_mask`` [T] uint8: 1 where the token is trained on (every token of a text capture; the assistant
+  content of a conversation, :func:`eagle31_mla.prompts.conversation_tokens`), as the manifest's
+  ``loss_mask`` says ("all", "assistant" or "last-turn").
 
 Why log-probabilities and not the target's last hidden state: the engine's own numbers hold for every
 target, while a last state needs the target's whole output path at training time, which for Kimi-K3 is
@@ -48,30 +51,37 @@ __all__ = [
     "write_manifest",
     "read_manifest",
     "bytes_per_token",
+    "LOSS_MASKS",
 ]
 
 FORMAT = "eagle31-mla-captured-states"
-VERSION = 1
+VERSION = 2  # 2: a loss mask per token
 MANIFEST = "manifest.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
+LOSS_MASKS = ("all", "assistant", "last-turn")
 
 
 class CapturedDataError(ValueError):
     """A capture folder, manifest or shard that cannot be trained on: the message names the file and field."""
 
 
-def inputs_digest(sequences: Sequence[Sequence[int]]) -> str:
-    """The identity of a capture's input sequences: a resumed capture must be given the same ones."""
+def inputs_digest(sequences: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]] | None = None) -> str:
+    """The identity of a capture's input sequences (and their loss masks): a resumed capture must be given
+    the same ones."""
     digest = hashlib.sha256()
     for ids in sequences:
         digest.update(json.dumps(list(map(int, ids))).encode())
+        digest.update(b"\n")
+    for mask in loss_masks or ():
+        digest.update(json.dumps(list(map(int, mask))).encode())
         digest.update(b"\n")
     return digest.hexdigest()
 
 
 def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype, top_k: int) -> int:
-    """Disk bytes per captured token: the aux states, the top-k log-probabilities and ids, the token id."""
-    return num_aux * hidden_size * torch.empty((), dtype=dtype).element_size() + top_k * 8 + 8
+    """Disk bytes per captured token: the aux states, the top-k log-probabilities and ids, the token id and
+    its loss-mask byte."""
+    return num_aux * hidden_size * torch.empty((), dtype=dtype).element_size() + top_k * 8 + 8 + 1
 
 
 @dataclass
@@ -84,6 +94,7 @@ class CaptureManifest:
     num_inputs: int
     engine: str  # e.g. "vllm 0.32.0"
     draft: str | None = None
+    loss_mask: str = "all"  # which tokens are trained on: "all", "assistant" or "last-turn" (conversations)
     shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "sequences", "tokens"}
     format: str = FORMAT
     version: int = VERSION
@@ -120,10 +131,11 @@ def write_manifest(folder: str | Path, manifest: CaptureManifest) -> None:
 def write_shard(
     folder: str | Path,
     number: int,
-    sequences: Sequence[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    sequences: Sequence[tuple],
 ) -> dict[str, Any]:
-    """Write one shard (atomically) and return its manifest entry. Each sequence is
-    (input index, token ids [S], aux [S, n, H], top-k log-probabilities [S, K], their token ids [S, K])."""
+    """Write one shard (atomically) and return its manifest entry. Each sequence is (input index, token ids
+    [S], aux [S, n, H], top-k log-probabilities [S, K], their token ids [S, K][, loss mask [S]: all ones
+    when left out])."""
     from safetensors.torch import save_file
 
     lengths = [seq[1].shape[0] for seq in sequences]
@@ -134,6 +146,9 @@ def write_shard(
         "aux": torch.cat([seq[2] for seq in sequences]).contiguous(),
         "topk_logprobs": torch.cat([seq[3].float() for seq in sequences]).contiguous(),
         "topk_ids": torch.cat([seq[4].int() for seq in sequences]).contiguous(),
+        "loss_mask": torch.cat(
+            [torch.as_tensor(seq[5]) if len(seq) > 5 else torch.ones(seq[1].shape[0]) for seq in sequences]
+        ).to(torch.uint8),
     }
     name = SHARD_PATTERN.format(number)
     _atomic_write(Path(folder) / name, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
@@ -168,6 +183,8 @@ def read_manifest(folder: str | Path) -> CaptureManifest:
         raise CapturedDataError(f"{path}: aux_layer_ids must be ascending one-based ints, got {ids!r}")
     if manifest.dtype not in ("float32", "bfloat16", "float16"):
         raise CapturedDataError(f"{path}: dtype must be float32, bfloat16 or float16, got {manifest.dtype!r}")
+    if manifest.loss_mask not in LOSS_MASKS:
+        raise CapturedDataError(f"{path}: loss_mask must be one of {LOSS_MASKS}, got {manifest.loss_mask!r}")
     return manifest
 
 
@@ -196,13 +213,17 @@ class CapturedStates:
             try:
                 with safe_open(str(path), framework="pt") as f:
                     names = set(f.keys())
-                    expected = {"token_ids", "offsets", "input_index", "aux", "topk_logprobs", "topk_ids"}
+                    expected = {"token_ids", "offsets", "input_index", "aux", "topk_logprobs", "topk_ids", "loss_mask"}
                     if names != expected:
                         raise CapturedDataError(f"{where}: tensors {sorted(names)}; expected {sorted(expected)}")
                     shapes = {name: list(f.get_slice(name).get_shape()) for name in expected}
                     offsets = f.get_tensor("offsets")
                     input_index = f.get_tensor("input_index").tolist()
-                    dtypes = {name: f.get_slice(name).get_dtype() for name in ("aux", "topk_logprobs", "topk_ids")}
+                    dtypes = {
+                        name: f.get_slice(name).get_dtype()
+                        for name in ("aux", "topk_logprobs", "topk_ids", "loss_mask")
+                    }
+                    mask_values = f.get_tensor("loss_mask").unique().tolist()
             except CapturedDataError:
                 raise
             except Exception as err:  # a truncated or damaged file: safetensors' own message says how
@@ -215,6 +236,7 @@ class CapturedStates:
                 "aux": [tokens, k, hidden],
                 "topk_logprobs": [tokens, top_k],
                 "topk_ids": [tokens, top_k],
+                "loss_mask": [tokens],
             }
             for name, shape in want.items():
                 if shapes[name] != shape:
@@ -226,10 +248,13 @@ class CapturedStates:
                 "aux": {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[manifest.dtype],
                 "topk_logprobs": "F32",
                 "topk_ids": "I32",
+                "loss_mask": "U8",
             }
             for name, found in dtypes.items():
                 if found != want_dtypes[name]:
                     raise CapturedDataError(f"{where}: `{name}` is {found}; expected {want_dtypes[name]}")
+            if not set(mask_values) <= {0, 1}:
+                raise CapturedDataError(f"{where}: `loss_mask` holds {sorted(mask_values)}; expected only 0 and 1")
             if input_index != entry["input_index"] or int(offsets[-1]) != tokens or bool((offsets.diff() < 1).any()):
                 raise CapturedDataError(f"{where}: its sequence index or offsets disagree with the manifest")
             entries.extend((i, path, int(offsets[j]), int(offsets[j + 1])) for j, i in enumerate(input_index))
@@ -271,6 +296,11 @@ class CapturedStates:
             f.get_slice("topk_logprobs")[start:end],
             f.get_slice("topk_ids")[start:end].long(),
         )
+
+    def loss_mask(self, i: int) -> torch.Tensor:
+        """[S] float: 1 where the i-th sequence's token is trained on (the manifest's ``loss_mask``)."""
+        path, start, end = self._index[i]
+        return self._file(path).get_slice("loss_mask")[start:end].float()
 
     def target_probs(self, i: int, vocab_size: int) -> torch.Tensor:
         """[S, V]: the target's next-token distributions of sequence i, renormalised over its top-k."""

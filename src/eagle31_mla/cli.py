@@ -112,6 +112,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+@_argtype("an integer >= 0", ("negative", "nan", "inf", "text", "fraction", "empty", "huge", "fullwidth", "underscore"))
+def count_int(text: str) -> int:
+    value = _number(text, count_int.expected, integer=True)
+    if not 0 <= value < 2**31:
+        raise _fail(count_int.expected, text)
+    return value
+
+
 def _bounded(name: str, what: str):
     """A positive int with the upper bound speculative.DRAFTING_LIMITS[name] (the loop's own check)."""
     from .speculative import DRAFTING_LIMITS
@@ -581,7 +589,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 #: The offline measurement's defaults for the arguments a server measurement has no use for (argparse leaves
 #: them None, so that one given with --server is refused by name).
-OFFLINE_DEFAULTS = {"num_steps": 3, "topk": 1, "seed": 0, "device": "auto", "dtype": "auto"}
+OFFLINE_DEFAULTS = {
+    "num_steps": 3,
+    "topk": 1,
+    "seed": 0,
+    "device": "auto",
+    "dtype": "auto",
+    "sampling_backend": "torch",
+}
 #: Arguments of the offline measurement only: their flags as the error names them.
 OFFLINE_ONLY = {
     "target": "--target",
@@ -595,6 +610,7 @@ OFFLINE_ONLY = {
     "trust_remote_code": "--trust-remote-code",
     "revision": "--revision",
     "draft_revision": "--draft-revision",
+    "sampling_backend": "--sampling-backend",
 }
 #: Arguments of the server measurement only.
 SERVER_ONLY = {
@@ -638,6 +654,13 @@ def _add_acceptance_arguments(parser) -> None:
     )
     parser.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top-p", type=top_p, default=1.0, help="in (0, 1] (default 1: no truncation)")
+    parser.add_argument(
+        "--sampling-backend",
+        default=None,
+        choices=["torch", "flashinfer"],
+        help="who samples and verifies: torch (default) or flashinfer (CUDA, the [gpu] extra: top-p, draws and "
+        "chain verification by FlashInfer; trees keep the torch rule; greedy is the argmax under both)",
+    )
     parser.add_argument(
         "--max-new-tokens",
         "--max-tokens",
@@ -818,6 +841,13 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
             )
     try:
         check_settings(args.num_steps, args.topk, args.num_draft_tokens, args.temperature, args.top_p)
+        if args.sampling_backend == "flashinfer":  # refused before anything is read or loaded
+            from .flashinfer_backend import FlashInferUnavailable, require
+
+            try:
+                require(_device(args.device))
+            except FlashInferUnavailable as err:
+                return _error(f"argument --sampling-backend: {err}")
         prompts = read_prompt_lines(args.prompts)[: args.limit]
         if not prompts:
             return _error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
@@ -891,6 +921,7 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         ignore_eos=args.ignore_eos,
         progress=not args.no_progress,
+        sampling_backend=args.sampling_backend,
     )
     limited = sum(r["context_limited"] for r in result["requests"])
     if limited:
@@ -903,7 +934,8 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
         )
     result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
     mode = "chain" if args.topk == 1 else f"tree (topk {args.topk})"
-    print(f"{args.target} + {args.draft}: {mode}, temperature {args.temperature:g}, top-p {args.top_p:g}")
+    backend = "" if args.sampling_backend == "torch" else f", sampling backend {args.sampling_backend}"
+    print(f"{args.target} + {args.draft}: {mode}, temperature {args.temperature:g}, top-p {args.top_p:g}{backend}")
     print(AcceptanceStats.from_dict(result["total"]).table())
     if args.json:
         text = json.dumps(result, indent=2)
@@ -945,6 +977,10 @@ def _train(args: argparse.Namespace) -> int:
             f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
             f"a next token to predict), got {args.seq_len}"
         )
+    if args.last_turn_only and not args.conversations:
+        return _error("argument --last-turn-only: applies to --conversations only")
+    if args.anchor_max_gap is not None and args.anchors is None:
+        return _error("argument --anchor-max-gap: applies to --anchors only")
     if args.data is not None:
         return _train_on_captured(args)
     from .distributed import launched_by_torchrun
@@ -952,15 +988,17 @@ def _train(args: argparse.Namespace) -> int:
     if launched_by_torchrun():
         return _error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
-    from .prompts import PromptError, read_corpus
+    from .prompts import PromptError, conversation_sequences, read_conversations, read_corpus
 
     try:  # everything that can be checked before the target's weights are loaded
         target_json, _ = read_config_json(args.target)
         check_roles(target_json, None, args.target)
         try:
-            texts = read_corpus(args.text)
+            texts = read_corpus(args.text) if args.text else None
+            if args.conversations:
+                read_conversations(args.conversations)
         except PromptError as err:
-            return _error(f"argument --text: {err}")
+            return _error(f"argument --{'text' if args.text else 'conversations'}: {err}")
         probe_output_folder(args.out, "argument --out")
         device = _device(args.device)
         from transformers import AutoConfig
@@ -986,15 +1024,30 @@ def _train(args: argparse.Namespace) -> int:
     from .training import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
 
     ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
+    masks = None
     try:  # what the user named must exist and load; a failure here is input, not a bug
         tokenizer = AutoTokenizer.from_pretrained(args.target)
-        sequences = tokenize_corpus(tokenizer, texts, args.seq_len)  # before the weights load
-        if sequences.shape[0] < args.batch_size:
+        if args.conversations:  # before the weights load
+            sequences, masks, left_out = conversation_sequences(
+                args.conversations,
+                tokenizer,
+                args.seq_len,
+                last_turn_only=args.last_turn_only,
+                vocab_size=getattr(target_config, "vocab_size", None),
+            )
+            if left_out:
+                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
+        else:
+            sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
+        if len(sequences) < args.batch_size:
+            source = f"--conversations: {args.conversations} gives" if masks else f"--text: {args.text} gives"
             return _error(
-                f"argument --text: {args.text} gives {sequences.shape[0]} sequences of {args.seq_len} tokens "
-                f"(--seq-len); expected at least --batch-size {args.batch_size}"
+                f"argument {source} {len(sequences)} sequences of at most {args.seq_len} tokens (--seq-len); "
+                f"expected at least --batch-size {args.batch_size}"
             )
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
+    except PromptError as err:
+        return _error(f"argument --conversations: {err}")
     except (OSError, ValueError) as err:
         return _error(str(err))
     if args.init:
@@ -1008,7 +1061,8 @@ def _train(args: argparse.Namespace) -> int:
         drafter = drafter_for_target(
             target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
         )
-    train_drafter(target, drafter, sequences, args.out, _training_config(args, args.seq_len), progress=not args.quiet)
+    config = _training_config(args, args.seq_len)
+    train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet, loss_masks=masks)
     print(
         f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
         f"{drafter.config.aux_layer_ids.describe()})"
@@ -1027,6 +1081,7 @@ def _training_config(args: argparse.Namespace, seq_len: int):
         depth=args.depth,
         lr=args.lr,
         num_anchors=args.anchors,
+        anchor_max_gap=args.anchor_max_gap,
         seed=args.seed,
         save_every=args.save_every,
     )
@@ -1106,8 +1161,11 @@ def _capture(args: argparse.Namespace) -> int:
     from .aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
     from .captured import CapturedDataError, bytes_per_token
     from .engines import InputError, Target, check_roles, read_config_json
-    from .prompts import PromptError, prompt_token_ids, read_corpus, read_prompts
+    from .prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
 
+    if args.last_turn_only and not args.conversations:
+        return _error("argument --last-turn-only: applies to --conversations only")
+    masks, mask_kind = None, "all"
     try:
         target_json, _ = read_config_json(args.target)
         draft_json = read_config_json(args.draft)[0] if args.draft else None
@@ -1132,6 +1190,20 @@ def _capture(args: argparse.Namespace) -> int:
             sequences = tokenize_corpus(tokenizer, read_corpus(args.text), args.seq_len).tolist()
             if not sequences:
                 raise InputError(f"argument --text: {args.text} holds fewer than --seq-len {args.seq_len} tokens")
+        elif args.conversations:
+            try:
+                sequences, masks, left_out = conversation_sequences(
+                    args.conversations,
+                    tokenizer,
+                    args.seq_len,
+                    last_turn_only=args.last_turn_only,
+                    vocab_size=target.vocab_size,
+                )
+            except PromptError as err:
+                raise InputError(f"argument --conversations: {err}") from None
+            mask_kind = "last-turn" if args.last_turn_only else "assistant"
+            if left_out:
+                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
         else:
             sequences = [
                 prompt_token_ids(p, tokenizer, target.vocab_size, f"{args.prompts}:{i}")
@@ -1157,6 +1229,8 @@ def _capture(args: argparse.Namespace) -> int:
             engine_args=args.engine_args,
             sequences_per_shard=args.sequences_per_shard,
             progress=not args.quiet,
+            loss_masks=masks,
+            loss_mask_kind=mask_kind,
         )
     except CapturedDataError as err:
         return _error(str(err))
@@ -1434,6 +1508,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = train.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", type=existing_file, help='training text: one document per line, or JSONL with "text"')
     source.add_argument(
+        "--conversations",
+        type=existing_file,
+        help='JSONL, one {"messages": [...]} per line: rendered with the target\'s chat template, the loss on '
+        "assistant content only; each conversation one sequence of at most --seq-len tokens",
+    )
+    source.add_argument(
         "--data",
         type=capture_folder,
         help="target states captured by `eagle31-mla capture` (no target model is run; --target gives the "
@@ -1460,7 +1540,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence, > --depth (default 128)")
     train.add_argument("--depth", type=positive_int, default=None, help="TTT unroll depth (default 4; --init: 7)")
     train.add_argument(
-        "--anchors", type=positive_int, default=None, help="anchored TTT: unroll depths >= 1 at N positions"
+        "--last-turn-only", action="store_true", help="--conversations: the loss on the last assistant turn only"
+    )
+    train.add_argument(
+        "--anchors",
+        type=positive_int,
+        default=None,
+        help="anchored TTT as TorchSpec samples it: every depth trained at N anchors per sequence",
+    )
+    train.add_argument(
+        "--anchor-max-gap",
+        type=count_int,
+        default=None,
+        help="--anchors: trained positions between neighbouring anchors at most (default: --depth)",
     )
     train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default 3e-3; --init: 2e-5)")
     train.add_argument("--save-every", type=positive_int, default=250, help="steps between checkpoints (default 250)")
@@ -1488,7 +1580,21 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument(
         "--prompts", type=existing_file, help="prompts, one per line or JSONL; each rendered one becomes a sequence"
     )
-    capture.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per --text sequence (default 2048)")
+    inputs.add_argument(
+        "--conversations",
+        type=existing_file,
+        help='JSONL, one {"messages": [...]} per line: each rendered whole with the chat template (at most '
+        "--seq-len tokens), its assistant content marked as the tokens to train on",
+    )
+    capture.add_argument(
+        "--last-turn-only", action="store_true", help="--conversations: train on the last assistant turn only"
+    )
+    capture.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=2048,
+        help="tokens per --text sequence, at most per conversation (default 2048)",
+    )
     capture.add_argument("--out", required=True, type=output_folder, help="the capture folder (resumes from it)")
     capture.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     capture.add_argument("--top-k", type=positive_int, default=64, help="log-probabilities kept per token (default 64)")

@@ -42,6 +42,7 @@ from .training import (
     clip_gradients,
     combine_depth_losses,
     loss_weight_sums,
+    step_anchors,
     step_batch,
     ttt_loss_terms,
     write_recipe,
@@ -191,20 +192,19 @@ def train_distributed(
         indices = step_batch(len(states), config.batch_size, step, config.seed)
         pad_to = max(lengths[int(i)] for i in indices)  # every rank pads to the step's longest sequence
         mine = indices[rank::world]
-        anchors = None
-        if config.num_anchors is not None and config.num_anchors < pad_to - 2:
-            g = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            anchors = torch.randperm(pad_to - 2, generator=g)[: config.num_anchors].sort().values.to(device)
         chunks = [mine[i : i + micro_batch] for i in range(0, len(mine), micro_batch)]
         batches = [states.batch(chunk, drafter.config.aux_layer_ids, pad_to=pad_to) for chunk in chunks]
+        anchors = [step_anchors(drafter, b[2], b[3], config, step, chunk) for b, chunk in zip(batches, chunks)]
         # the whole step's loss weights per depth (every micro-batch of every rank), known before any forward
-        totals = sum(loss_weight_sums(drafter, probs, config.depth, mask, anchors) for _, _, probs, mask in batches)
+        totals = sum(
+            loss_weight_sums(drafter, probs, config.depth, mask, a) for (_, _, probs, mask), a in zip(batches, anchors)
+        )
         dist.all_reduce(totals)
         loss_total, agree = 0.0, torch.zeros(config.depth, device=device)
         for n, (ids, aux, probs, mask) in enumerate(batches):
             drafter.set_requires_gradient_sync(n == len(batches) - 1)  # reduce the gradients once, at the end
             with _compute(config.compute_dtype, device):
-                terms = ttt_loss_terms(drafter, ids, aux, probs, config.depth, mask, anchors)
+                terms = ttt_loss_terms(drafter, ids, aux, probs, config.depth, mask, anchors[n])
             # this micro-batch's share of the step loss: its KL sums over the step's weight sums
             loss, _ = combine_depth_losses(
                 [(kl, total, a) for (kl, _, a), total in zip(terms, totals)], config.depth_decay

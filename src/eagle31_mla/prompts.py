@@ -22,10 +22,13 @@ __all__ = [
     "PROMPT_SHAPES",
     "PromptError",
     "check_prompt_shape",
+    "conversation_tokens",
+    "conversation_sequences",
     "eos_token_ids",
     "is_int",
     "prompt_tensor",
     "prompt_token_ids",
+    "read_conversations",
     "read_corpus",
     "read_prompt_lines",
     "read_prompts",
@@ -283,3 +286,123 @@ def prompt_tensor(input_ids, vocab_size: int):
             "(the target's vocabulary)"
         )
     return torch.tensor([ids], dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------
+# Conversations for training: rendered with the target's chat template, assistant tokens masked in
+# ----------------------------------------------------------------------------------------------
+
+
+def read_conversations(path: str | Path) -> list[tuple[str, list[dict]]]:
+    """``(where, messages)`` for every line of a conversations file: JSONL, each line an object with
+    ``"messages"`` (a list of ``{role, content}``) holding at least one assistant turn with text content."""
+    path = Path(path)
+    if path.suffix not in (".jsonl", ".json"):
+        raise PromptError(f'{path}: expected a .jsonl file, one {{"messages": [...]}} object per line')
+    conversations = []
+    for where, line in read_prompt_lines(path):
+        if not (isinstance(line, dict) and "messages" in line):
+            raise PromptError(f'{where}: expected an object with "messages" (a conversation to train on)')
+        if not any(m["role"] == "assistant" and _text_of(m["content"]) for m in line["messages"]):
+            raise PromptError(f"{where}: no assistant turn with text content: nothing to train on")
+        conversations.append((where, line["messages"]))
+    if not conversations:
+        raise PromptError(f"{path}: expected at least one conversation, found none")
+    return conversations
+
+
+def _text_of(content) -> str:
+    """A message's text: the string, or the text parts of a multi-part content list joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+
+
+def conversation_tokens(
+    messages: list[dict],
+    tokenizer,
+    *,
+    last_turn_only: bool = False,
+    max_tokens: int | None = None,
+    where: str = "conversation",
+) -> tuple[list[int], list[int]]:
+    """The token ids of a whole conversation rendered with the tokenizer's chat template, and its loss mask:
+    1 on the tokens of assistant content (every assistant turn, or the last one), 0 on everything else (the
+    system and user turns, the template's role markup and end-of-turn tokens). As TorchSpec's data: the mask
+    marks the tokens themselves (``mask[j]`` is about ``x[j]``); the trainer gates each prediction by the fed
+    token's mask (:mod:`eagle31_mla.training`).
+
+    Each assistant turn's content is found in the rendered text after the render of the conversation up to it
+    with the generation prompt (which must be a prefix of the whole render: a template that rewrites earlier
+    turns is refused by name), and mapped to tokens by decoding prefixes of the ids, so a token that straddles
+    the header and the content counts as content. ``max_tokens`` truncates (ids and mask alike)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError(f"{where}: the target's tokenizer has no chat template to render conversations with")
+
+    def render(turns, generation_prompt):
+        return tokenizer.apply_chat_template(turns, add_generation_prompt=generation_prompt, tokenize=False)
+
+    text = render(messages, False)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    decode = lambda n: tokenizer.decode(ids[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
+    if decode(len(ids)) != text:
+        raise PromptError(
+            f"{where}: the tokenizer's decode does not give back the rendered conversation, so its assistant "
+            "tokens cannot be located"
+        )
+
+    def token_holding(char: int) -> int:  # the first token whose decoded prefix reaches past `char`
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(decode(mid + 1)) > char:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and _text_of(m["content"])]
+    if last_turn_only:
+        turns = turns[-1:]
+    mask = [0] * len(ids)
+    for i in turns:
+        head = render(messages[:i], True)
+        content = _text_of(messages[i]["content"])
+        start = text.find(content, len(head)) if text.startswith(head) else -1
+        if start < 0 and content.strip():
+            start = text.find(content.strip(), len(head)) if text.startswith(head) else -1
+            content = content.strip()
+        if start < 0:
+            raise PromptError(
+                f"{where}: assistant turn {i} is not where the chat template puts it (the render of the turns "
+                "before it, with the generation prompt, must begin the whole render, and the turn's content "
+                "follow it verbatim)"
+            )
+        first, last = token_holding(start), token_holding(start + len(content) - 1)
+        mask[first : last + 1] = [1] * (last + 1 - first)
+    if max_tokens is not None:
+        ids, mask = ids[:max_tokens], mask[:max_tokens]
+    return ids, mask
+
+
+def conversation_sequences(
+    path: str | Path, tokenizer, max_tokens: int, *, last_turn_only: bool = False, vocab_size: int | None = None
+) -> tuple[list[list[int]], list[list[int]], int]:
+    """(token ids, loss masks, how many were left out) for the conversations of a file
+    (:func:`read_conversations`, :func:`conversation_tokens`): one sequence per conversation, truncated to
+    ``max_tokens``; a conversation with no trained prediction left within them (its assistant content begins
+    too late) is left out, and counted. Ids are checked against ``vocab_size``."""
+    sequences, masks, left_out = [], [], 0
+    for where, messages in read_conversations(path):
+        ids, mask = conversation_tokens(messages, tokenizer, last_turn_only=last_turn_only, max_tokens=max_tokens)
+        problem = _id_list_problem(ids, vocab_size)
+        if problem:
+            raise PromptError(f"{where}: the rendered conversation's ids hold {problem}")
+        if sum(mask[:-1]) == 0:  # a trained token must be followed by one to predict
+            left_out += 1
+            continue
+        sequences.append(ids)
+        masks.append(mask)
+    if not sequences:
+        raise PromptError(f"{path}: no conversation has assistant content within its first {max_tokens} tokens")
+    return sequences, masks, left_out

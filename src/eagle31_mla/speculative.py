@@ -37,6 +37,13 @@ drafts + 1, the number engines report (ceiling ``num_steps + 1``).
 Aux states are read as :mod:`eagle31_mla.capture` reads them (an id equal to the target's depth
 pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.prompts` reads them.
 
+Sampling backends: ``sampling_backend="torch"`` (the default) draws with ``torch.multinomial`` and the
+rules above; ``"flashinfer"`` (CUDA, the ``[gpu]`` extra, :mod:`eagle31_mla.flashinfer_backend`) truncates
+to top-p with FlashInfer's ``top_p_renorm_probs``, draws (target and drafter) with ``sampling_from_probs``
+and verifies chains with ``chain_speculative_sampling`` (the same chain rule, in one kernel). Trees keep the
+torch rule above (FlashInfer has no point-mass tree acceptance), over FlashInfer's p. Greedy (temperature 0)
+is the argmax rule under both backends: there is nothing to sample. Not yet run on a GPU.
+
 Scope: batch 1 (requests run one after another: accepted lengths differ per request), target and
 drafter on one device. Target requirements: a Transformers causal LM that returns ``hidden_states``,
 uses the standard ``DynamicCache`` (plain ``DynamicLayer`` layers for tree drafting), and for trees
@@ -63,8 +70,10 @@ from .modeling_eagle31_mla import (
     DraftInputError,
     Eagle31MLAForCausalLM,
     LatentKVCache,
+    check_sampling_backend,
     check_sampling_settings,
     describe_value,
+    sample_from_logits,
     sampling_probs,
 )
 from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
@@ -90,6 +99,13 @@ __all__ = [
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row of [B, V] (rows need not be normalised)."""
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_p: float, generator, backend: str) -> int:
+    """The target's next token from its last-position logits [1, V], by the sampling backend's rule."""
+    if backend == "torch":
+        return int(_sample(sampling_probs(logits, temperature, top_p), generator))
+    return int(sample_from_logits(logits, temperature, top_p, generator, backend)[0])
 
 
 def accept_chain(
@@ -430,10 +446,11 @@ class _Round:
 class _ChainRound(_Round):
     drafts: torch.Tensor  # [1, k] target ids, d_j ~ q_j
     q: torch.Tensor  # [1, k, V] the drafter's distributions in the target vocabulary
+    rule: Any = accept_chain  # accept_chain, or flashinfer_backend.accept_chain (same signature)
 
     def accept(self, p: torch.Tensor, generator) -> tuple[int, list[int], torch.Tensor]:
         """(accepted drafts m, the accepted nodes 1..m, the next token) by rejection sampling against p [1, N, V]."""
-        m, nxt = accept_chain(self.drafts, self.q, p, generator)
+        m, nxt = self.rule(self.drafts, self.q, p, generator)
         return int(m), list(range(1, int(m) + 1)), nxt
 
     def roll_back(self, target: CachedTarget, committed: int, keep: list[int]) -> None:
@@ -454,18 +471,41 @@ class _TreeRound(_Round):
 
 
 def _draft_chain(
-    drafter, cache, ids, aux, root: int, committed: int, *, device, num_steps, temperature, top_p, generator, vocab_size
+    drafter,
+    cache,
+    ids,
+    aux,
+    root: int,
+    committed: int,
+    *,
+    device,
+    num_steps,
+    temperature,
+    top_p,
+    generator,
+    vocab_size,
+    sampling_backend="torch",
 ) -> tuple[_ChainRound, LatentKVCache]:
     """Chain drafting (topk 1): the drafter catches up on ``ids`` / ``aux`` (the committed tokens), then
     samples ``num_steps`` tokens from its (temperature, top-p) q, each step fed the previous one."""
     d = drafter.draft(
-        ids, aux, num_steps, temperature=temperature, top_p=top_p, generator=generator, past_key_values=cache
+        ids,
+        aux,
+        num_steps,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        past_key_values=cache,
+        sampling_backend=sampling_backend,
     )
     drafts = d.tokens.to(device)  # [1, k] target ids
     nodes = torch.cat([torch.tensor([[root]], device=device), drafts], dim=1)  # [1, k+1]
     positions = torch.arange(committed, committed + num_steps + 1, device=device)[None]
     q = _draft_probs_in_target_vocab(drafter, d.probs, vocab_size).to(device)
-    return _ChainRound(nodes, positions, None, drafts, q), d.past_key_values
+    rule = accept_chain
+    if sampling_backend == "flashinfer" and temperature > 0:  # greedy keeps the argmax rule (one-hot p and q)
+        from .flashinfer_backend import accept_chain as rule
+    return _ChainRound(nodes, positions, None, drafts, q, rule), d.past_key_values
 
 
 def _draft_tree(
@@ -593,6 +633,15 @@ def _check_generator(generator, target) -> None:
         raise DraftInputError(f"`generator` is on {generator.device}; expected one on the target's device ({device})")
 
 
+def _require_sampling_backend(backend, target, drafter) -> None:
+    """``backend`` one of "torch" / "flashinfer"; for "flashinfer", FlashInfer must run where both models are."""
+    if check_sampling_backend(backend) == "flashinfer":
+        from .flashinfer_backend import require
+
+        for model in (target, drafter):
+            require(next(model.parameters()).device)
+
+
 def _check_flag(name: str, value) -> None:
     if not isinstance(value, bool):
         raise DraftInputError(f"`{name}` is {describe_value(value)}; expected True or False")
@@ -625,11 +674,14 @@ def speculative_generate(
     eos_token_id: int | Iterable[int] | None = None,
     generator: torch.Generator | None = None,
     tree: bool | None = None,
+    sampling_backend: str = "torch",
 ) -> SpeculativeOutput:
     """Generate up to ``max_new_tokens`` after one prompt (``input_ids`` [1, n] or a list) with EAGLE
     speculative decoding; stops after any of ``eos_token_id``. ``tree`` defaults to ``topk > 1``;
     ``tree=True`` with ``topk=1`` runs the tree code on a chain (it equals chain drafting when greedy).
     ``num_draft_tokens`` counts the root, as SGLang's flag does (chain: num_steps + 1).
+    ``sampling_backend`` "flashinfer" samples and verifies chains with FlashInfer on CUDA (module docstring);
+    without CUDA or the package it raises ``FlashInferUnavailable``, naming what is missing.
 
     Generation stops at the context limit (:func:`context_limit`, as an engine stops at ``max_model_len``;
     ``finish_reason`` "length", ``context_limited`` True): a verification round runs only when all it can
@@ -649,6 +701,7 @@ def speculative_generate(
     _check_pair(target, drafter)
     eos = set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))
     _check_generator(generator, target)
+    _require_sampling_backend(sampling_backend, target, drafter)
     prompt = prompt_tensor(input_ids, vocab)
     limit = context_limit(target, drafter)
     if prompt.shape[1] >= limit:
@@ -681,13 +734,14 @@ def speculative_generate(
             top_p=top_p,
             generator=generator,
             vocab_size=vocab,
+            sampling_backend=sampling_backend,
         )
 
     with TargetAuxCapture(target, drafter.config.aux_layer_ids) as capture:
         tgt = CachedTarget(target, capture)
         n = prompt.shape[1]
         logits, aux = tgt.forward(prompt, torch.arange(n, device=device)[None], last_only=True)
-        token = int(_sample(sampling_probs(logits[:, -1], temperature, top_p), generator))
+        token = _draw(logits[:, -1], temperature, top_p, generator, sampling_backend)
         out = [token]
         # EAGLE's shift: drafter position i gets token i+1's embedding and the target's state at position i
         pending_ids = torch.cat([prompt[:, 1:], prompt.new_tensor([[token]])], dim=1)  # [1, n]
@@ -701,7 +755,7 @@ def speculative_generate(
                 break
             if L + 1 + num_steps + 1 > limit:  # a full round could emit past the limit: the target alone
                 logits, _ = tgt.forward(prompt.new_tensor([[token]]), torch.tensor([[L]], device=device))
-                token = int(_sample(sampling_probs(logits[:, -1], temperature, top_p), generator))
+                token = _draw(logits[:, -1], temperature, top_p, generator, sampling_backend)
                 out.append(token)
                 continue
             # 1. draft (the drafter first catches up on the committed tokens' true target states)
@@ -713,7 +767,7 @@ def speculative_generate(
             logits, aux = tgt.forward(drafted.nodes, drafted.positions, drafted.mask)  # [1, N, V], [1, N, n·Ht]
 
             # 3. accept
-            m, path, nxt = drafted.accept(sampling_probs(logits, temperature, top_p), generator)
+            m, path, nxt = drafted.accept(sampling_probs(logits, temperature, top_p, sampling_backend), generator)
             stats.record(m)
             accepted_per_round.append(m)
 
@@ -764,11 +818,13 @@ def measure_acceptance(
     eos_token_id: int | Iterable[int] | None = None,
     ignore_eos: bool = False,
     progress: bool = False,
+    sampling_backend: str = "torch",
 ) -> dict[str, Any]:
     """Run every prompt (text, chat ``messages``, ``input_ids`` objects or id lists) through
     :func:`speculative_generate`; returns ``{"settings", "total", "requests"}``, JSON-ready (``total`` and
     each request carry :meth:`AcceptanceStats.to_dict`; requests also carry their output ids).
-    EOS defaults to the target's ``generation_config``; ``ignore_eos`` generates ``max_new_tokens`` always."""
+    EOS defaults to the target's ``generation_config``; ``ignore_eos`` generates ``max_new_tokens`` always.
+    ``sampling_backend``: as :func:`speculative_generate`'s."""
     from tqdm.auto import tqdm
 
     vocab = _check_models(target, drafter)
@@ -785,6 +841,7 @@ def measure_acceptance(
     _check_pair(target, drafter)
     _check_flag("ignore_eos", ignore_eos)
     _check_flag("progress", progress)
+    _require_sampling_backend(sampling_backend, target, drafter)
     if not is_int(seed) or not 0 <= seed < 2**63:
         raise DraftInputError(f"`seed` is {describe_value(seed)}; expected an int in [0, 2**63)")
     if tokenizer is not None and (
@@ -831,6 +888,7 @@ def measure_acceptance(
             top_p=top_p,
             eos_token_id=eos,
             generator=generator,
+            sampling_backend=sampling_backend,
         )
         total = result.stats if total is None else total + result.stats
         requests.append(

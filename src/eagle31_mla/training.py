@@ -11,8 +11,16 @@ The drafter is unrolled ``depth`` steps over all positions at once:
   positions <= t and to its own keys of depths 1..k only ("diagonal extension"): exactly what it
   sees when drafting k tokens after position t at serving time.
 
+The loss mask (``loss_mask[j]`` about token x[j], as TorchSpec's data marks assistant content) gates each
+prediction by the token it is fed: depth k at position t counts where x[t+1+k] is trained-on text. At
+serving time the drafter is fed the assistant's tokens and drafts the next ones (up to the end-of-turn
+token), and exactly those predictions are trained. (TorchSpec gates the same prediction by mask[t+k], one
+token earlier: its loss equals this one given its mask shifted left by one; per assistant turn that trains
+the token after the end-of-turn token instead of the turn's second token.)
+
 EAGLE-3 vs EAGLE-3.1 is the drafter's config (``fc_norm``, ``norm_output``); the model applies both.
-Optional anchored TTT (TorchSpec's Anchored EAGLE-3) unrolls depths >= 1 only at sampled positions.
+Anchored TTT, as TorchSpec samples it (:func:`sample_anchors`), trains every depth only at anchors drawn per
+sequence among the positions whose first two predictions are trained.
 Checkpoints are written in the published layout (``save_pretrained``) with a trainer state beside
 them, so training resumes where it stopped.
 """
@@ -39,6 +47,7 @@ __all__ = [
     "ttt_forward",
     "ttt_loss",
     "ttt_loss_terms",
+    "sample_anchors",
     "loss_weight_sums",
     "combine_depth_losses",
     "clip_gradients",
@@ -73,28 +82,44 @@ class ConcatKVCache(LatentKVCache):
 
 
 def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
-    """[T, S + depth·T] bool for the depth-`depth` queries (T = S, or the anchors): depth-0 keys at
-    positions <= the query's, plus the query's own keys at depths 1..depth."""
+    """[T, S + depth·T] bool for the depth-`depth` queries (T = S, or the anchors [T]; anchors [B, T] give
+    [B, T, S + depth·T]): depth-0 keys at positions <= the query's, plus the query's own keys at depths
+    1..depth."""
     queries = torch.arange(S, device=device) if anchors is None else anchors
-    T = queries.numel()
-    context = torch.arange(S, device=device)[None, :] <= queries[:, None]  # [T, S]
+    T = queries.shape[-1]
+    context = torch.arange(S, device=device) <= queries[..., None]  # [(B,) T, S]
     own = torch.eye(T, dtype=torch.bool, device=device).repeat(1, depth)  # [T, depth·T]
-    return torch.cat([context, own], dim=1)
+    return torch.cat([context, own.expand(*context.shape[:-1], -1)], dim=-1)
 
 
-def depth_rows(positions: torch.Tensor, k: int, anchors: torch.Tensor | None) -> torch.Tensor:
-    """The query positions unrolled at depth k: all of them at depth 0 (and without anchors), else the anchors."""
-    return positions if (k == 0 or anchors is None) else anchors
+def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values [B, S, ...] at positions ``index``: [T] (the same for every sequence) or [B, T] (per sequence)."""
+    if index.dim() == 1:
+        return values[:, index]
+    return values[torch.arange(values.shape[0], device=values.device)[:, None], index]
+
+
+def depth_rows(S: int, k: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
+    """The query positions the loss reads at depth k: every position [S], or the anchors [B, N] (an empty
+    slot, -1, reads position 0 and weighs nothing)."""
+    return torch.arange(S, device=device) if anchors is None else anchors.clamp(min=0)
+
+
+def fed_positions(S: int, k: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
+    """The index of the token fed at depth k, t+1+k, per query row ([S], or [B, N] with S for an empty slot:
+    beyond the sequence, so it weighs nothing)."""
+    fed = depth_rows(S, k, anchors, device) + 1 + k
+    return fed if anchors is None else torch.where(anchors >= 0, fed, S)
 
 
 def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
-    """[B, T]: which rows count in the loss: the fed token is real text and inside the sequence, and (with a
-    pruned vocabulary) the target's argmax has a draft token."""
+    """[B, T]: which rows count in the loss: the fed token is trained-on text and inside the sequence, and
+    (with a pruned vocabulary) the target's argmax has a draft token."""
     S = target_probs.shape[1]
     index = fed.clamp(max=S - 1)
-    weight = loss_mask[:, index] * (fed < S)
+    weight = _at(loss_mask, index) * (fed < S)
     if drafter.d2t is not None:
-        weight = weight * drafter.t2d[target_probs[:, index].argmax(-1)]
+        weight = weight * drafter.t2d[_at(target_probs, index).argmax(-1)]
     return weight
 
 
@@ -104,13 +129,63 @@ def loss_weight_sums(drafter, target_probs, depth: int, loss_mask=None, anchors=
     B, S = target_probs.shape[:2]
     device = target_probs.device
     loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
-    positions = torch.arange(S, device=device)
     return torch.stack(
         [
-            _loss_weight(drafter, target_probs, loss_mask, depth_rows(positions, k, anchors) + 1 + k).sum()
+            _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, k, anchors, device)).sum()
             for k in range(depth)
         ]
     )
+
+
+def sample_anchors(
+    weights: torch.Tensor,  # [B, S]: the depth-0 loss weight of each position (_loss_weight at t+1)
+    num_anchors: int,
+    depth: int,
+    seeds: list[int],
+    max_gap: int | None = None,
+) -> torch.Tensor:
+    """[B, num_anchors] anchor positions per sequence, -1 in slots a sequence has no anchor for; TorchSpec's
+    sampler (``torchspec/models/ops/anchors.py``, its mask being this trainer's depth-0 weights).
+
+    Candidates are positions a < S - depth + 1 whose first two predictions are trained (weights[a] and
+    weights[a+1]): an isolated trained token gives no gradient past depth 0. Of a sequence's c candidates,
+    in order, the slots take every s-th from a random phase, wrapping, with stride s = c // num_anchors
+    clamped to [1, max_gap + 1] (``max_gap`` None: ``depth``): spread over the whole sequence when the budget
+    reaches, packed at most max_gap trained positions apart otherwise, and each candidate is drawn with
+    probability num_anchors / c as uniform sampling would. Slots beyond c stay empty. ``seeds`` (one per
+    sequence) fix the phase, so a sequence gets the same anchors whichever rank or micro-batch holds it."""
+    B, S = weights.shape
+    max_gap = depth if max_gap is None else max_gap
+    anchors = torch.full((B, num_anchors), -1, dtype=torch.long)
+    num_candidates = min(S - depth + 1, S - 1)
+    if num_candidates <= 0:
+        logger.warning("sequences of %d tokens are too short for anchors at depth %d: no loss", S, depth)
+        return anchors.to(weights.device)
+    trained = weights.detach().cpu() > 0
+    valid = trained[:, :num_candidates] & trained[:, 1 : num_candidates + 1]
+    slot = torch.arange(num_anchors)
+    for b in range(B):
+        candidates = valid[b].nonzero().flatten()
+        count = candidates.numel()
+        if count == 0:
+            continue
+        stride = min(max(count // num_anchors, 1), max_gap + 1)
+        phase = int(torch.rand((), generator=torch.Generator().manual_seed(seeds[b])) * count)
+        kept = slot < count
+        anchors[b, kept] = candidates[(phase + slot[kept] * stride) % count]
+    return anchors.to(weights.device)
+
+
+def step_anchors(drafter, target_probs, loss_mask, config: TrainingConfig, step: int, sequence_indices):
+    """The anchors of one step's sequences (``config.num_anchors``; None without), each from a seed of
+    (seed, step, the sequence's index in the data): the same whichever rank or micro-batch holds it."""
+    if config.num_anchors is None:
+        return None
+    B, S = target_probs.shape[:2]
+    loss_mask = torch.ones(B, S, device=target_probs.device) if loss_mask is None else loss_mask
+    weights = _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, 0, None, target_probs.device))
+    seeds = [((config.seed * 1_000_003 + step) * 1_000_003 + int(i)) % 2**63 for i in sequence_indices]
+    return sample_anchors(weights, config.num_anchors, config.depth, seeds, config.anchor_max_gap)
 
 
 def ttt_forward(
@@ -118,22 +193,30 @@ def ttt_forward(
     input_ids: torch.Tensor,  # [B, S]
     aux: torch.Tensor,  # [B, S, n·Ht]
     depth: int,
-    anchors: torch.Tensor | None = None,  # positions unrolled at depths >= 1 (anchored TTT), sorted
+    anchors: torch.Tensor | None = None,  # [B, N] or [N]: anchored TTT (sample_anchors), -1 = empty slot
 ):
-    """Unroll the drafter ``depth`` steps over every position (or, from depth 1, over the anchors).
-    Yields, per depth k: (query positions t [T], logits [B, T, V], the fed token's index t+1+k [T])."""
+    """Unroll the drafter ``depth`` steps over every position, or at the anchors only. Yields, per depth k:
+    (query positions t [S] or [B, N], logits [B, T, V], the fed token's index t+1+k, :func:`fed_positions`).
+
+    With anchors, depth 0 still runs over every position (its keys are the context every depth attends to)
+    and yields the anchors' rows; depths >= 1 run at the anchors alone, each anchor seeing the context up to
+    it and its own earlier depths."""
     B, S = input_ids.shape
     device = input_ids.device
+    if anchors is not None and anchors.dim() == 1:
+        anchors = anchors.expand(B, -1)
     cache, state = ConcatKVCache(), None
-    positions = torch.arange(S, device=device)
     for k in range(depth):
-        rows = depth_rows(positions, k, anchors)
+        rows = depth_rows(S, k, None if k == 0 else anchors, device)  # depth 0 runs dense
         if k == 1 and anchors is not None:
-            state = state[:, anchors]
+            state = _at(state, rows)
         token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
-        mask = diagonal_mask(S, k, anchors, device)[None, None].expand(B, 1, -1, -1) if k else None
+        mask = None
+        if k:
+            mask = diagonal_mask(S, k, rows if anchors is not None else None, device)
+            mask = mask[:, None] if mask.dim() == 3 else mask[None, None].expand(B, 1, -1, -1)
         out = drafter(
-            input_ids[:, token_at],
+            _at(input_ids, token_at),
             aux_hidden_states=aux if k == 0 else None,
             hidden_states=state if k else None,
             position_ids=(rows + k).expand(B, -1),
@@ -143,7 +226,10 @@ def ttt_forward(
             absorb=False,
         )
         state = out.hidden_states
-        yield rows, out.logits, rows + 1 + k
+        logits = out.logits
+        if k == 0 and anchors is not None:
+            logits = _at(logits, depth_rows(S, 0, anchors, device))
+        yield depth_rows(S, k, anchors, device), logits, fed_positions(S, k, anchors, device)
 
 
 def ttt_loss_terms(
@@ -152,8 +238,8 @@ def ttt_loss_terms(
     aux: torch.Tensor,  # [B, S, n·Ht]
     target_probs: torch.Tensor,  # [B, S, V] next-token distributions of the target
     depth: int,
-    loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the fed token is real text
-    anchors: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the token is trained-on text (gates the fed token)
+    anchors: torch.Tensor | None = None,  # [B, N] (sample_anchors)
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per depth k: (sum of the weighted forward KL, sum of the weights, sum of the weighted top-1
     agreement) over the batch. Sums, so that data-parallel ranks can add theirs before dividing.
@@ -167,7 +253,7 @@ def ttt_loss_terms(
     terms = []
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
         index = fed.clamp(max=S - 1)
-        target = target_probs[:, index]  # P[t+1+k]: the target's distribution of x[t+2+k]
+        target = _at(target_probs, index)  # P[t+1+k]: the target's distribution of x[t+2+k]
         weight = _loss_weight(drafter, target_probs, loss_mask, fed)
         if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
             target = target[..., drafter.draft_to_target_ids(torch.arange(logits.shape[-1], device=device))]
@@ -221,7 +307,8 @@ class TrainingConfig:
     lr: float = 3e-3
     weight_decay: float = 0.0
     warmup: int = 50
-    num_anchors: int | None = None  # anchored TTT: unroll depths >= 1 at this many positions
+    num_anchors: int | None = None  # anchored TTT: train at this many anchors per sequence (sample_anchors)
+    anchor_max_gap: int | None = None  # trained positions between neighbouring anchors at most (None: depth)
     seed: int = 0
     save_every: int = 250
     betas: tuple[float, float] = (0.9, 0.95)
@@ -365,29 +452,44 @@ def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> tor
 
 
 class LiveTarget:
-    """Training batches from a Transformers target run on each batch: the target on the trainer's device."""
+    """Training batches from a Transformers target run on each batch: the target on the trainer's device.
 
-    def __init__(self, target, sequences: torch.Tensor):  # sequences: [N, seq_len] token ids
-        self.target, self.sequences = target, sequences
+    ``sequences``: [N, S] token ids, or sequences of different lengths (conversations) with their
+    ``loss_masks`` (:func:`eagle31_mla.prompts.conversation_tokens`); a batch pads them at the end, and the
+    padding is masked out (the target is causal: padding after a sequence does not change its states)."""
+
+    def __init__(self, target, sequences, loss_masks=None):
+        self.target, self.sequences, self.loss_masks = target, sequences, loss_masks
         self.device = target.device
 
     def __len__(self) -> int:
-        return self.sequences.shape[0]
+        return len(self.sequences)
 
     def prepare(self) -> None:
         self.target.eval()
 
     def batch(self, indices: torch.Tensor, aux_layer_ids):
-        """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask or None)."""
-        batch = self.sequences[indices].to(self.device)
+        """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask [B, S] or None)."""
+        if isinstance(self.sequences, torch.Tensor) and self.loss_masks is None:
+            batch, mask = self.sequences[indices].to(self.device), None
+        else:
+            rows = [torch.as_tensor(self.sequences[int(i)]) for i in indices]
+            S = max(len(r) for r in rows)
+            batch = torch.zeros(len(rows), S, dtype=torch.long)
+            mask = torch.zeros(len(rows), S)
+            for b, (i, r) in enumerate(zip(indices, rows)):
+                batch[b, : len(r)] = r
+                mask[b, : len(r)] = 1 if self.loss_masks is None else torch.as_tensor(self.loss_masks[int(i)]).float()
+            batch, mask = batch.to(self.device), mask.to(self.device)
         aux, probs = capture_target_states(self.target, batch, aux_layer_ids)
-        return batch, aux, probs, None
+        return batch, aux, probs, mask
 
 
 class CapturedTarget:
     """Training batches from a capture folder (``eagle31-mla capture``): no target at training time.
 
-    Sequences of different lengths are padded at the end and masked out of the loss."""
+    Sequences of different lengths are padded at the end and masked out of the loss, as are the tokens the
+    capture's loss mask leaves out (a conversation's non-assistant tokens)."""
 
     def __init__(self, data, vocab_size: int, device="cpu", dtype: torch.dtype = torch.float32):
         self.data, self.vocab_size, self.device, self.dtype = data, vocab_size, torch.device(device), dtype
@@ -413,7 +515,7 @@ class CapturedTarget:
         mask = torch.zeros(B, S)
         for b, (i, (ids, states, _, _)) in enumerate(zip(indices, rows)):
             n = ids.shape[0]
-            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.to(self.dtype), 1
+            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.to(self.dtype), self.data.loss_mask(int(i))
             probs[b, :n] = self.data.target_probs(int(i), self.vocab_size)
         to = self.device
         return input_ids.to(to), aux.to(to), probs.to(to), mask.to(to)
@@ -422,14 +524,16 @@ class CapturedTarget:
 def train_drafter(
     target,
     drafter: Eagle31MLAForCausalLM,
-    sequences: torch.Tensor,  # [N, seq_len] token ids
+    sequences,  # [N, seq_len] token ids, or a list of sequences (then with their loss masks)
     out_dir: str | Path,
     config: TrainingConfig,
     progress: bool = True,
     stop_at: int | None = None,
+    loss_masks=None,
 ) -> Eagle31MLAForCausalLM:
     """Train against a Transformers target run on every batch (:func:`train_on`)."""
-    return train_on(LiveTarget(target, sequences), drafter, out_dir, config, progress=progress, stop_at=stop_at)
+    states = LiveTarget(target, sequences, loss_masks)
+    return train_on(states, drafter, out_dir, config, progress=progress, stop_at=stop_at)
 
 
 def train_on(
@@ -473,12 +577,7 @@ def train_on(
     for step in bar:
         indices = step_batch(len(states), config.batch_size, step, config.seed)
         batch, aux, probs, loss_mask = states.batch(indices, drafter.config.aux_layer_ids)
-        anchors = None
-        if config.num_anchors is not None and config.num_anchors < batch.shape[1] - 2:
-            g = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            anchors = (
-                torch.randperm(batch.shape[1] - 2, generator=g)[: config.num_anchors].sort().values.to(states.device)
-            )
+        anchors = step_anchors(drafter, probs, loss_mask, config, step, indices)
         with _compute(config.compute_dtype, states.device):
             loss, acc = ttt_loss(
                 drafter,

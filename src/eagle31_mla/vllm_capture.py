@@ -133,7 +133,7 @@ def _open_manifest(out: Path, fresh: CaptureManifest) -> CaptureManifest:
         write_manifest(out, fresh)
         return fresh
     found = read_manifest(out)
-    for key in ("target", "aux_layer_ids", "dtype", "top_k", "inputs_sha256", "num_inputs"):
+    for key in ("target", "aux_layer_ids", "dtype", "top_k", "inputs_sha256", "num_inputs", "loss_mask"):
         if getattr(found, key) != getattr(fresh, key):
             raise CapturedDataError(
                 f"{out} holds a capture with another {key} ({getattr(found, key)!r}, now {getattr(fresh, key)!r}); "
@@ -155,8 +155,12 @@ def capture_with_vllm(
     sequences_per_shard: int = 64,
     progress: bool = True,
     max_shards: int | None = None,
+    loss_masks: Sequence[Sequence[int]] | None = None,
+    loss_mask_kind: str = "all",
 ) -> CaptureManifest:
     """Capture ``sequences`` (token ids) through ``target`` in vLLM into ``out``; resume what ``out`` holds.
+    ``loss_masks`` (one per sequence, e.g. a conversation's assistant tokens) are stored with them, labelled
+    ``loss_mask_kind`` in the manifest; without them every token is trained on.
 
     ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
     from tqdm.auto import tqdm
@@ -182,10 +186,11 @@ def capture_with_vllm(
             aux_layer_ids=list(ids.one_based),
             dtype=dtype,
             top_k=top_k,
-            inputs_sha256=inputs_digest(sequences),
+            inputs_sha256=inputs_digest(sequences, loss_masks),
             num_inputs=len(sequences),
             engine=f"vllm {_vllm_version()}",
             draft=draft,
+            loss_mask=loss_mask_kind,
         ),
     )
     done = manifest.done
@@ -239,7 +244,8 @@ def capture_with_vllm(
                     )
                 # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
                 logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
-                items.append((i, token_ids, states.to(to), logprobs, logprob_ids))
+                mask = torch.ones(token_ids.numel()) if loss_masks is None else torch.tensor(loss_masks[i])
+                items.append((i, token_ids, states.to(to), logprobs, logprob_ids, mask))
                 tokens += token_ids.numel()
             manifest.shards.append(write_shard(out, len(manifest.shards), items))
             write_manifest(out, manifest)

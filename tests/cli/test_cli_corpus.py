@@ -88,6 +88,7 @@ def files(tmp_path_factory):
         )
     )
     (root / "prompts.txt").write_text("Once upon a time\n")
+    (root / "conversations.jsonl").write_text('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
     (root / "a-file.txt").write_text("x")
     (root / "empty.txt").write_text("")
     (root / "a-folder").mkdir()
@@ -283,9 +284,15 @@ OPTIONAL_INPUTS = {
     "draft": "{root}/model",
     "prompts": "{root}/prompts.txt",
     "init": "{root}/model",
+    "conversations": "{root}/conversations.jsonl",
 }
 #: an optional input that excludes a baseline argument (argparse's mutually exclusive groups)
-EXCLUDES = {("train", "data"): "text", ("capture", "prompts"): "text"}
+EXCLUDES = {
+    ("train", "data"): "text",
+    ("capture", "prompts"): "text",
+    ("train", "conversations"): "text",
+    ("capture", "conversations"): "text",
+}
 
 
 def _input_value(command: str, action: argparse.Action, root: Path) -> str:

@@ -197,7 +197,8 @@ def test_capture_then_train_through_the_cli(tmp_path, capsys):
     argv = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--text", str(text), "--seq-len", "32"]
     argv += ["--out", str(out), "--dtype", "float32", "--top-k", "32", "--engine-args", engine, "--quiet"]
     printed = run_cli(argv)  # the engine in its own process: see capture_in_a_subprocess
-    assert "captured" in printed and "top-32" in printed and f"{3 * 128 * 4 + 32 * 8 + 8:,} bytes per token" in printed
+    per_token = 3 * 128 * 4 + 32 * 8 + 8 + 1  # aux, top-k log-probabilities and ids, token id, loss-mask byte
+    assert "captured" in printed and "top-32" in printed and f"{per_token:,} bytes per token" in printed
     drafter_dir = tmp_path / "drafter"
     argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(drafter_dir), "--steps", "3"]
     assert main([*argv, "--batch-size", "2", "--depth", "2", "--device", "cpu", "--quiet"]) == 0
@@ -211,6 +212,37 @@ def test_capture_then_train_through_the_cli(tmp_path, capsys):
     (other / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
     assert main(["train", "--target", str(other), "--data", str(out), "--out", str(tmp_path / "x")]) == 2
     assert "captured from a target with" in capsys.readouterr().err
+
+
+def test_capture_conversations_then_train_anchored(tmp_path, capsys):
+    """`capture --conversations --last-turn-only`: each conversation one sequence, its last assistant turn's
+    tokens stored as the loss mask (the mask conversation_tokens gives); `train --data --anchors` trains on them."""
+    from transformers import AutoTokenizer
+
+    from eagle31_mla.captured import CapturedStates
+    from eagle31_mla.cli import main
+    from eagle31_mla.prompts import conversation_sequences
+
+    chats = tmp_path / "chats.jsonl"
+    lines = []
+    for n, animal in enumerate(("cat", "dog", "bird", "fish")):
+        turns = [{"role": "user", "content": f"tell me about the {animal}"}]
+        turns += [{"role": "assistant", "content": f"the {animal} sat on the mat"}] * (1 + n % 2)
+        lines.append(json.dumps({"messages": turns}))
+    chats.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "captured"
+    argv = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--conversations", str(chats), "--last-turn-only"]
+    argv += ["--out", str(out), "--dtype", "float32", "--top-k", "32", "--engine-args", json.dumps(ENGINE), "--quiet"]
+    assert "captured 4 of 4 sequences" in run_cli(argv)
+    data = CapturedStates(out)
+    tokenizer = AutoTokenizer.from_pretrained(TARGET)
+    sequences, masks, _ = conversation_sequences(chats, tokenizer, 2048, last_turn_only=True)
+    assert data.manifest.loss_mask == "last-turn"
+    for i in range(4):
+        assert data.sequence(i)[0].tolist() == sequences[i] and data.loss_mask(i).tolist() == masks[i]
+        assert 0 < sum(masks[i]) < len(masks[i])  # the user turn and, where there are two, the first answer: 0
+    argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(tmp_path / "d"), "--steps", "2"]
+    assert main([*argv, "--batch-size", "2", "--depth", "2", "--anchors", "3", "--device", "cpu", "--quiet"]) == 0
 
 
 def test_what_capture_refuses_before_starting_the_engine(tmp_path, monkeypatch):

@@ -345,7 +345,8 @@ def test_unknown_forward_arguments_are_refused_by_name():
 
 def test_attn_implementation_is_eager_and_nothing_else_is_claimed(tmp_path, good):
     """The drafter's MLA attention is its own code: Transformers reports "eager", `from_pretrained` accepts
-    no value or "eager", and refuses sdpa / flash attention by name instead of ignoring them."""
+    no value, "eager" or "flashinfer" (tests/unit/test_flashinfer.py), and refuses sdpa / flash attention by
+    name instead of ignoring them."""
     model, config, tensors = good
     assert model.config._attn_implementation == "eager"
     assert not getattr(type(model), "_supports_sdpa", False)
@@ -356,6 +357,7 @@ def test_attn_implementation_is_eager_and_nothing_else_is_claimed(tmp_path, good
     )
     for implementation in ("sdpa", "flash_attention_2"):
         with pytest.raises(
-            ConfigError, match=rf"`attn_implementation` is '{implementation}'; expected one of \(None, 'eager'\)"
+            ConfigError,
+            match=rf"`attn_implementation` is '{implementation}'; expected one of \(None, 'eager', 'flashinfer'\)",
         ):
             Eagle31MLAForCausalLM.from_pretrained(folder, attn_implementation=implementation)

@@ -87,7 +87,9 @@ def test_a_capture_reads_back_what_was_captured(tmp_path, target, sequences):
         assert torch.equal(ids, sequences[i]) and torch.equal(aux, reference_aux[0])  # stored as computed
         # exp(log p) renormalised: equal to the softmax within float32 rounding of the log and exp
         assert torch.allclose(data.target_probs(i, 512), reference_probs[0], rtol=1e-5, atol=1e-7)
-    assert bytes_per_token(3, 7168, torch.bfloat16, 64) == 3 * 7168 * 2 + 64 * 8 + 8
+        assert torch.equal(data.loss_mask(i), torch.ones(24))  # a text capture trains on every token
+    # aux in bf16, top-k log-probabilities (f32) and ids (i32), the token id (i64), the mask byte
+    assert bytes_per_token(3, 7168, torch.bfloat16, 64) == 3 * 7168 * 2 + 64 * 8 + 8 + 1
 
 
 def test_training_from_a_capture_gives_the_drafter_live_training_gives(tmp_path, target, sequences):
@@ -184,7 +186,17 @@ CORRUPTIONS = {
     ),
     "manifest not json": (lambda f: (f / MANIFEST).write_text("{"), "not a readable manifest"),
     "manifest of another format": (lambda f: (f / MANIFEST).write_text('{"format": "x"}'), "not a capture manifest"),
-    "manifest version": (lambda f: _edit_manifest(f, version=2), "format version 2"),
+    "manifest version": (lambda f: _edit_manifest(f, version=1), "format version 1"),
+    "manifest loss mask": (lambda f: _edit_manifest(f, loss_mask="user"), "loss_mask must be one of"),
+    "loss mask values": (lambda f: _corrupt_tensor(f, "loss_mask", lambda t, n: t[n].fill_(2)), "holds [2]"),
+    "loss mask dtype": (
+        lambda f: _corrupt_tensor(f, "loss_mask", lambda t, n: t.update({n: t[n].float()})),
+        "`loss_mask` is F32",
+    ),
+    "loss mask length": (
+        lambda f: _corrupt_tensor(f, "loss_mask", lambda t, n: t.update({n: t[n][1:].contiguous()})),
+        "`loss_mask` has shape",
+    ),
     "manifest ids": (lambda f: _edit_manifest(f, aux_layer_ids=[4, 2]), "aux_layer_ids must be ascending"),
     "manifest dtype": (lambda f: _edit_manifest(f, dtype="int8"), "dtype must be"),
     "manifest field": (lambda f: _edit_manifest(f, surprise=1), "unexpected manifest fields"),

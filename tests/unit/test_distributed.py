@@ -113,6 +113,30 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, data, two_ranks):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3) and a["loss"] == pytest.approx(b["loss"], 1e-3)
 
 
+def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, data):
+    """Each sequence's anchors come from its own index (training.step_anchors), so two ranks holding one
+    sequence per micro-batch train at the anchors one rank does: the first step's loss and gradient norm
+    equal, the weights within float32 rounding (as above)."""
+    anchored = ("--anchors", "5", "--anchor-max-gap", "1")
+    one = torchrun(1, data, tmp_path / "one", *anchored)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = torchrun(2, data, tmp_path / "two", *anchored, "--micro-batch", "1")
+    assert two.returncode == 0, two.stderr[-3000:]
+    dense = torchrun(1, data, tmp_path / "dense")  # control: the anchors change what is trained
+    assert dense.returncode == 0, dense.stderr[-3000:]
+    logs = [json.loads((tmp_path / f / "training_log.json").read_text())["log"] for f in ("one", "two", "dense")]
+    assert logs[0][0]["loss"] == pytest.approx(logs[1][0]["loss"], rel=1e-5)
+    assert logs[0][0]["grad_norm"] == pytest.approx(logs[1][0]["grad_norm"], rel=1e-5)
+    assert logs[0][0]["loss"] != pytest.approx(logs[2][0]["loss"], rel=1e-3)
+    torch.manual_seed(0)
+    start = dict(drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based)).named_parameters())
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for name, p in a.items():
+        moved = (p - start[name]).abs().max()
+        if start[name].requires_grad:
+            assert moved > 1e-3 and (b[name] - p).abs().max() <= 1e-2 * moved, name
+
+
 def test_a_killed_rank_leaves_a_checkpoint_to_resume_from(tmp_path, data, two_ranks):
     """Rank 1 dies at step 3 (after the step-2 checkpoint): torchrun fails; the same command resumes from
     step 2 and ends with the uninterrupted run's weights."""

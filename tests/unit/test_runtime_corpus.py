@@ -474,6 +474,9 @@ DRAFT_CASES = [
     Case("top_p", "nonfinite", "NaN", lambda c: drafting(c, temperature=0.7, top_p=float("nan"))),
     Case("top_p", "type", "str", lambda c: drafting(c, top_p="0.9")),
     Case("top_p", "type", "None", lambda c: drafting(c, top_p=None)),
+    Case("sampling_backend", "type", "a device name", lambda c: drafting(c, sampling_backend="cuda")),
+    Case("sampling_backend", "type", "None", lambda c: drafting(c, sampling_backend=None)),
+    Case("sampling_backend", "type", "upper case", lambda c: drafting(c, sampling_backend="FlashInfer")),
     Case("generator", "type", "int seed", lambda c: drafting(c, temperature=0.7, generator=0)),
     Case(
         "generator",
@@ -606,6 +609,7 @@ REQUIRED = {
         "temperature": {"type", "range", "nonfinite", "tensor"},
         "top_p": {"type", "range", "nonfinite"},
         "generator": {"type", "numpy"},
+        "sampling_backend": {"type"},
         "past_key_values": {"kind", "batch", "drafter"},
         "position_ids": {"numpy", "list", "dtype", "shape", "range", "layout"},
     },

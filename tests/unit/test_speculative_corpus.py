@@ -33,6 +33,7 @@ COMMON = {
     "temperature": [-1.0, float("nan"), float("inf"), "0"],
     "top_p": [0.0, 1.5, float("nan"), "1"],
     "max_new_tokens": [0, -1, 1.5, "8", 10**12],
+    "sampling_backend": ["cuda", "FLASHINFER", None, 1],
     "eos_token_id": [
         "381",
         -1,

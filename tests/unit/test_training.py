@@ -61,9 +61,17 @@ def test_anchored_ttt_equals_full_ttt_at_the_anchors():
     with torch.no_grad():
         full = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3)]
         anchored = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, anchors)]
-    assert torch.allclose(anchored[0], full[0], atol=TOL)
-    for k in (1, 2):
+    for k in (0, 1, 2):  # every depth at the anchors, depth 0 included (TorchSpec's anchored loss)
         assert torch.allclose(anchored[k], full[k][:, anchors], atol=TOL)
+    # per-sequence anchors, an empty slot (-1) among them: each row its own
+    per_row = torch.tensor([[6, 1, -1], [2, 7, 5]])
+    with torch.no_grad():
+        rows = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, per_row)]
+    for k in (0, 1, 2):
+        for b in (0, 1):
+            for slot, a in enumerate(per_row[b].tolist()):
+                if a >= 0:
+                    assert torch.allclose(rows[k][b, slot], full[k][b, a], atol=TOL), (k, b, a)
 
 
 def tiny_target(seed=0):
