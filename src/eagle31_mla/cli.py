@@ -988,17 +988,15 @@ def _train(args: argparse.Namespace) -> int:
     if launched_by_torchrun():
         return _error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
     from .engines import InputError, check_roles, probe_output_folder, read_config_json
-    from .prompts import PromptError, conversation_sequences, read_conversations, read_corpus
+    from .prompts import PromptError, conversation_sequences, read_corpus
 
     try:  # everything that can be checked before the target's weights are loaded
         target_json, _ = read_config_json(args.target)
         check_roles(target_json, None, args.target)
         try:
-            texts = read_corpus(args.text) if args.text else None
-            if args.conversations:
-                read_conversations(args.conversations)
+            texts = read_corpus(args.text) if args.text else None  # conversations: read once, with the tokenizer
         except PromptError as err:
-            return _error(f"argument --{'text' if args.text else 'conversations'}: {err}")
+            return _error(f"argument --text: {err}")
         probe_output_folder(args.out, "argument --out")
         device = _device(args.device)
         from transformers import AutoConfig

@@ -28,6 +28,7 @@ from eagle31_mla.training import (  # noqa: E402
     train_on,
 )
 from eagle31_mla.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
 
 TARGET = str(DEMO_DIR / "target")
@@ -36,17 +37,14 @@ VOCAB = 512
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, attention_backend=CPU_MLA, seed=0)
 
 
+SINGLE_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
     """``capture_with_vllm`` on the demo target in a fresh process, as the CLI runs it: each in-process vLLM
     engine keeps memory the CPU build does not give back, and the engine suites already run many. Returns
     what the process reports: the manifest's sequence count and whether vLLM's KV-connector agent was
     released afterwards."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.support.paths import ROOT
-
     spec = {"sequences": sequences, "out": str(out), "kwargs": {"engine_args": ENGINE, **kwargs}}
     code = (
         "import json, sys\n"
@@ -58,15 +56,7 @@ def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
         " progress=False, **spec['kwargs'])\n"
         "print(json.dumps({'done': sorted(m.done), 'released': not has_kv_transfer_group()}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-    )
+    result = run_python(["-c", code], input=json.dumps(spec), env=SINGLE_PROCESS_ENGINE)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -74,20 +64,7 @@ def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
 
 def run_cli(argv: list[str]) -> str:
     """`eagle31-mla ARGV` in a fresh process (its stdout); fails the test with its stderr otherwise."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.support.paths import ROOT
-
-    result = subprocess.run(
-        [sys.executable, "-m", "eagle31_mla.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-    )
+    result = run_python(["-m", "eagle31_mla.cli", *argv], env=SINGLE_PROCESS_ENGINE)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -273,16 +250,11 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
     the demo drafter with `torchrun --nproc-per-node 2 -m eagle31_mla.train --init ... --data ...` (FSDP2,
     gloo), the export loaded with `from_pretrained`, and served by `vllm serve` with the plugin: it drafts,
     and the target accepts about as much as of the drafter before the fine-tune."""
-    import os
-    import subprocess
-    import sys
-
     import openai
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import demo_prompts
     from eagle31_mla.testing import demo_corpus
-    from tests.support.paths import ROOT
     from tests.support.vllm_server import VllmServer, spec_decode_counters
 
     text = tmp_path / "corpus.txt"
@@ -292,12 +264,10 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
     argv += ["--seq-len", "64", "--out", str(states), "--top-k", "64", "--engine-args", json.dumps(ENGINE), "--quiet"]
     run_cli(argv)
     tuned = tmp_path / "tuned"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]
     command += ["--out", str(tuned), "--steps", "4", "--batch-size", "4", "--quiet"]
-    run = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    )
+    run = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo"})
     assert run.returncode == 0, run.stderr[-3000:]
     drafter = Eagle31MLAForCausalLM.from_pretrained(tuned)
     assert drafter.dtype == torch.bfloat16 and list(drafter.config.aux_layer_ids.one_based) == [1, 2, 3]

@@ -149,6 +149,7 @@ def test_live_batches_carry_the_conversation_masks(tokenizer):
 
 
 def test_captured_batches_carry_the_conversation_masks(tmp_path):
+    from eagle31_mla.aux_layers import AuxLayerIds
     from eagle31_mla.captured import CapturedStates, CaptureManifest, inputs_digest, write_manifest, write_shard
     from eagle31_mla.training import CapturedTarget
 
@@ -171,14 +172,9 @@ def test_captured_batches_carry_the_conversation_masks(tmp_path):
     write_manifest(tmp_path, manifest)
     data = CapturedStates(tmp_path)
     assert data.manifest.loss_mask == "assistant"
-    *_, mask = CapturedTarget(data, 16).batch(torch.tensor([0, 1]), _Ids([1, 2]))
+    *_, mask = CapturedTarget(data, 16).batch(torch.tensor([0, 1]), AuxLayerIds((1, 2)))
     assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
     assert inputs_digest([[1] * 5, [1] * 3], masks) != inputs_digest([[1] * 5, [1] * 3])  # resuming checks masks
-
-
-class _Ids:
-    def __init__(self, ids):
-        self.one_based = ids
 
 
 def test_train_on_conversations_from_the_command_line(tmp_path, capsys):

@@ -7,9 +7,7 @@ of every gradient (measured: about 1e-7; the bound is 1e-4 of how far training m
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +16,7 @@ from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.distributed import KILL_ENV, LATEST
 from eagle31_mla.training import drafter_from_files
-from tests.support.paths import ROOT
+from tests.support.subprocesses import run_python
 from tests.unit.test_captured import IDS, capture_folder
 
 pytestmark = pytest.mark.slow
@@ -40,10 +38,9 @@ def data(tmp_path_factory, target):
 
 
 def torchrun(ranks: int, data, out, *extra, env=None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     command += ["-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), *ARGS, *extra]
-    environ = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=environ)
+    return run_python(command, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
@@ -64,15 +61,8 @@ def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data):
     other engines may hold other global settings)."""
     result = torchrun(1, data, tmp_path / "one")
     assert result.returncode == 0, result.stderr[-3000:]
-    command = [sys.executable, "-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data)]
-    plain = subprocess.run(
-        [*command, "--out", str(tmp_path / "plain"), *ARGS],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    command = ["-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data)]
+    plain = run_python([*command, "--out", str(tmp_path / "plain"), *ARGS], env={"OMP_NUM_THREADS": "1"})
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert not (tmp_path / "plain" / "training_log.json").exists()  # not the distributed path
     one, reference = weights(tmp_path / "one"), weights(tmp_path / "plain")
