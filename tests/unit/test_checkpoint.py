@@ -12,6 +12,9 @@ from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 from eagle31_mla.configuration_eagle31_mla import AUTO_MAP
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 # SPEC §2, transcribed here on purpose (not imported from the library): the published file's header.
 PUBLISHED = {
     "embed_tokens.weight": [163840, 7168],

@@ -11,6 +11,9 @@ from eagle31_mla import ConfigError, Eagle31MLAConfig
 from eagle31_mla.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS
 from tests.support.paths import GOLDEN
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 K3_YARN = {
     "factor": 32.0,
     "original_max_position_embeddings": 32768,

@@ -12,6 +12,9 @@ from eagle31_mla.cli import main
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 ROLES = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"

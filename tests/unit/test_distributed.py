@@ -55,17 +55,24 @@ def two_ranks(tmp_path_factory, data):
     return out
 
 
-def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data):
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory, data):
+    """One rank under torchrun, dense: the baseline several tests compare against (run once)."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    result = torchrun(1, data, out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data, one_rank):
     """The same command without torchrun runs the single-process trainer (``train_on``); with one rank the
     FSDP2 path gives its weights exactly. Both in fresh single-threaded processes (a test process that ran
     other engines may hold other global settings)."""
-    result = torchrun(1, data, tmp_path / "one")
-    assert result.returncode == 0, result.stderr[-3000:]
     command = ["-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data)]
     plain = run_python([*command, "--out", str(tmp_path / "plain"), *ARGS], env={"OMP_NUM_THREADS": "1"})
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert not (tmp_path / "plain" / "training_log.json").exists()  # not the distributed path
-    one, reference = weights(tmp_path / "one"), weights(tmp_path / "plain")
+    one, reference = weights(one_rank), weights(tmp_path / "plain")
     moved = 0
     for name, p in reference.items():
         assert torch.equal(one[name], p), name
@@ -73,15 +80,13 @@ def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data):
     assert moved > 10
 
 
-def test_two_ranks_train_what_one_rank_trains(tmp_path, data, two_ranks):
+def test_two_ranks_train_what_one_rank_trains(tmp_path, data, one_rank, two_ranks):
     """Same global batch (4 sequences: 2 per rank), same steps; also in micro-batches of 1 (accumulation)."""
-    result = torchrun(1, data, tmp_path / "one")
-    assert result.returncode == 0, result.stderr[-3000:]
     micro = torchrun(2, data, tmp_path / "micro", "--micro-batch", "1")
     assert micro.returncode == 0, micro.stderr[-3000:]
     torch.manual_seed(0)
     start = dict(drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based)).named_parameters())
-    one, two, accumulated = weights(tmp_path / "one"), weights(two_ranks), weights(tmp_path / "micro")
+    one, two, accumulated = weights(one_rank), weights(two_ranks), weights(tmp_path / "micro")
     for name, p in one.items():
         moved = (p - start[name]).abs().max()
         if not start[name].requires_grad:
@@ -94,7 +99,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, data, two_ranks):
         assert (accumulated[name] - two[name]).abs().max() <= 1e-2 * moved, name
     # Adam does not see a gradient's scale: the gradient norm does (a loss divided by a rank's own weights,
     # or FSDP's average left uncorrected, would change it by the number of ranks)
-    logs = [json.loads((folder / "training_log.json").read_text()) for folder in (tmp_path / "one", two_ranks)]
+    logs = [json.loads((folder / "training_log.json").read_text()) for folder in (one_rank, two_ranks)]
     assert [log["world_size"] for log in logs] == [1, 2] and len(logs[1]["log"]) == 4
     first = [log["log"][0] for log in logs]  # the same weights still: only summation order differs
     assert first[0]["grad_norm"] == pytest.approx(first[1]["grad_norm"], rel=1e-5)
@@ -103,7 +108,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, data, two_ranks):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3) and a["loss"] == pytest.approx(b["loss"], 1e-3)
 
 
-def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, data):
+def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, data, one_rank):
     """Each sequence's anchors come from its own index (training.step_anchors), so two ranks holding one
     sequence per micro-batch train at the anchors one rank does: the first step's loss and gradient norm
     equal, the weights within float32 rounding (as above)."""
@@ -112,9 +117,9 @@ def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, 
     assert one.returncode == 0, one.stderr[-3000:]
     two = torchrun(2, data, tmp_path / "two", *anchored, "--micro-batch", "1")
     assert two.returncode == 0, two.stderr[-3000:]
-    dense = torchrun(1, data, tmp_path / "dense")  # control: the anchors change what is trained
-    assert dense.returncode == 0, dense.stderr[-3000:]
-    logs = [json.loads((tmp_path / f / "training_log.json").read_text())["log"] for f in ("one", "two", "dense")]
+    # control: the anchors change what is trained (the dense run is one_rank)
+    folders = (tmp_path / "one", tmp_path / "two", one_rank)
+    logs = [json.loads((folder / "training_log.json").read_text())["log"] for folder in folders]
     assert logs[0][0]["loss"] == pytest.approx(logs[1][0]["loss"], rel=1e-5)
     assert logs[0][0]["grad_norm"] == pytest.approx(logs[1][0]["grad_norm"], rel=1e-5)
     assert logs[0][0]["loss"] != pytest.approx(logs[2][0]["loss"], rel=1e-3)

@@ -22,6 +22,9 @@ from eagle31_mla.training import (
     ttt_loss,
 )
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 
 @pytest.fixture(scope="module")
 def target():

@@ -10,6 +10,9 @@ import torch
 from eagle31_mla import Eagle31MLAForCausalLM
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 REPO = "lightseekorg/kimi-k3-eagle3.1-mla"
 
 

@@ -38,6 +38,9 @@ from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM
 from eagle31_mla.configuration_eagle31_mla import CONFIG_FIELDS, MAX_INDEX, ConfigField
 from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 #: Where this project's code lives, installed editable or not: an error must be raised there.
 OWN_CODE = tuple(str(Path(package.__file__).parent) for package in (eagle31_mla, eagle31_mla_vllm, eagle31_mla_sglang))
 #: Fragments of low-level messages that must never be what a user sees.

@@ -9,6 +9,9 @@ from tests.support import reference_math as ref
 from tests.support.paths import GOLDEN
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 TOL = 1e-5
 
 FORMS = {

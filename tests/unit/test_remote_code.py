@@ -7,12 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from eagle31_mla.remote_code import drift, generated
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
 
 MODELING = ROOT / "modeling"
 

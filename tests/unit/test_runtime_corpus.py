@@ -22,6 +22,9 @@ from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.modeling_eagle31_mla import DraftInputError, check_sampling_settings
 from tests.support.tiny import aux_inputs, tiny_drafter
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 B, T = 2, 4
 MAX_POS = 4096  # tiny_config's max_position_embeddings
 

@@ -40,6 +40,9 @@ from eagle31_mla.speculative import (
 )
 from tests.support.tiny import tiny_drafter
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 VOCAB, HIDDEN, LAYERS = 64, 48, 4
 AUX_IDS = [1, 2, 4]  # 4 = the target's depth: read pre-norm through the hook
 FAMILIES = ("llama", "qwen2", "qwen3", "deepseek_v3")

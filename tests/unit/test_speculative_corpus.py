@@ -16,6 +16,9 @@ from eagle31_mla.modeling_eagle31_mla import DraftInputError
 from eagle31_mla.speculative import measure_acceptance, speculative_generate
 from tests.unit.test_speculative import VOCAB, drafter, prompt, tiny_target
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 
 @pytest.fixture(scope="module")
 def pair():

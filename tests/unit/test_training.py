@@ -9,6 +9,9 @@ from eagle31_mla import LatentKVCache
 from eagle31_mla.training import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
 from tests.support.tiny import aux_inputs, tiny_drafter
 
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
 # fp32: the unrolled (masked, one pass) and step-by-step (cached) paths reduce over different lengths and
 # orders; rounding of ~1e-7 relative per op over one layer of width <= 96 stays far below this.
 TOL = 1e-5
