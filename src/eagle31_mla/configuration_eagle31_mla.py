@@ -69,6 +69,8 @@ REMOTE_CODE_FILES = (
     "aux_layers.py",
     "configuration_eagle31_mla.py",
     "checkpoint_eagle31_mla.py",
+    "validation_eagle31_mla.py",
+    "sampling_eagle31_mla.py",
     "modeling_eagle31_mla.py",
 )
 

@@ -238,29 +238,16 @@ class Sample:
     value: float
 
 
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?[0-9]+)?\s*")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
 def parse_prometheus(text: str) -> list[Sample]:
-    """The samples of a Prometheus text exposition (``name{label="value",...} value [timestamp]``); comments
-    and lines that are not samples are skipped. Only what acceptance needs: no types, no histograms' meaning."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.fullmatch(line)
-        if not match:
-            continue
-        labels = {m[1]: re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e[0]], m[2]) for m in _LABEL.finditer(match[2] or "")}
-        try:
-            value = float(match[3])
-        except ValueError:
-            continue
-        samples.append(Sample(match[1], labels, value))
-    return samples
+    """The samples of a Prometheus text exposition, read by prometheus_client's own parser (the library vLLM's
+    metrics are written with); a page it cannot read is a :class:`LiveError`, one line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as err:
+        raise LiveError(f"the server's /metrics page is not Prometheus text: {err}") from None
+    return [Sample(s.name, dict(s.labels), float(s.value)) for family in families for s in family.samples]
 
 
 def metrics_engines(samples: list[Sample]) -> set[str]:

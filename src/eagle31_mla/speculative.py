@@ -66,17 +66,10 @@ import torch
 
 from .capture import CachedTarget, TargetAuxCapture
 from .engines import max_tree_draft_tokens
-from .modeling_eagle31_mla import (
-    DraftInputError,
-    Eagle31MLAForCausalLM,
-    LatentKVCache,
-    check_sampling_backend,
-    check_sampling_settings,
-    describe_value,
-    sample_from_logits,
-    sampling_probs,
-)
+from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
+from .sampling_eagle31_mla import sample_from_logits, sampling_probs
+from .validation_eagle31_mla import DraftInputError, check_sampling_backend, check_sampling_settings, describe_value
 
 __all__ = [
     "AcceptanceStats",

@@ -962,13 +962,14 @@ def test_prometheus_text_parsing():
         'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 2.0 1760000000000\n'
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0\n'
         "vllm:spec_decode_num_accepted_tokens 5\n"
-        "garbage line here\n"
     )
     samples = live.parse_prometheus(text)
     assert samples[0].labels == {"engine": "0", "model_name": 'a "quoted" name'} and samples[0].value == 14.0
     counters = live.vllm_counters(samples)
     assert (counters.drafts, counters.accepted, counters.per_position) == (16, 5, (0, 3))
     assert live.vllm_counters(live.parse_prometheus("vllm:num_requests_running 0\n")) is None
+    with pytest.raises(live.LiveError, match="/metrics page is not Prometheus text"):  # one line, never a traceback
+        live.parse_prometheus(text + "garbage line here\n")
 
 
 def test_json_to_stdout_and_the_progress_bar(serve, prompts, capsys):

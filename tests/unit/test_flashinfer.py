@@ -36,7 +36,8 @@ from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.cli import main
 from eagle31_mla.configuration_eagle31_mla import ConfigError
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.modeling_eagle31_mla import DraftInputError, sample_from_logits, sampling_probs
+from eagle31_mla.modeling_eagle31_mla import DraftInputError
+from eagle31_mla.sampling_eagle31_mla import sample_from_logits, sampling_probs
 from eagle31_mla.speculative import accept_chain, speculative_generate
 from tests.support.paths import ROOT
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint

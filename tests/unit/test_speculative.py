@@ -26,11 +26,11 @@ from transformers import (
 
 from eagle31_mla import AuxLayerIdError, AuxLayerIds, speculative as spec
 from eagle31_mla.capture import TargetAuxCapture
-from eagle31_mla.modeling_eagle31_mla import (
+from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
+from eagle31_mla.sampling_eagle31_mla import (
     sample_from_logits,
     sampling_probs as target_probs,  # the reference loop's rule too
 )
-from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
 from eagle31_mla.speculative import (
     AcceptanceStats,
     accept_chain,
