@@ -25,11 +25,11 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.capture import capture_target_states
-    from eagle31_mla.captured import bytes_per_token
+    from eagle31_mla.decoding.target import capture_target_states
     from eagle31_mla.demo import DEMO_DIR
     from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training import tokenize_corpus, ttt_loss
+    from eagle31_mla.training.captured import bytes_per_token
+    from eagle31_mla.training.trainer import tokenize_corpus, ttt_loss
 
     target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
     drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32).eval()

@@ -37,7 +37,7 @@ def eagle3_drafter(target, sequences, work: Path):
     """The EAGLE-3 control, trained like the shipped drafter (cached in `work`)."""
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import DEMO_DIR
-    from eagle31_mla.training import TrainingConfig, drafter_for_target, train_drafter
+    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, train_drafter
 
     folder = work / "eagle3"
     recipe = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
@@ -65,7 +65,7 @@ def aux_states_one_layer_early():
     """Every capture reads the hidden state one layer before the drafter's ids, as an engine that takes
     zero-based ids for one-based ones does; the first may be hidden_states[0] (the embeddings), which
     no valid one-based id names, hence a patch rather than a config."""
-    from eagle31_mla.capture import TargetAuxCapture
+    from eagle31_mla.decoding.target import TargetAuxCapture
 
     original = TargetAuxCapture.__init__
 
@@ -81,7 +81,7 @@ def aux_states_one_layer_early():
 
 
 def measure(target, drafter, prompts, tokenizer, steps=3, new_tokens=48) -> dict:
-    from eagle31_mla.speculative import measure_acceptance
+    from eagle31_mla.decoding.speculative import measure_acceptance
 
     total = measure_acceptance(
         target, drafter, prompts, num_steps=steps, max_new_tokens=new_tokens, tokenizer=tokenizer, ignore_eos=True
@@ -100,7 +100,7 @@ def main() -> None:
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import DEMO_DIR, demo_prompts
     from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training import tokenize_corpus
+    from eagle31_mla.training.trainer import tokenize_corpus
 
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")

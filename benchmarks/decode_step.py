@@ -35,7 +35,7 @@ import time
 
 import torch
 
-import eagle31_mla.modeling_eagle31_mla as modeling
+import eagle31_mla.model.modeling_eagle31_mla as modeling
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 
 
@@ -185,7 +185,7 @@ def main() -> None:
     if args.attn == "flashinfer" and args.compile:
         parser.error("--attn flashinfer plans FlashInfer's kernel on the host every step: run it without --compile")
     if args.attn == "flashinfer":  # refused now, with what is missing, not after building 6 GB of weights
-        from eagle31_mla.flashinfer_backend import require
+        from eagle31_mla.model.flashinfer_backend import require
 
         config = Eagle31MLAConfig()
         require(device, torch.bfloat16, kv_lora_rank=config.kv_lora_rank, rope_dim=config.qk_rope_head_dim)

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle31_mla.roster import PUBLISHED_FILE_BYTES
+from eagle31_mla.hub.roster import PUBLISHED_FILE_BYTES
 
 PROBE = r"""
 import json, sys, time, torch
@@ -59,7 +59,7 @@ print(json.dumps({"load_s": loaded, "load_and_read_s": total, "peak_rss": hwm,
 
 CONVERT = r"""
 import json, sys, time
-from eagle31_mla.convert import convert
+from eagle31_mla.hub.convert import convert
 t = time.perf_counter()
 result = convert(sys.argv[1], sys.argv[2], progress=False)
 seconds = time.perf_counter() - t

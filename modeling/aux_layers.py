@@ -1,4 +1,4 @@
-# Generated from src/eagle31_mla/aux_layers.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/aux_layers.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """Which target layers feed the drafter: the one home for aux-layer ids.
 

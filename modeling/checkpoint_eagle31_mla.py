@@ -1,4 +1,4 @@
-# Generated from src/eagle31_mla/checkpoint_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/checkpoint_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """Checkpoint files of the EAGLE-3.1 MLA drafter: where they are, what they hold, and whether they fit.
 

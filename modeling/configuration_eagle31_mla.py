@@ -1,4 +1,4 @@
-# Generated from src/eagle31_mla/configuration_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/configuration_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """Configuration of the EAGLE-3.1 MLA drafter for Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
 
@@ -66,7 +66,7 @@ SUPPORTED_ROPE_TYPES = ("default", "yarn")
 DEFAULT_ROPE_THETA = 10000.0  # what Transformers assumes when a file names no theta
 
 #: The remote-code files a checkpoint folder carries (``trust_remote_code=True`` loads them), in import
-#: order; modeling/ is generated from these (:mod:`eagle31_mla.remote_code`) and convert copies them.
+#: order; modeling/ is generated from these (:mod:`eagle31_mla.hub.remote_code`) and convert copies them.
 REMOTE_CODE_FILES = (
     "aux_layers.py",
     "configuration_eagle31_mla.py",
@@ -613,7 +613,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         norm_output: EAGLE-3.1 — feed ``norm(h)`` (not ``h``) to the next draft step.
         norm_before_residual: the residual around attention is ``hidden_norm(h)`` instead of ``h``.
         eagle_aux_hidden_state_layer_ids / eagle_config / aux_layer_ids_convention: which target layers
-            feed the drafter, read by the rule in :mod:`eagle31_mla.aux_layers`; written back one-based
+            feed the drafter, read by the rule in :mod:`eagle31_mla.model.aux_layers`; written back one-based
             and labelled.
         target_num_hidden_layers: the target's depth, when known; aux ids beyond it are refused.
     """

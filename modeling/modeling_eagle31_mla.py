@@ -1,4 +1,4 @@
-# Generated from src/eagle31_mla/modeling_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/modeling_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """The EAGLE-3.1 MLA drafter for Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`) in PyTorch/Transformers.
 
@@ -337,7 +337,7 @@ class Eagle31MLAAttention(nn.Module):
 
         With ``config._attn_implementation == "flashinfer"`` a one-token step per sequence over the
         whole cache (decode: T == 1, no mask) runs FlashInfer's MLA kernel on the same absorbed query
-        (:func:`eagle31_mla.flashinfer_backend.latent_decode`, CUDA, fp16/bf16). Multi-token steps (a
+        (:func:`eagle31_mla.model.flashinfer_backend.latent_decode`, CUDA, fp16/bf16). Multi-token steps (a
         prompt, a tree step, a chain's first step) and masked steps (padding, trees) take the torch path
         below: FlashInfer's paged MLA kernel has no arbitrary mask."""
         B, h, T, _ = q_nope.shape

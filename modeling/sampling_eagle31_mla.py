@@ -1,8 +1,8 @@
-# Generated from src/eagle31_mla/sampling_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/sampling_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """Sampling: the distribution decoding draws from, and the draw, shared by the drafter's ``draft`` and the
 reference speculative loop. Under ``backend="flashinfer"``, FlashInfer's top-p and draws on CUDA
-(:mod:`eagle31_mla.flashinfer_backend`, loaded on first use by :func:`flashinfer_backend`: the installed library
+(:mod:`eagle31_mla.model.flashinfer_backend`, loaded on first use by :func:`flashinfer_backend`: the installed library
 carries it, the Hub remote code does not).
 """
 
@@ -19,7 +19,7 @@ __all__ = ["flashinfer_backend", "sample_from_logits", "sampling_probs"]
 
 
 def flashinfer_backend():
-    """:mod:`eagle31_mla.flashinfer_backend`, imported on first use: it belongs to the installed library, and
+    """:mod:`eagle31_mla.model.flashinfer_backend`, imported on first use: it belongs to the installed library, and
     the Hub remote code (this file copied next to a checkpoint, torch + transformers only) does not carry it."""
     try:
         return importlib.import_module(".flashinfer_backend", __package__)

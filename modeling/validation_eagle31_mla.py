@@ -1,4 +1,4 @@
-# Generated from src/eagle31_mla/validation_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
+# Generated from src/eagle31_mla/model/validation_eagle31_mla.py by scripts/sync_modeling.py: do not edit.
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """The drafter's argument checks, kept apart from the model so that the model file reads as the model.
 
@@ -505,7 +505,7 @@ def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
 
 
 #: Who samples: "torch" (this file's rule and ``torch.multinomial``) or "flashinfer" (FlashInfer's top-p
-#: renormalisation and draws on CUDA: :mod:`eagle31_mla.flashinfer_backend`, the ``[gpu]`` extra).
+#: renormalisation and draws on CUDA: :mod:`eagle31_mla.model.flashinfer_backend`, the ``[gpu]`` extra).
 SAMPLING_BACKENDS = ("torch", "flashinfer")
 
 

@@ -7,7 +7,7 @@ Deterministic (every random draw is seeded). The corpus is generated (``eagle31_
 tests and benchmarks draw the same stories), so it ships under the project's licence. The target is a
 tiny DeepSeek-V3 (MLA with kv_lora 512 + rope 64, the only MLA head size vLLM's CPU kernels take; dense
 MLP, no MoE); the drafter is this library's EAGLE-3.1 model, trained against it with
-`eagle31_mla.training` (test-time training, depth 4). Both are stored in bf16. Held-out prompts (never
+`eagle31_mla.training.trainer` (test-time training, depth 4). Both are stored in bf16. Held-out prompts (never
 in the training corpus) are written beside them. The target's tokenizer gets a minimal chat template
 (``eagle31_mla.testing.DEMO_CHAT_TEMPLATE``: the messages' texts, roles dropped) so that chat clients can
 talk to the served demo.
@@ -74,7 +74,7 @@ def main() -> None:
     from transformers import DeepseekV3ForCausalLM
 
     from eagle31_mla.testing import DEMO_CHAT_TEMPLATE, demo_corpus, held_out_prompts, train_byte_level_bpe
-    from eagle31_mla.training import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
+    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, tokenize_corpus, train_drafter
 
     t0 = time.time()
     out = args.out

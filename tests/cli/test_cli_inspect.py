@@ -13,7 +13,7 @@ import pytest
 
 from eagle31_mla import Eagle31MLAConfig
 from eagle31_mla.cli import main
-from eagle31_mla.roster import PUBLISHED_ROSTER
+from eagle31_mla.hub.roster import PUBLISHED_ROSTER
 from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.

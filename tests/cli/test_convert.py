@@ -13,9 +13,9 @@ from safetensors import safe_open
 
 from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.cli import main
-from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
-from eagle31_mla.convert import ConvertError, choose_vocabulary, convert, parse_size, read_token_counts
-from eagle31_mla.engines import InputError
+from eagle31_mla.hub.convert import ConvertError, choose_vocabulary, convert, parse_size, read_token_counts
+from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
+from eagle31_mla.serving.engines import InputError
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
@@ -86,14 +86,14 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
     assert config["fc_norm"] is (layout != "eagle3") and config["norm_output"] is (layout != "eagle3")
     assert "_name_or_path" not in config and "id2label" not in config  # save_pretrained's form, no local paths
     for name in REMOTE_CODE_FILES:
-        assert (dst / name).read_bytes() == (ROOT / "src" / "eagle31_mla" / name).read_bytes()
+        assert (dst / name).read_bytes() == (ROOT / "src" / "eagle31_mla" / "model" / name).read_bytes()
     card = (dst / "README.md").read_text()
     assert "vllm serve" in card and "sglang serve" in card and "tokenspeed serve" in card
     assert "--eagle3-layers-to-capture 2,5,9" in card
 
 
 def test_remote_code_list_is_the_one_modeling_is_generated_from():
-    from eagle31_mla import remote_code
+    from eagle31_mla.hub import remote_code
 
     assert remote_code.REMOTE_CODE_FILES is REMOTE_CODE_FILES
     assert sorted(p.name for p in remote_code.MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
@@ -157,7 +157,7 @@ def test_sharding_above_the_threshold(tmp_path):
 def test_streams_in_bounded_chunks(tmp_path, monkeypatch):
     """Every source byte is read once, in chunks of at most CHUNK_BYTES (cast on the way): memory never
     holds a tensor, let alone a second copy of the model. The output is still exact."""
-    import eagle31_mla.convert as module
+    import eagle31_mla.hub.convert as module
 
     model = tiny_drafter(seed=7, eagle_aux_hidden_state_layer_ids=IDS)
     src = training_checkpoint(tmp_path / "src", model)
@@ -193,7 +193,7 @@ def test_dtype_option(tmp_path):
 
 @pytest.mark.parametrize("chunk", [64 * 2**20, 100])  # rows merged into one read; one row per read
 def test_pruned_vocabulary_maps_draft_ids_back_to_target_ids(tmp_path, monkeypatch, chunk):
-    import eagle31_mla.convert as module
+    import eagle31_mla.hub.convert as module
 
     monkeypatch.setattr(module, "CHUNK_BYTES", chunk)
     model = tiny_drafter(seed=9, eagle_aux_hidden_state_layer_ids=IDS)  # vocab 300; bos 1, eos 2, pad 0

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import eagle31_mla.convert as module
+import eagle31_mla.hub.convert as module
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.convert import MANIFEST, MARKER, ConvertError, convert
-from eagle31_mla.engines import InputError
+from eagle31_mla.hub.convert import MANIFEST, MARKER, ConvertError, convert
+from eagle31_mla.serving.engines import InputError
 from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
 
 IDS = [2, 5, 9]
@@ -306,7 +306,7 @@ def test_dst_a_symlink_loop_is_one_input_error(tmp_path):
     ],
 )
 def test_token_counts_are_canonical_ids_and_finite_integer_counts(tmp_path, text, message):
-    from eagle31_mla.convert import read_token_counts
+    from eagle31_mla.hub.convert import read_token_counts
 
     path = tmp_path / "counts.json"
     path.write_text(text)
@@ -317,7 +317,7 @@ def test_token_counts_are_canonical_ids_and_finite_integer_counts(tmp_path, text
 
 @pytest.mark.parametrize("text, message", [("05 3\n5 4\n", "token id"), ("5 1.5\n", "count"), ("5 1e400\n", "count")])
 def test_token_count_lines_are_canonical(tmp_path, text, message):
-    from eagle31_mla.convert import read_token_counts
+    from eagle31_mla.hub.convert import read_token_counts
 
     path = tmp_path / "counts.txt"
     path.write_text(text)

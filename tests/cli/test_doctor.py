@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from eagle31_mla.cli import main
-from eagle31_mla.doctor import CHECKS, KIMI_K3_STREAM_ENV, NOTE, diagnose
-from eagle31_mla.engines import Target
+from eagle31_mla.serving.doctor import CHECKS, KIMI_K3_STREAM_ENV, NOTE, diagnose
+from eagle31_mla.serving.engines import Target
 from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, llama_target, nested_only, write_config
 
 K3 = kimi_k3_target()
@@ -321,10 +321,10 @@ def test_the_fix_is_exact_applying_it_makes_the_config_clean():
 
 
 def test_serve_time_rules_are_worded_once():
-    """doctor reports the rules of eagle31_mla.compatibility as they are (the vLLM plugin and
+    """doctor reports the rules of eagle31_mla.serving.compatibility as they are (the vLLM plugin and
     speculative_generate raise the same text)."""
-    from eagle31_mla import compatibility
-    from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla.serving import compatibility
+    from eagle31_mla.serving.engine_facts.vllm import features
 
     report = Case(draft(), kimi_k3_target(hidden_size=4096), "vllm", "0.30", env={KIMI_K3_STREAM_ENV: "1"}).run()
     found = {f.id: (f.problem, f.fix) for f in report.problems}

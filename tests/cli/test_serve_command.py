@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from eagle31_mla.cli import main
-from eagle31_mla.engines import KIMI_K3_TARGET, Target
-from eagle31_mla.serving import serve_command
+from eagle31_mla.serving.command import serve_command
+from eagle31_mla.serving.engines import KIMI_K3_TARGET, Target
 from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, nested_only, write_config
 
 DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
@@ -77,7 +77,7 @@ def test_tokenspeed_flag_is_in_the_targets_convention(tmp_path, capsys):
 
 
 def test_every_command_passes_doctor_for_the_canonical_and_the_training_form(tmp_path):
-    from eagle31_mla.doctor import diagnose
+    from eagle31_mla.serving.doctor import diagnose
 
     for config in (draft(), nested_only([1, 45, 89])):
         for engine in ("vllm", "sglang", "tokenspeed"):
@@ -134,7 +134,7 @@ def test_shell_text_quotes_and_continues_lines():
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
 def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys):
     """The tree size rule of the reference loop (engines.max_tree_draft_tokens) bounds --num-draft-tokens."""
-    from eagle31_mla.engines import max_tree_draft_tokens
+    from eagle31_mla.serving.engines import max_tree_draft_tokens
 
     most = max_tree_draft_tokens(topk, steps)
     assert most == 1 + topk + (steps - 1) * topk * topk  # written out: root, first step, later steps

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle31_mla.engines import Target, sglang_capture, vllm_capture
+from eagle31_mla.serving.engines import Target, sglang_capture, vllm_capture
 from tests.support.engine_configs import LastRank, bare, deepseek_target, draft, llama_target, nested_only
 
 DS = Target.from_config(deepseek_target(layers=61), "ds")
@@ -32,7 +32,7 @@ def test_vllm_runners_read_what_the_table_says(form):
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla.serving.engine_facts.vllm import features
 
     raw = RAW[form]
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**raw)))
@@ -58,7 +58,7 @@ def test_sglang_targets_store_what_the_table_says(form, target):
     pytest.importorskip("sglang", reason="runs in .venv-sglang")
     from sglang.srt.models import deepseek_v2, llama
 
-    from eagle31_mla.engine_facts.sglang import features
+    from eagle31_mla.serving.engine_facts.sglang import features
 
     raw = RAW[form]
     module = deepseek_v2 if target.startswith("Deepseek") else llama
@@ -83,9 +83,9 @@ def test_sglang_mla_list_and_kimi_k3_capture_facts():
     from sglang.srt.configs import model_config
     from sglang.srt.models import kimi_k3
 
-    from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE
-    from eagle31_mla.engine_facts import KIMI_K3_ARCHITECTURES
-    from eagle31_mla.engine_facts.sglang import features
+    from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE
+    from eagle31_mla.serving.engine_facts import KIMI_K3_ARCHITECTURES
+    from eagle31_mla.serving.engine_facts.sglang import features
 
     assert f'"{ENGINE_ARCHITECTURE}" in self.hf_config.architectures' in inspect.getsource(model_config)
     assert features((0, 5, 23)).kimi_k3_eagle3_capture is False

@@ -404,7 +404,7 @@ def configure(model, ids):
 
 
 def canonical(one_based):
-    from eagle31_mla.aux_layers import AuxLayerIds
+    from eagle31_mla.model.aux_layers import AuxLayerIds
     from eagle31_mla_sglang import CanonicalAuxLayerIds
 
     return CanonicalAuxLayerIds(AuxLayerIds.from_one_based(one_based, K3_LAYERS))

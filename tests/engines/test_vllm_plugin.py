@@ -237,7 +237,7 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
     says. Without the plugin's glue, the draft steps then differ from the library's."""
     from vllm.model_executor.models import deepseek_eagle3 as base
 
-    from eagle31_mla.engine_facts.vllm import features, parse_version
+    from eagle31_mla.serving.engine_facts.vllm import features, parse_version
 
     old = features(parse_version(version))
     monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
@@ -407,7 +407,7 @@ def test_register_refuses_a_vllm_whose_draft_config_hook_changed_shape(monkeypat
 
 
 def test_kimi_k3_stream_policy(monkeypatch):
-    from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla.serving.engine_facts.vllm import features
     from eagle31_mla_vllm.model import ServingConfigError, check_serving
 
     draft = SimpleNamespace(
@@ -431,7 +431,7 @@ def test_kimi_k3_stream_policy(monkeypatch):
 
 
 def test_version_table():
-    from eagle31_mla.engine_facts.vllm import features, parse_version
+    from eagle31_mla.serving.engine_facts.vllm import features, parse_version
     from eagle31_mla_vllm import installed_version
 
     assert not features((0, 22, 1)).applies_fc_norm and features((0, 22, 1)).builds_fc_norm

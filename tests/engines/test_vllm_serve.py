@@ -5,7 +5,7 @@ The server runs in a subprocess as a user starts it (``tests/support/vllm_server
 its entry point in the API server, the engine core and the worker; the CPU-build settings are listed there).
 The ``openai`` package talks to it over HTTP: completions and chat completions, streaming and not, one at a
 time and concurrently. Greedy outputs (temperature 0, 48 tokens) equal those of the same server without
-speculation and of the reference loop (``eagle31_mla.speculative``, the demo pair in Transformers, fp32) on the
+speculation and of the reference loop (``eagle31_mla.decoding.speculative``, the demo pair in Transformers, fp32) on the
 demo's held-out prompts; ``/metrics`` counts the drafts; ``eagle31-mla acceptance --server`` measures the offline
 accept length on the server and flags a broken deployment. Servers stop on SIGINT, leave no process behind and
 free their ports. About 2 minutes on 2 cores (four servers started, ~25 s each).
@@ -50,7 +50,7 @@ def offline(prompts: list[str]) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.speculative import measure_acceptance
+    from eagle31_mla.decoding.speculative import measure_acceptance
 
     tokenizer = AutoTokenizer.from_pretrained(TARGET)
     target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle31_mla import LatentKVCache
-from eagle31_mla.training import (
+from eagle31_mla.training.trainer import (
     TrainingConfig,
     loss_weight_sums,
     sample_anchors,

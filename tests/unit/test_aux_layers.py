@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagle31_mla.aux_layers import (
+from eagle31_mla.model.aux_layers import (
     KIMI_K3_AUX_LAYER_IDS,
     AuxLayerIdError,
     AuxLayerIds,
@@ -119,7 +119,7 @@ def test_entries_written_zero_based_for_an_engine_read_back_unchanged():
     from types import SimpleNamespace
 
     from eagle31_mla import Eagle31MLAConfig
-    from eagle31_mla.aux_layers import write_aux_layer_ids
+    from eagle31_mla.model.aux_layers import write_aux_layer_ids
 
     ids = AuxLayerIds((2, 46, 90))
     entries = aux_layer_ids_config_entries(ids, "zero_based")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM, LatentKVCache
-from eagle31_mla.modeling_eagle31_mla import DraftInputError
+from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.

@@ -1,4 +1,4 @@
-"""Captured target states on disk (eagle31_mla.captured) and training from them, without an engine.
+"""Captured target states on disk (eagle31_mla.training.captured) and training from them, without an engine.
 
 The states here come from a Transformers target (the library's own capture), written in the capture
 format with every token's log-probability kept (top-k = the vocabulary): training from the folder must
@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 
-from eagle31_mla.aux_layers import AuxLayerIds
-from eagle31_mla.capture import capture_target_states
-from eagle31_mla.captured import (
+from eagle31_mla.decoding.target import capture_target_states
+from eagle31_mla.model.aux_layers import AuxLayerIds
+from eagle31_mla.training.captured import (
     MANIFEST,
     CapturedDataError,
     CapturedStates,
@@ -26,7 +26,7 @@ from eagle31_mla.captured import (
     write_manifest,
     write_shard,
 )
-from eagle31_mla.training import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on
+from eagle31_mla.training.trainer import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers

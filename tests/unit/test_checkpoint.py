@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
-from eagle31_mla.configuration_eagle31_mla import AUTO_MAP
+from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -52,7 +52,7 @@ def test_default_config_reproduces_the_published_roster():
 
 
 def test_library_roster_table_matches_spec():
-    from eagle31_mla.roster import PUBLISHED_NUM_PARAMETERS, PUBLISHED_ROSTER, roster_differences
+    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS, PUBLISHED_ROSTER, roster_differences
 
     assert {k: list(v) for k, v in PUBLISHED_ROSTER.items()} == PUBLISHED
     assert PUBLISHED_NUM_PARAMETERS == 3_015_625_728
@@ -254,7 +254,7 @@ def test_inspect_refuses_duplicate_keys_and_irregular_config_files(tmp_path):
     FIFO (never opened: reading it would block) or a folder, is named in the report's errors."""
     import os
 
-    from eagle31_mla.inspection import inspect_drafter
+    from eagle31_mla.hub.inspection import inspect_drafter
 
     dup = tmp_path / "dup"
     dup.mkdir()
@@ -294,7 +294,7 @@ def test_a_folder_whose_path_is_not_utf8_is_named_as_such(tmp_path):
 
 def test_layout_labels_come_from_the_rename_table():
     """One table names each layout and renames it; `layout_of` picks the most specific one a set uses."""
-    from eagle31_mla.checkpoint_eagle31_mla import TENSOR_LAYOUTS, canonical_tensor_name, layout_of
+    from eagle31_mla.model.checkpoint_eagle31_mla import TENSOR_LAYOUTS, canonical_tensor_name, layout_of
 
     assert list(TENSOR_LAYOUTS) == ["published", "model. prefix", "midlayer.*"]
     assert layout_of(["norm.weight", "lm_head.weight"]) == "published"
@@ -306,14 +306,14 @@ def test_layout_labels_come_from_the_rename_table():
 
 
 def test_t2d_is_derived_from_d2t_in_one_place():
-    from eagle31_mla.checkpoint_eagle31_mla import t2d_from_d2t
+    from eagle31_mla.model.checkpoint_eagle31_mla import t2d_from_d2t
 
     d2t = torch.tensor([0, 2, 5])  # draft ids 0, 1, 2 -> target ids 0, 3, 7
     assert t2d_from_d2t(d2t, 9).nonzero().flatten().tolist() == [0, 3, 7]
 
 
 def test_the_roster_compares_dtypes_in_either_spelling():
-    from eagle31_mla.roster import PUBLISHED_NUM_PARAMETERS, roster_differences
+    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS, roster_differences
 
     assert (
         roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
@@ -325,7 +325,7 @@ def test_the_roster_compares_dtypes_in_either_spelling():
 
 
 def test_the_local_path_rule_has_one_home():
-    from eagle31_mla.checkpoint_eagle31_mla import is_hub_repo_id, looks_like_a_local_path
+    from eagle31_mla.model.checkpoint_eagle31_mla import is_hub_repo_id, looks_like_a_local_path
 
     assert is_hub_repo_id("lightseekorg/kimi-k3-eagle3.1-mla") and is_hub_repo_id("gpt2")
     for local in ("./x", "/abs", "~/x", "a/b/c", Path("org/name")):

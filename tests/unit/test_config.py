@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle31_mla import ConfigError, Eagle31MLAConfig
-from eagle31_mla.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS
+from eagle31_mla.model.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS
 from tests.support.paths import GOLDEN
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -214,7 +214,7 @@ def test_bad_configs_name_the_key(tmp_path, changes, message):
 
 # ---- every field of the table, through the constructor (the malformed corpus covers config.json) ----
 
-from eagle31_mla.configuration_eagle31_mla import (  # noqa: E402
+from eagle31_mla.model.configuration_eagle31_mla import (  # noqa: E402
     CONFIG_FIELDS,
     FLOAT_DTYPES,
     MAX_INDEX,
@@ -465,7 +465,7 @@ def test_dtype_and_torch_dtype_must_agree(tmp_path):
 
 import math  # noqa: E402
 
-from eagle31_mla import configuration_eagle31_mla as config_module  # noqa: E402
+from eagle31_mla.model import configuration_eagle31_mla as config_module  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -530,8 +530,8 @@ def test_kimi_k3_preset_is_the_published_drafter():
     """The named preset, the no-argument config and the published config.json describe one drafter: the
     published tensor roster, parameter count and dtype, Kimi-K3's aux ids and YaRN."""
     from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.aux_layers import KIMI_K3_AUX_LAYER_IDS
-    from eagle31_mla.roster import roster_differences
+    from eagle31_mla.hub.roster import roster_differences
+    from eagle31_mla.model.aux_layers import KIMI_K3_AUX_LAYER_IDS
 
     preset = Eagle31MLAConfig.kimi_k3()
     assert (
@@ -553,8 +553,8 @@ def test_kimi_k3_preset_is_the_published_drafter():
 
 def test_the_default_aux_ids_are_kimi_k3s_constant(monkeypatch):
     """One home for Kimi-K3's aux ids: the no-argument config takes them from aux_layers."""
-    from eagle31_mla import configuration_eagle31_mla
-    from eagle31_mla.aux_layers import AuxLayerIds
+    from eagle31_mla.model import configuration_eagle31_mla
+    from eagle31_mla.model.aux_layers import AuxLayerIds
 
     monkeypatch.setattr(configuration_eagle31_mla, "KIMI_K3_AUX_LAYER_IDS", AuxLayerIds((3, 7, 11)))
     assert Eagle31MLAConfig().eagle_aux_hidden_state_layer_ids == [3, 7, 11]
@@ -590,7 +590,7 @@ def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_p
 
 
 def test_describe_rope_is_the_one_wording():
-    from eagle31_mla.configuration_eagle31_mla import describe_rope
+    from eagle31_mla.model.configuration_eagle31_mla import describe_rope
 
     assert describe_rope(Eagle31MLAConfig()) == "yarn, theta 50000, factor 32 over 32768 positions"
     assert describe_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}) == "default, theta 10000"

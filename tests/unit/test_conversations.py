@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from eagle31_mla.cli import main
+from eagle31_mla.decoding.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -135,8 +135,8 @@ def test_conversations_whose_assistant_content_is_cut_off_are_left_out_and_count
 def test_live_batches_carry_the_conversation_masks(tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from eagle31_mla.aux_layers import AuxLayerIds
-    from eagle31_mla.training import LiveTarget
+    from eagle31_mla.model.aux_layers import AuxLayerIds
+    from eagle31_mla.training.trainer import LiveTarget
 
     target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
     first, second = conversation_tokens(CHAT, tokenizer), conversation_tokens(CHAT[:3], tokenizer)
@@ -152,9 +152,15 @@ def test_live_batches_carry_the_conversation_masks(tokenizer):
 
 
 def test_captured_batches_carry_the_conversation_masks(tmp_path):
-    from eagle31_mla.aux_layers import AuxLayerIds
-    from eagle31_mla.captured import CapturedStates, CaptureManifest, inputs_digest, write_manifest, write_shard
-    from eagle31_mla.training import CapturedTarget
+    from eagle31_mla.model.aux_layers import AuxLayerIds
+    from eagle31_mla.training.captured import (
+        CapturedStates,
+        CaptureManifest,
+        inputs_digest,
+        write_manifest,
+        write_shard,
+    )
+    from eagle31_mla.training.trainer import CapturedTarget
 
     masks = [[0, 0, 1, 1, 1], [0, 1, 1]]
     manifest = CaptureManifest(

@@ -14,8 +14,8 @@ import torch
 
 from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.distributed import KILL_ENV, LATEST
-from eagle31_mla.training import drafter_from_files
+from eagle31_mla.training.distributed import KILL_ENV, LATEST
+from eagle31_mla.training.trainer import drafter_from_files
 from tests.support.subprocesses import run_python
 from tests.unit.test_captured import IDS, capture_folder
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.capture import capture_target_states
+from eagle31_mla.decoding.target import capture_target_states
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.training import (
+from eagle31_mla.training.trainer import (
     LiveTarget,
     TrainingConfig,
     drafter_to_finetune,
@@ -38,7 +38,7 @@ def sequences():
     from transformers import AutoTokenizer
 
     from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training import tokenize_corpus
+    from eagle31_mla.training.trainer import tokenize_corpus
 
     texts, _ = demo_corpus(seed=31, n=60)
     return tokenize_corpus(AutoTokenizer.from_pretrained(DEMO_DIR / "target"), texts, 64)[:16]
@@ -179,8 +179,8 @@ def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(target, seq
 def test_fine_tuning_the_demo_drafter_keeps_its_accept_length(tmp_path, capsys):
     """`train --init` on demo-style text the drafter was not trained on, then the held-out prompts."""
     from eagle31_mla.cli import main
+    from eagle31_mla.decoding.speculative import measure_acceptance
     from eagle31_mla.demo import demo_prompts
-    from eagle31_mla.speculative import measure_acceptance
     from eagle31_mla.testing import demo_corpus
 
     text = tmp_path / "corpus.txt"

@@ -1,4 +1,4 @@
-"""The GPU path through FlashInfer (eagle31_mla.flashinfer_backend): its dispatch and errors, and exactly what it
+"""The GPU path through FlashInfer (eagle31_mla.model.flashinfer_backend): its dispatch and errors, and exactly what it
 hands FlashInfer, on CPU; the kernels themselves on a GPU (tests marked ``gpu``).
 
 CPU (always): asking for FlashInfer without CUDA or without the package is an error naming what is missing and
@@ -30,15 +30,15 @@ import types
 import pytest
 import torch
 
-import eagle31_mla.flashinfer_backend as fb
-import eagle31_mla.modeling_eagle31_mla as modeling
+import eagle31_mla.model.flashinfer_backend as fb
+import eagle31_mla.model.modeling_eagle31_mla as modeling
 from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.cli import main
-from eagle31_mla.configuration_eagle31_mla import ConfigError
+from eagle31_mla.decoding.speculative import accept_chain, speculative_generate
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.modeling_eagle31_mla import DraftInputError
-from eagle31_mla.sampling_eagle31_mla import sample_from_logits, sampling_probs
-from eagle31_mla.speculative import accept_chain, speculative_generate
+from eagle31_mla.model.configuration_eagle31_mla import ConfigError
+from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
+from eagle31_mla.model.sampling_eagle31_mla import sample_from_logits, sampling_probs
 from tests.support.paths import ROOT
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 from tests.unit.test_speculative import (  # the chi-square helper and the p / q of one small-vocabulary round
@@ -169,7 +169,7 @@ def test_a_decode_step_never_falls_back_silently(no_flashinfer):
 
 
 def test_the_remote_code_copy_says_flashinfer_needs_the_library(monkeypatch):
-    monkeypatch.setitem(sys.modules, "eagle31_mla.flashinfer_backend", None)  # as in a Hub repo's modeling copy
+    monkeypatch.setitem(sys.modules, "eagle31_mla.model.flashinfer_backend", None)  # as in a Hub repo's modeling copy
     with pytest.raises(RuntimeError, match=r'part of the eagle31-mla library \(pip install "eagle31-mla\[gpu\]"\)'):
         modeling.flashinfer_backend()
 

@@ -141,7 +141,7 @@ def test_the_core_never_imports_a_plugin():
 
 def test_no_import_cycle():
     graph = import_graph(SOURCE_ROOTS)
-    assert "eagle31_mla.engines" in graph and "eagle31_mla_vllm" in graph  # the roots were read
+    assert "eagle31_mla.serving.engines" in graph and "eagle31_mla_vllm" in graph  # the roots were read
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -153,8 +153,9 @@ def test_engine_facts_and_rules_import_without_an_engine_or_torch():
         "import sys\n"
         f"for name in ('vllm', 'sglang', 'tokenspeed', 'torch', 'transformers', *{PLUGIN_PACKAGES!r}):\n"
         "    sys.modules[name] = None\n"
-        "import eagle31_mla.engine_facts.vllm, eagle31_mla.engine_facts.sglang, eagle31_mla.engine_facts.tokenspeed\n"
-        "import eagle31_mla.compatibility, eagle31_mla.engines, eagle31_mla.serving\n"
+        "import eagle31_mla.serving.engine_facts.vllm, eagle31_mla.serving.engine_facts.sglang\n"
+        "import eagle31_mla.serving.engine_facts.tokenspeed\n"
+        "import eagle31_mla.serving.compatibility, eagle31_mla.serving.engines, eagle31_mla.serving.command\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

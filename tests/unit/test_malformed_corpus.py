@@ -35,7 +35,7 @@ import eagle31_mla
 import eagle31_mla_sglang
 import eagle31_mla_vllm
 from eagle31_mla import CheckpointError, ConfigError, Eagle31MLAForCausalLM
-from eagle31_mla.configuration_eagle31_mla import CONFIG_FIELDS, MAX_INDEX, ConfigField
+from eagle31_mla.model.configuration_eagle31_mla import CONFIG_FIELDS, MAX_INDEX, ConfigField
 from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -983,7 +983,7 @@ def attempt(case: Case, folder: Path) -> None:
 
 def check_serving(folder: Path, *, text_config=False, kimi_k3=False, vllm=(0, 32, 0), environ=None) -> None:
     """The plugin's serving-time check (pure Python) with a fake target: what vLLM hands it."""
-    from eagle31_mla.engine_facts.vllm import features
+    from eagle31_mla.serving.engine_facts.vllm import features
     from eagle31_mla_vllm.model import check_serving
 
     draft_hf_config = SimpleNamespace(**json.loads((folder / "config.json").read_text()))
@@ -1077,9 +1077,9 @@ def test_the_judge_rejects_unclear_errors():
         raise ValueError("missing tensor 'norm.weight', expected shape [64]")
     except ValueError as err:
         problems = refusal_problems(case, err)
-    assert any("expected an instance of eagle31_mla.checkpoint_eagle31_mla.CheckpointError" in p for p in problems), (
-        problems
-    )
+    assert any(
+        "expected an instance of eagle31_mla.model.checkpoint_eagle31_mla.CheckpointError" in p for p in problems
+    ), problems
     config_case = Case("control", lambda d: None, ("`hidden_size`", "must be an int >= 1"), error=ConfigError)
     try:  # the other library class is not the one the case names
         raise CheckpointError("`hidden_size` must be an int >= 1, got 0")

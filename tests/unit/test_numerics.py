@@ -285,7 +285,7 @@ def bf16_tolerance(reference: torch.Tensor) -> float:
 @pytest.fixture
 def cpu_bf16(monkeypatch):
     """Force the absorbed attention's CPU path: native bf16 products (True) or fp32 ones (False)."""
-    import eagle31_mla.modeling_eagle31_mla as modeling
+    import eagle31_mla.model.modeling_eagle31_mla as modeling
 
     def force(native: bool) -> None:
         monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", native)
@@ -294,7 +294,7 @@ def cpu_bf16(monkeypatch):
 
 
 def test_cpu_bf16_choice_is_made_in_one_place(cpu_bf16, monkeypatch):
-    import eagle31_mla.modeling_eagle31_mla as modeling
+    import eagle31_mla.model.modeling_eagle31_mla as modeling
 
     cpu_bf16(False)
     assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle31_mla.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
-from eagle31_mla.remote_code import drift, generated
+from eagle31_mla.hub.remote_code import drift, generated
+from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 
@@ -29,7 +29,7 @@ ALLOWED_IMPORTS = CORE_IMPORTS | INSTALLED_BY_TRANSFORMERS  # + stdlib
 
 
 def test_modeling_is_generated_from_src_without_drift():
-    """One source of truth: run `python scripts/sync_modeling.py` after editing src/eagle31_mla/."""
+    """One source of truth: run `python scripts/sync_modeling.py` after editing src/eagle31_mla/model/."""
     assert sorted(p.name for p in MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
     for name in REMOTE_CODE_FILES:
         assert (MODELING / name).read_text() == generated(name), f"modeling/{name} drifted from src"

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
-from eagle31_mla.modeling_eagle31_mla import DraftInputError, check_sampling_settings
+from eagle31_mla.model.modeling_eagle31_mla import DraftInputError, check_sampling_settings
 from tests.support.tiny import aux_inputs, tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.

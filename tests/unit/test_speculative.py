@@ -24,19 +24,20 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from eagle31_mla import AuxLayerIdError, AuxLayerIds, speculative as spec
-from eagle31_mla.capture import TargetAuxCapture
-from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
-from eagle31_mla.sampling_eagle31_mla import (
-    sample_from_logits,
-    sampling_probs as target_probs,  # the reference loop's rule too
-)
-from eagle31_mla.speculative import (
+from eagle31_mla import AuxLayerIdError, AuxLayerIds
+from eagle31_mla.decoding import speculative as spec
+from eagle31_mla.decoding.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
+from eagle31_mla.decoding.speculative import (
     AcceptanceStats,
     accept_chain,
     accept_tree,
     measure_acceptance,
     speculative_generate,
+)
+from eagle31_mla.decoding.target import TargetAuxCapture
+from eagle31_mla.model.sampling_eagle31_mla import (
+    sample_from_logits,
+    sampling_probs as target_probs,  # the reference loop's rule too
 )
 from tests.support.tiny import tiny_drafter
 
@@ -686,7 +687,7 @@ def test_one_rule_for_sampling_settings():
     """Negative, NaN or infinite temperature and top_p outside (0, 1] are refused by the same function
     (check_sampling_settings) in draft, speculative_generate and measure_acceptance, before any compute;
     so are non-integer counts and prompts that are not integer ids."""
-    from eagle31_mla.modeling_eagle31_mla import DraftInputError
+    from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
 
     target, draft = tiny_target(), drafter()
     ids = prompt()
@@ -992,7 +993,7 @@ def test_tiny_temperatures_and_top_p_give_a_distribution(temperature, top_p):
 
 def test_settings_and_pairs_are_refused_with_the_library_error():
     """Every refusal of the reference loop's settings is a DraftInputError, as the README says."""
-    from eagle31_mla.modeling_eagle31_mla import DraftInputError
+    from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
 
     drafter = tiny_drafter(seed=1)
     for bad in (

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle31_mla.modeling_eagle31_mla import DraftInputError
-from eagle31_mla.speculative import measure_acceptance, speculative_generate
+from eagle31_mla.decoding.speculative import measure_acceptance, speculative_generate
+from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
 from tests.unit.test_speculative import VOCAB, drafter, prompt, tiny_target
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle31_mla import LatentKVCache
-from eagle31_mla.training import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
+from eagle31_mla.training.trainer import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
 from tests.support.tiny import aux_inputs, tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -185,7 +185,7 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     assert "EAGLE-3," in capsys.readouterr().out
     first = json.loads((tmp_path / "d" / "training.json").read_text())
     assert first["steps"] == 2
-    caplog.set_level("INFO", logger="eagle31_mla.training")
+    caplog.set_level("INFO", logger="eagle31_mla.training.trainer")
     assert main([*common, "--steps", "3", "--aux-layers", "1,2,3", "--eagle3"]) == 0
     assert "resuming from step 2" in caplog.text
     drafter = Eagle31MLAForCausalLM.from_pretrained(tmp_path / "d")
@@ -216,7 +216,7 @@ def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
 
 
 def test_default_aux_ids_follow_the_target_depth():
-    from eagle31_mla.training import default_aux_layer_ids
+    from eagle31_mla.training.trainer import default_aux_layer_ids
 
     assert default_aux_layer_ids(93) == [2, 46, 90] and default_aux_layer_ids(61) == [2, 30, 58]
     assert default_aux_layer_ids(4) == [1, 2, 3] and default_aux_layer_ids(2) == [1, 2]

@@ -7,7 +7,7 @@ sure it is fed the right tensors:
 
 * **Aux ids.** SGLang hands the target only the nested ``eagle_config`` ids, raw, and each target
   class reads them its own way (DeepSeek/Kimi-K2.x add 1 only when the first id is 1, Llama always
-  adds 1). The plugin reads the draft's ids by this library's rule (:mod:`eagle31_mla.aux_layers`:
+  adds 1). The plugin reads the draft's ids by this library's rule (:mod:`eagle31_mla.model.aux_layers`:
   nested or top level, either convention), then gives the target the form that makes it capture
   exactly those layers, verified on what the target stored; a form the target cannot capture is
   refused with an error instead of being mis-mapped.
@@ -30,9 +30,9 @@ import logging
 import pkgutil
 import sys
 
-from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
-from eagle31_mla.engine_facts import release_label
-from eagle31_mla.engine_facts.sglang import RELEASES
+from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.serving.engine_facts import release_label
+from eagle31_mla.serving.engine_facts.sglang import RELEASES
 
 __all__ = ["register", "DRAFT_ARCHITECTURE", "CanonicalAuxLayerIds", "PluginHookError", "check_hooks", "hook_problems"]
 
@@ -180,7 +180,7 @@ def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
 
 
 def canonical_ids_for_draft(hf_config, num_target_layers: int | None, attention_arch=None) -> CanonicalAuxLayerIds:
-    from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
+    from eagle31_mla.model.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
 
     if attention_arch is not None and getattr(attention_arch, "name", str(attention_arch)) != "MLA":
         raise ValueError(
@@ -220,7 +220,7 @@ def target_depth(model) -> int | None:
 
 def _check_depth(model, ids: CanonicalAuxLayerIds) -> None:
     """The ids against the target's depth (already done at resolution where SGLang passes the target's config)."""
-    from eagle31_mla.aux_layers import AuxLayerIdError, AuxLayerIds
+    from eagle31_mla.model.aux_layers import AuxLayerIdError, AuxLayerIds
 
     depth = target_depth(model)
     if depth is None:
@@ -234,7 +234,7 @@ def _check_depth(model, ids: CanonicalAuxLayerIds) -> None:
 def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
     """Try the one-based, then the zero-based form on the target itself and keep the one after which
     it stores exactly the wanted layers (what SGLang's targets store is one-based: see
-    :mod:`eagle31_mla.engine_facts.sglang`, so it is directly comparable)."""
+    :mod:`eagle31_mla.serving.engine_facts.sglang`, so it is directly comparable)."""
     wanted = list(ids.aux_layer_ids.one_based)
     pp_group = getattr(model, "pp_group", None) or getattr(getattr(model, "language_model", None), "pp_group", None)
     if pp_group is not None and not pp_group.is_last_rank:

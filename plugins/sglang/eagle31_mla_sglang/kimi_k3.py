@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from eagle31_mla.engine_facts import KIMI_K3_ARCHITECTURES, KIMI_K3_LANGUAGE_MODEL, KIMI_K3_MULTIMODAL
+from eagle31_mla.serving.engine_facts import KIMI_K3_ARCHITECTURES, KIMI_K3_LANGUAGE_MODEL, KIMI_K3_MULTIMODAL
 
 __all__ = ["install_if_missing", "prefix_stream"]
 
@@ -30,7 +30,7 @@ def prefix_stream(layer_output, forward_batch) -> torch.Tensor:
 
 
 def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
-    from eagle31_mla.aux_layers import AuxLayerIds, engine_default_one_based_ids
+    from eagle31_mla.model.aux_layers import AuxLayerIds, engine_default_one_based_ids
 
     n = self.config.num_hidden_layers
     ids = AuxLayerIds.from_one_based(layer_ids if layer_ids is not None else engine_default_one_based_ids(n), n)

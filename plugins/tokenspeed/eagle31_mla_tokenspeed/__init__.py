@@ -11,7 +11,7 @@ tensors it was trained on:
 * **Aux ids.** TokenSpeed hands the target the first ids it finds in the draft config (nested
   ``eagle_config`` first), raw, and each target class reads them its own way (Kimi-K3 one-based,
   DeepSeek-V3 / Kimi-K2.5 add 1). The profile reads the draft's ids by this library's one rule
-  (:mod:`eagle31_mla.aux_layers`) and writes them back in the form the served target class needs,
+  (:mod:`eagle31_mla.model.aux_layers`) and writes them back in the form the served target class needs,
   checked on what that class's own setter stores; a form it cannot capture, or an explicit
   ``--eagle3-layers-to-capture`` that names other layers, stops serving with the reason.
 * **Kimi-K3 stream.** TokenSpeed's Kimi-K3 target captures ``prefix_sum``, the prefix-only stream the
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 
-from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
 
 from .contract import SUPPORTED_RELEASES, PluginAPIError, api_problems, refusal
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pkgutil
 
-from eagle31_mla.engine_facts import release_label
-from eagle31_mla.engine_facts.tokenspeed import PLUGIN_API_VERSION, PLUGIN_SYMBOLS, RELEASES
+from eagle31_mla.serving.engine_facts import release_label
+from eagle31_mla.serving.engine_facts.tokenspeed import PLUGIN_API_VERSION, PLUGIN_SYMBOLS, RELEASES
 
 __all__ = ["PluginAPIError", "api_problems", "installed_release", "refusal", "SUPPORTED_RELEASES"]
 

@@ -20,7 +20,7 @@ from tokenspeed.runtime.configs.model_profile import ModelProfile
 from tokenspeed.runtime.models.deepseek_v3 import Eagle3DeepseekV2ForCausalLM
 from torch import nn
 
-from eagle31_mla.aux_layers import (
+from eagle31_mla.model.aux_layers import (
     ONE_BASED,
     ZERO_BASED,
     AuxLayerIdError,
@@ -28,11 +28,11 @@ from eagle31_mla.aux_layers import (
     aux_layer_ids_from_attributes,
     write_aux_layer_ids,
 )
-from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
-from eagle31_mla.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
-from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
-from eagle31_mla.engine_facts import captures_layer_input, tokenspeed as facts
-from eagle31_mla.engines import Target, tokenspeed_flag_form
+from eagle31_mla.model.checkpoint_eagle31_mla import canonical_tensor_name
+from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
+from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
+from eagle31_mla.serving.engines import Target, tokenspeed_flag_form
 
 from .contract import SUPPORTED_RELEASES, PluginAPIError
 
@@ -174,7 +174,7 @@ def _bare(cls) -> nn.Module:
 
 def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[int]:
     """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores, as one-based
-    completed-layer ids (where :data:`~eagle31_mla.engine_facts.tokenspeed.STORED_IDS` says each class keeps
+    completed-layer ids (where :data:`~eagle31_mla.serving.engine_facts.tokenspeed.STORED_IDS` says each class keeps
     them). Raises ValueError where the setter refuses ``given``."""
     model = text = _bare(target_cls)
     inner = facts.LANGUAGE_MODELS.get(target_cls.__name__)
@@ -202,7 +202,7 @@ def k3_stream_problem() -> str | None:
     """Why TokenSpeed's Kimi-K3 EAGLE-3 capture is not known to be the prefix-only stream (None: it is).
 
     Read from the installed ``KimiLinearModel.forward``: under the EAGLE-3 condition it must append
-    :data:`~eagle31_mla.engine_facts.tokenspeed.K3_EAGLE3_CAPTURE`, and ``prefix_sum`` must be what each
+    :data:`~eagle31_mla.serving.engine_facts.tokenspeed.K3_EAGLE3_CAPTURE`, and ``prefix_sum`` must be what each
     layer returns."""
     from tokenspeed.runtime.models.kimi_k3 import KimiLinearModel
 

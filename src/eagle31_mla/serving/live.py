@@ -1,10 +1,10 @@
 """Accept length of a running deployment: ``eagle31-mla acceptance --server URL`` (no model loaded here).
 
-The prompts of a prompts file (:func:`eagle31_mla.prompts.read_prompt_lines`, checked by FILE:LINE) go to the
+The prompts of a prompts file (:func:`eagle31_mla.decoding.prompts.read_prompt_lines`, checked by FILE:LINE) go to the
 server's OpenAI endpoints (``/v1/completions``: text, or token ids for an id-list / ``input_ids`` prompt;
 ``/v1/chat/completions``: ``messages``, and text prompts under ``chat=True``), greedy by default, non-streaming,
 ``concurrency`` at a time. Acceptance is read the way each engine reports it (the facts, each with its source,
-are in :mod:`eagle31_mla.engine_facts`):
+are in :mod:`eagle31_mla.serving.engine_facts`):
 
 * **vLLM**: the speculative-decoding counters of its Prometheus ``/metrics`` (drafts, draft tokens, accepted
   tokens, accepted tokens per position; summed over the ``engine`` label), diffed around each request when
@@ -22,7 +22,7 @@ are in :mod:`eagle31_mla.engine_facts`):
   ``Decode batch. ... avg_accept_len: X`` windows written during the run are reported too.
 
 Accept length counts the bonus token (tokens per verification round), as the offline
-:class:`~eagle31_mla.speculative.AcceptanceStats` does, and the run's mean is the ratio of totals: all tokens
+:class:`~eagle31_mla.decoding.speculative.AcceptanceStats` does, and the run's mean is the ratio of totals: all tokens
 the rounds produced over all rounds.
 
 **95% confidence interval** (per-request attribution, at least two requests): the ratio estimator
@@ -175,10 +175,10 @@ def acceptance_dict(
     num_steps: int | None = None,
     accept_length: float | None = None,
 ) -> dict[str, Any]:
-    """The offline report's statistics (:meth:`eagle31_mla.speculative.AcceptanceStats.to_dict`, same keys, same
-    formulas) from what a server reported; a value the engine does not report is None, and so is the mean of no
-    rounds (offline: NaN; None keeps the JSON strict). ``accept_length`` stands in for the mean when there are no
-    round counts (an aggregate from log windows)."""
+    """The offline report's statistics (:meth:`eagle31_mla.decoding.speculative.AcceptanceStats.to_dict`, same
+    keys, same formulas) from what a server reported; a value the engine does not report is None, and so is the
+    mean of no rounds (offline: NaN; None keeps the JSON strict). ``accept_length`` stands in for the mean when there
+    are no round counts (an aggregate from log windows)."""
     steps = num_steps if num_steps is not None else acc.num_steps if acc else None
     rounds = acc.rounds if acc else None
     draft_tokens = acc.draft_tokens if acc else None
@@ -287,7 +287,7 @@ class VllmCounters:
 
 
 def vllm_counters(samples: list[Sample]) -> VllmCounters | None:
-    """The four counters (:data:`eagle31_mla.engine_facts.vllm.SPEC_DECODE_COUNTERS`, scraped with a ``_total``
+    """The four counters (:data:`eagle31_mla.serving.engine_facts.vllm.SPEC_DECODE_COUNTERS`, scraped with a ``_total``
     suffix; a bare name is read too) summed over the ``engine`` (and ``model_name``) label, or None when the
     page has no drafts counter."""
     names = vllm_facts.SPEC_DECODE_COUNTERS
@@ -415,7 +415,7 @@ class TokenSpeedLog:
 
 def parse_tokenspeed_log(text: str) -> TokenSpeedLog:
     """The acceptance lines of a TokenSpeed 0.1.1 scheduler log (formats in
-    :mod:`eagle31_mla.engine_facts.tokenspeed`, whatever the line prefix): ``Req: {rid} Finish!
+    :mod:`eagle31_mla.serving.engine_facts.tokenspeed`, whatever the line prefix): ``Req: {rid} Finish!
     Accept_num_tokens_avg: X``, its ``RequestStats(..., output_tokens=N, ..., acc_len=X, ...)`` variant, and the
     ``Decode batch. ... avg_accept_len: X`` windows."""
     log = TokenSpeedLog()
@@ -959,12 +959,12 @@ def measure_server(
 ) -> dict[str, Any]:
     """Measure the accept length of the server at ``url`` (``engine``: "vllm", "sglang" or "tokenspeed") on a
     prompts file. Returns the offline report's dict (``settings``, ``total``, ``requests``; the keys of
-    :func:`eagle31_mla.speculative.measure_acceptance`, None where the engine does not report a value) plus
+    :func:`eagle31_mla.decoding.speculative.measure_acceptance`, None where the engine does not report a value) plus
     ``server`` (url, engine, model, version, attribution "per-request" | "aggregate", source),
     ``confidence_interval_95`` (None for aggregate runs), ``tokens_per_second``, ``wall_time_s``, ``notes``
     and, with ``expect`` or ``reference``, ``verdict`` (:func:`compare`). Raises :class:`LiveError`."""
-    from .modeling_eagle31_mla import check_sampling_settings
-    from .prompts import read_prompt_lines
+    from ..decoding.prompts import read_prompt_lines
+    from ..model.modeling_eagle31_mla import check_sampling_settings
 
     if engine not in ENGINES:
         raise LiveError(f"engine {engine!r}; expected one of {', '.join(ENGINES)}")

@@ -1,4 +1,4 @@
-"""modeling/ -- the remote code a Hub repo carries for ``trust_remote_code=True`` -- generated from this package.
+"""modeling/ -- the remote code a Hub repo carries for ``trust_remote_code=True`` -- generated from eagle31_mla.model.
 
 The library is the one source of truth: each file of :data:`REMOTE_CODE_FILES` is copied under a banner
 into the checkout's ``modeling/`` folder. :func:`generate` writes them (``python scripts/sync_modeling.py``),
@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .configuration_eagle31_mla import REMOTE_CODE_FILES
+from ..model.configuration_eagle31_mla import REMOTE_CODE_FILES
 
 __all__ = ["REMOTE_CODE_FILES", "PACKAGE", "MODELING", "banner", "generated", "generate", "drift"]
 
-#: Where the sources are (this package) and where the generated copies go (a source checkout's modeling/).
-PACKAGE = Path(__file__).resolve().parent
-MODELING = PACKAGE.parents[1] / "modeling"
+#: Where the sources are (the model package) and where the generated copies go (a source checkout's modeling/).
+PACKAGE = Path(__file__).resolve().parents[1] / "model"
+MODELING = PACKAGE.parents[2] / "modeling"
 
 
 def banner(name: str) -> str:
     return (
-        f"# Generated from src/eagle31_mla/{name} by scripts/sync_modeling.py: do not edit.\n"
+        f"# Generated from src/eagle31_mla/model/{name} by scripts/sync_modeling.py: do not edit.\n"
         "# Remote code for `trust_remote_code=True`; needs only torch and transformers.\n"
     )
 
@@ -50,7 +50,7 @@ def drift(folder: Path = MODELING) -> list[str]:
     problems = [f"modeling/{name} is missing" for name in REMOTE_CODE_FILES if name not in present]
     problems += [f"modeling/{name} is not a remote-code file" for name in sorted(present - set(REMOTE_CODE_FILES))]
     problems += [
-        f"modeling/{name} drifted from src/eagle31_mla/{name}"
+        f"modeling/{name} drifted from src/eagle31_mla/model/{name}"
         for name in REMOTE_CODE_FILES
         if name in present and (folder / name).read_text() != generated(name)
     ]

@@ -5,7 +5,7 @@ defaults. Two things go through FlashInfer, shaped here; the math stays where it
 
 * **Drafter decode** (``attn_implementation="flashinfer"``): a one-token step per sequence over the whole
   latent cache runs ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` on the query that
-  :class:`~eagle31_mla.modeling_eagle31_mla.Eagle31MLAAttention` absorbed (q_nope times kv_b's key factor:
+  :class:`~eagle31_mla.model.modeling_eagle31_mla.Eagle31MLAAttention` absorbed (q_nope times kv_b's key factor:
   C wide, then the rotated q_pe: R wide). The cache is read in place: ``LatentKVCache.latent`` [B, capacity,
   C+R] is FlashInfer's packed paged layout [num_pages, page_size, C+R] with one page per sequence and
   page_size = capacity, so no step copies it (FlashInfer splits it into the ckv [..., :C] and kpe [..., C:]
@@ -173,7 +173,7 @@ def accept_chain(
     """Chain speculative sampling by ``flashinfer.sampling.chain_speculative_sampling`` (accept d_j with
     probability min(1, p/q), resample the first rejection from norm(max(p - q, 0)), a bonus token from p_k
     after k accepts): the number of accepted drafts [B] and the token after them [B], as
-    :func:`eagle31_mla.speculative.accept_chain` returns them."""
+    :func:`eagle31_mla.decoding.speculative.accept_chain` returns them."""
     sampling = _sampling(draft_probs.device)
     out, _, emitted = sampling.chain_speculative_sampling(
         draft_probs.float().contiguous(),

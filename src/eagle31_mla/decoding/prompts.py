@@ -5,7 +5,7 @@ A prompts file (``acceptance``, the demo) holds one prompt per line: JSONL, each
 text, or JSONL objects with a ``"text"`` string. Every line is checked when read, and a refusal names
 the file and line.
 
-This module does not import torch (the config checks of :mod:`eagle31_mla.engines` can use
+This module does not import torch (the config checks of :mod:`eagle31_mla.serving.engines` can use
 :func:`eos_token_ids` without it): a value can only be a tensor once torch is loaded, and the
 functions that build tensors import it themselves.
 """
@@ -57,14 +57,14 @@ def _is_tensor(value) -> bool:
 
 
 def _draft_input_error(message: str) -> Exception:
-    from .modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
+    from ..model.modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
 
     return DraftInputError(message)
 
 
 def _shown(value) -> str:
     """A refused value as the library's messages show it."""
-    from .modeling_eagle31_mla import describe_value
+    from ..model.modeling_eagle31_mla import describe_value
 
     return describe_value(value)
 
@@ -79,7 +79,7 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
     range (or a 0-/1-D integer tensor) of them, as a tuple of ints in the given order.
 
     ``strict`` (an argument of the Python API): anything else, and ids outside [0, ``vocab_size``), is a
-    :class:`~eagle31_mla.modeling_eagle31_mla.DraftInputError` naming ``eos_token_id``; strings, bools
+    :class:`~eagle31_mla.model.modeling_eagle31_mla.DraftInputError` naming ``eos_token_id``; strings, bools
     and floats are refused, never iterated or cast. Not strict (a config's or tokenizer's value, whose
     own checks report it): what is not an id is left out."""
     within = f" in [0, {vocab_size})" if vocab_size is not None else ""
@@ -260,7 +260,7 @@ def prompt_tensor(input_ids, vocab_size: int):
     the vocabulary are a DraftInputError, never cast."""
     import torch
 
-    from .modeling_eagle31_mla import DraftInputError
+    from ..model.modeling_eagle31_mla import DraftInputError
 
     if isinstance(input_ids, torch.Tensor):
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
@@ -330,7 +330,7 @@ def conversation_tokens(
     1 on the tokens of assistant content (every assistant turn, or the last one), 0 on everything else (the
     system and user turns, the template's role markup and end-of-turn tokens). As TorchSpec's data: the mask
     marks the tokens themselves (``mask[j]`` is about ``x[j]``); the trainer gates each prediction by the fed
-    token's mask (:mod:`eagle31_mla.training`).
+    token's mask (:mod:`eagle31_mla.training.trainer`).
 
     Each assistant turn's content is found in the rendered text after the render of the conversation up to it
     with the generation prompt (which must be a prefix of the whole render: a template that rewrites earlier

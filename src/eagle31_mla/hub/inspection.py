@@ -3,7 +3,7 @@
 The config as the library reads it (dims, EAGLE-3 or 3.1, rope, aux layers in both conventions,
 vocabulary pruning), the parameter count and KV bytes per token, whether the tensors match the config
 and the published roster (headers only: no tensor is read), and which engine releases serve it, as
-:mod:`eagle31_mla.doctor` finds against a Kimi-K3-architecture target of the drafter's own sizes.
+:mod:`eagle31_mla.serving.doctor` finds against a Kimi-K3-architecture target of the drafter's own sizes.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .engine_facts import ENGINE_NAMES, ENGINES
-from .engines import KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
-from .prompts import eos_token_ids
+from ..decoding.prompts import eos_token_ids
+from ..serving.engine_facts import ENGINE_NAMES, ENGINES
+from ..serving.engines import KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
 
 __all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
 
@@ -29,7 +29,7 @@ def _read_config(path_or_id: str) -> tuple[dict, str]:
     """The config dict and its file. :class:`ConfigError` for a config.json that is JSON but cannot be a
     config (null, not an object, nested too deeply, a dangling link): the drafter is refused. Unreadable
     input (no such folder, not JSON) stays an :class:`InputError`."""
-    from .configuration_eagle31_mla import (
+    from ..model.configuration_eagle31_mla import (
         MAX_CONFIG_DEPTH,
         ConfigError,
         DuplicateKeyError,
@@ -38,7 +38,7 @@ def _read_config(path_or_id: str) -> tuple[dict, str]:
         not_a_regular_file,
         read_config_file,
     )
-    from .engines import InputError
+    from ..serving.engines import InputError
 
     local = _local_config_file(path_or_id)
     if local is not None:  # before any reader opens it: a FIFO would block, /dev/zero never end
@@ -91,8 +91,8 @@ def _locate(path_or_id: str) -> tuple[dict, Path | None, str]:
 
 def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     """Everything ``inspect`` reports, as a JSON-ready dict (``errors`` lists what the library refuses)."""
-    from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-    from .configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
+    from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+    from ..model.configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
 
     try:
         raw, folder, source = _locate(path_or_id)
@@ -122,8 +122,14 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
 
     import torch
 
-    from .checkpoint_eagle31_mla import CheckpointError, checkpoint_files, layout_of, read_headers, validate_checkpoint
-    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+    from ..model.checkpoint_eagle31_mla import (
+        CheckpointError,
+        checkpoint_files,
+        layout_of,
+        read_headers,
+        validate_checkpoint,
+    )
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
     from .roster import PUBLISHED_NUM_PARAMETERS, roster_differences
 
     dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.bfloat16
@@ -213,7 +219,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
 def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
     """Per engine and release: served as is, with this project's plugin (on TokenSpeed, or its flag), or not,
     against a Kimi-K3-architecture target sized like the drafter (no environment variables set)."""
-    from .doctor import diagnose, engine_releases
+    from ..serving.doctor import diagnose, engine_releases
 
     target = replace(
         KIMI_K3_TARGET,
@@ -253,7 +259,7 @@ def _versions(labels: list[str]) -> str:
 
 
 def format_inspection(info: dict[str, Any]) -> str:
-    from .configuration_eagle31_mla import describe_rope
+    from ..model.configuration_eagle31_mla import describe_rope
 
     lines = [f"{info['name']}  ({info['config_file']})"]
     ids = info.get("aux_layer_ids")

@@ -6,7 +6,7 @@ holds what they share (engine names, version strings, Kimi-K3's names). Nothing 
 import them from here: the core never imports a plugin.
 
 The draft architecture every engine serves this drafter as is
-:data:`eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`.
+:data:`eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .capture import capture_target_states
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
-from .prompts import eos_token_ids
+from ..decoding.prompts import eos_token_ids
+from ..decoding.target import capture_target_states
+from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 
 __all__ = [
     "TrainingConfig",
@@ -339,10 +339,10 @@ class TrainingConfig:
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """The one-based aux ids a drafter trained for a ``num_layers``-deep target reads by default: the
-    engines' default (:func:`~eagle31_mla.aux_layers.engine_default_one_based_ids`, ``(2, n // 2, n - 3)``)
+    engines' default (:func:`~eagle31_mla.model.aux_layers.engine_default_one_based_ids`, ``(2, n // 2, n - 3)``)
     where it gives three ascending ids (n >= 7); below that, three spread ids ``(1, n // 2, n - 1)``
     (4 layers: ``[1, 2, 3]``, the demo drafter's), or every layer of a target under 4 layers."""
-    from .aux_layers import engine_default_one_based_ids
+    from ..model.aux_layers import engine_default_one_based_ids
 
     ids = engine_default_one_based_ids(num_layers)
     if num_layers >= 7 and ids == sorted(set(ids)) and ids[0] >= 1:
@@ -365,7 +365,7 @@ def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
 
 
 def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, config_overrides: dict) -> Eagle31MLAForCausalLM:
-    from .configuration_eagle31_mla import Eagle31MLAConfig
+    from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
     if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
         config_overrides["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc.num_hidden_layers)
@@ -393,7 +393,7 @@ def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tens
     not the model: a Kimi-K3 does not fit where its drafter trains). A tied head is the embeddings."""
     from safetensors import safe_open
 
-    from .checkpoint_eagle31_mla import checkpoint_files, resolve_model_folder
+    from ..model.checkpoint_eagle31_mla import checkpoint_files, resolve_model_folder
 
     folder = resolve_model_folder(target_path)
     found: dict[str, tuple[Path, str]] = {}
@@ -455,7 +455,7 @@ class LiveTarget:
     """Training batches from a Transformers target run on each batch: the target on the trainer's device.
 
     ``sequences``: [N, S] token ids, or sequences of different lengths (conversations) with their
-    ``loss_masks`` (:func:`eagle31_mla.prompts.conversation_tokens`); a batch pads them at the end, and the
+    ``loss_masks`` (:func:`eagle31_mla.decoding.prompts.conversation_tokens`); a batch pads them at the end, and the
     padding is masked out (the target is causal: padding after a sequence does not change its states)."""
 
     def __init__(self, target, sequences, loss_masks=None):

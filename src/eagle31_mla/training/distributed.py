@@ -2,13 +2,13 @@
 
     torchrun --nproc-per-node 8 -m eagle31_mla.train --target T --data DIR --out OUT [train options]
 
-The same objective as :func:`eagle31_mla.training.train_on` (test-time training, forward KL, anchors,
+The same objective as :func:`eagle31_mla.training.trainer.train_on` (test-time training, forward KL, anchors,
 depth weights), with the drafter sharded by ``torch.distributed.fsdp.fully_shard`` (bf16 parameters
 and float32 gradient reduction on GPU when the recipe computes in bf16; float32 on CPU, where the tests
 run it with the gloo backend). What makes N ranks train the drafter one rank trains:
 
 * the global batch is ``batch_size`` sequences whatever the number of ranks: every rank draws the same
-  step batch (:func:`~eagle31_mla.training.step_batch`) and takes every N-th sequence of it, in
+  step batch (:func:`~eagle31_mla.training.trainer.step_batch`) and takes every N-th sequence of it, in
   micro-batches of ``micro_batch`` (gradient accumulation without synchronisation but for the last);
 * every rank pads its sequences to the step's longest, so positions and anchors are the same;
 * the loss is divided by the weights summed over all ranks (``all_reduce``), not a rank's own, and
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM
-from .training import (
+from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
+from .trainer import (
     CapturedTarget,
     TrainingConfig,
     _compute,

@@ -2,7 +2,7 @@
 target as the reference loop drives it (one ``DynamicCache``, rolled back to the committed tokens).
 
 Aux states are read at the drafter's canonical ids (``config.aux_layer_ids``, one-based: id k =
-``hidden_states[k]``, see :mod:`eagle31_mla.aux_layers`). One exception: in Transformers 5 the last
+``hidden_states[k]``, see :mod:`eagle31_mla.model.aux_layers`). One exception: in Transformers 5 the last
 entry ``hidden_states[num_hidden_layers]`` is AFTER the final norm, while engines capture the pre-norm
 residual stream; an id equal to the target's depth is therefore read with a forward hook on the last
 decoder layer (its pre-norm output). Training (:func:`capture_target_states`) and the reference loop
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .aux_layers import AuxLayerIds
+from ..model.aux_layers import AuxLayerIds
 
 __all__ = ["CachedTarget", "TargetAuxCapture", "capture_target_states"]
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
 from .engine_facts import ENGINE_NAMES, ENGINES, PLUGIN_INSTALL, release_label, tokenspeed as tokenspeed_facts
 from .engine_facts.vllm import KIMI_K3_STREAM_ENV, KIMI_K3_STREAM_ENV_FROM
 from .engines import Target, max_tree_draft_tokens, tokenspeed_flag_form

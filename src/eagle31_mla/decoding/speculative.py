@@ -34,11 +34,11 @@ measured offline and every engine checked against it. Per round:
 The accept length is tokens per verification round, counting the bonus/correction token: accepted
 drafts + 1, the number engines report (ceiling ``num_steps + 1``).
 
-Aux states are read as :mod:`eagle31_mla.capture` reads them (an id equal to the target's depth
-pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.prompts` reads them.
+Aux states are read as :mod:`eagle31_mla.decoding.target` reads them (an id equal to the target's depth
+pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.decoding.prompts` reads them.
 
 Sampling backends: ``sampling_backend="torch"`` (the default) draws with ``torch.multinomial`` and the
-rules above; ``"flashinfer"`` (CUDA, the ``[gpu]`` extra, :mod:`eagle31_mla.flashinfer_backend`) truncates
+rules above; ``"flashinfer"`` (CUDA, the ``[gpu]`` extra, :mod:`eagle31_mla.model.flashinfer_backend`) truncates
 to top-p with FlashInfer's ``top_p_renorm_probs``, draws (target and drafter) with ``sampling_from_probs``
 and verifies chains with ``chain_speculative_sampling`` (the same chain rule, in one kernel). Trees keep the
 torch rule above (FlashInfer has no point-mass tree acceptance), over FlashInfer's p. Greedy (temperature 0)
@@ -64,12 +64,17 @@ from typing import Any
 
 import torch
 
-from .capture import CachedTarget, TargetAuxCapture
-from .engines import max_tree_draft_tokens
-from .modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from ..model.sampling_eagle31_mla import sample_from_logits, sampling_probs
+from ..model.validation_eagle31_mla import (
+    DraftInputError,
+    check_sampling_backend,
+    check_sampling_settings,
+    describe_value,
+)
+from ..serving.engines import max_tree_draft_tokens
 from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
-from .sampling_eagle31_mla import sample_from_logits, sampling_probs
-from .validation_eagle31_mla import DraftInputError, check_sampling_backend, check_sampling_settings, describe_value
+from .target import CachedTarget, TargetAuxCapture
 
 __all__ = [
     "AcceptanceStats",
@@ -497,7 +502,7 @@ def _draft_chain(
     q = _draft_probs_in_target_vocab(drafter, d.probs, vocab_size).to(device)
     rule = accept_chain
     if sampling_backend == "flashinfer" and temperature > 0:  # greedy keeps the argmax rule (one-hot p and q)
-        from .flashinfer_backend import accept_chain as rule
+        from ..model.flashinfer_backend import accept_chain as rule
     return _ChainRound(nodes, positions, None, drafts, q, rule), d.past_key_values
 
 
@@ -547,7 +552,7 @@ def check_settings(
     draft_vocab_size: int | None = None,
 ) -> tuple[bool, int]:
     """Settings of the loop, checked before any compute (sampling ones by the library-wide rule,
-    :func:`~eagle31_mla.modeling_eagle31_mla.check_sampling_settings`); ``topk`` at most the drafter's
+    :func:`~eagle31_mla.model.modeling_eagle31_mla.check_sampling_settings`); ``topk`` at most the drafter's
     ``draft_vocab_size`` when given. Returns (tree, tokens verified per round, root included)."""
     for name, value, low in (("num_steps", num_steps, 1), ("topk", topk, 1), ("max_new_tokens", max_new_tokens, 1)):
         if not is_int(value) or not low <= value <= DRAFTING_LIMITS[name]:
@@ -592,7 +597,7 @@ def check_settings(
 def _check_models(target, drafter) -> int:
     """``target`` is a Transformers causal LM (not a drafter), ``drafter`` an EAGLE-3.1 drafter; returns the
     target's vocabulary size."""
-    from .engines import looks_like_a_drafter
+    from ..serving.engines import looks_like_a_drafter
 
     if not isinstance(drafter, Eagle31MLAForCausalLM):
         raise DraftInputError(f"`drafter` is {describe_value(drafter)}; expected an Eagle31MLAForCausalLM")
@@ -629,7 +634,7 @@ def _check_generator(generator, target) -> None:
 def _require_sampling_backend(backend, target, drafter) -> None:
     """``backend`` one of "torch" / "flashinfer"; for "flashinfer", FlashInfer must run where both models are."""
     if check_sampling_backend(backend) == "flashinfer":
-        from .flashinfer_backend import require
+        from ..model.flashinfer_backend import require
 
         for model in (target, drafter):
             require(next(model.parameters()).device)
@@ -641,7 +646,7 @@ def _check_flag(name: str, value) -> None:
 
 
 def _check_pair(target, drafter) -> None:
-    from .compatibility import Sizes, size_mismatches
+    from ..serving.compatibility import Sizes, size_mismatches
 
     text_config = target.config.get_text_config()
     config = drafter.config

@@ -8,11 +8,12 @@ installed by the test suite.
 How ids reach a target: SGLang passes ONLY the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``,
 raw, to the target's ``set_eagle3_layers_to_capture`` (top-level ids size the drafter's ``fc`` but
 are ignored for capture, silently). The target stores ``layers_to_capture`` and captures the input of
-layer i for each stored i, i.e. one-based completed-layer id i (:func:`~eagle31_mla.engine_facts.captures_layer_input`).
+layer i for each stored i, i.e. one-based completed-layer id i
+(:func:`~eagle31_mla.serving.engine_facts.captures_layer_input`).
 Without ids it uses [2, n//2, n-3].
 
 SGLang's hard-coded MLA list (``ModelConfig``) holds one EAGLE-3 drafter name,
-:data:`~eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`: a draft under any other name
+:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`: a draft under any other name
 silently gets an MHA-shaped KV cache.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..aux_layers import engine_default_one_based_ids
+from ...model.aux_layers import engine_default_one_based_ids
 from . import FIRST_ID_HEURISTIC, KIMI_K3_ARCHITECTURES, ONE_BASED, PLUS_ONE, parse_release, release_label
 
 __all__ = [

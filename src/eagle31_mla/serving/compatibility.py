@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .aux_layers import AuxLayerIds
+from ..model.aux_layers import AuxLayerIds
 from .engine_facts import release_label
 from .engine_facts.vllm import (
     FC_WIDTH_FOLLOWS_AUX_COUNT_FROM,
@@ -143,7 +143,7 @@ def vllm_kimi_k3_stream(engine: VllmFeatures, is_kimi_k3: bool, environ: Mapping
 def last_layer_out_of_reach(
     engine_name: str, target_class: str, ids: AuxLayerIds, num_layers: int
 ) -> Incompatibility | None:
-    """For a target that captures the INPUT of layer i (:func:`~eagle31_mla.engine_facts.captures_layer_input`):
+    """For a target that captures the INPUT of layer i (:func:`~eagle31_mla.serving.engine_facts.captures_layer_input`):
     the output of its last layer is no layer's input, so a draft trained on it cannot be served there."""
     if max(ids.one_based) != num_layers:
         return None

@@ -1,11 +1,11 @@
 """What each serving engine does with a draft/target pair, worked out from their ``config.json`` files.
 
-The facts live in one table per engine, in :mod:`eagle31_mla.engine_facts` (importable without any
+The facts live in one table per engine, in :mod:`eagle31_mla.serving.engine_facts` (importable without any
 engine). This module applies them to plain dicts, without importing any engine, so that
 ``eagle31-mla doctor`` / ``inspect`` / ``serve-command`` run anywhere, offline.
 
 The question each ``*_capture`` function answers: which target layers (one-based completed-layer ids,
-see :mod:`eagle31_mla.aux_layers`) will the bare engine (without this project's plugin) capture for
+see :mod:`eagle31_mla.model.aux_layers`) will the bare engine (without this project's plugin) capture for
 the drafter, and from which key of the draft's ``config.json`` did it take them?
 """
 
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
-from .checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
+from ..decoding.prompts import eos_token_ids
+from ..model.aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
+from ..model.checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
 from .engine_facts import (
     KIMI_K3_MODEL_TYPE,
     KIMI_K3_MULTIMODAL,
@@ -28,7 +29,6 @@ from .engine_facts import (
     sglang as sglang_facts,
     tokenspeed as tokenspeed_facts,
 )
-from .prompts import eos_token_ids
 
 __all__ = [
     "InputError",

@@ -1,10 +1,10 @@
 """``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4).
 
 Each check compares what the engine will actually do, worked out from the two ``config.json`` files
-and the engine's facts (:mod:`eagle31_mla.engine_facts`, applied by :mod:`eagle31_mla.engines`), with
-what the drafter needs: its aux layers as this library reads them (:mod:`eagle31_mla.aux_layers`), its
+and the engine's facts (:mod:`eagle31_mla.serving.engine_facts`, applied by :mod:`eagle31_mla.serving.engines`), with
+what the drafter needs: its aux layers as this library reads them (:mod:`eagle31_mla.model.aux_layers`), its
 EAGLE-3.1 switches, its sizes. The rules the plugins also enforce at serve time are
-:mod:`eagle31_mla.compatibility`'s, in the same words. Nothing here needs weights or an installed engine.
+:mod:`eagle31_mla.serving.compatibility`'s, in the same words. Nothing here needs weights or an installed engine.
 
 A :class:`Finding` has a short id (the catalogue is :data:`CHECKS`), the problem in one line and the
 exact fix. By default the engine is checked as it ships; ``with_plugin=True`` assumes this project's
@@ -20,9 +20,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..decoding.prompts import eos_token_ids
+from ..model.aux_layers import (
+    IDS_KEY,
+    AuxLayerIdError,
+    AuxLayerIds,
+    aux_layer_ids_config_entries,
+    aux_layer_ids_from_config,
+)
+from ..model.configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
 from . import compatibility
-from .aux_layers import IDS_KEY, AuxLayerIdError, AuxLayerIds, aux_layer_ids_config_entries, aux_layer_ids_from_config
-from .configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
 from .engine_facts import (
     ENGINE_NAMES,
     ENGINES,
@@ -48,7 +55,6 @@ from .engines import (
     tokenspeed_flag_form,
     vllm_capture,
 )
-from .prompts import eos_token_ids
 
 __all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K3_STREAM_ENV"]
 

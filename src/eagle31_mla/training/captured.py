@@ -6,11 +6,11 @@ concatenated along the token axis:
 * ``token_ids`` [T] int64, ``offsets`` [n + 1] int64 (sequence i is ``offsets[i]:offsets[i + 1]``),
   ``input_index`` [n] int64 (the sequence's position in the capture's input, for resuming);
 * ``aux`` [T, n, H]: the residual stream after each aux layer, in ascending layer order (one-based ids,
-  :mod:`eagle31_mla.aux_layers`; for Kimi-K3 the prefix-only stream);
+  :mod:`eagle31_mla.model.aux_layers`; for Kimi-K3 the prefix-only stream);
 * ``topk_logprobs`` [T, K] float32 and ``topk_ids`` [T, K] int32: the target's K most likely next tokens
   after position t and their log-probabilities, as the engine computed them: the loss input;
 * ``loss_mask`` [T] uint8: 1 where the token is trained on (every token of a text capture; the assistant
-  content of a conversation, :func:`eagle31_mla.prompts.conversation_tokens`), as the manifest's
+  content of a conversation, :func:`eagle31_mla.decoding.prompts.conversation_tokens`), as the manifest's
   ``loss_mask`` says ("all", "assistant" or "last-turn").
 
 Why log-probabilities and not the target's last hidden state: the engine's own numbers hold for every

@@ -5,7 +5,7 @@ target store its residual stream at chosen layers in a cache, and the hidden-sta
 (``ExampleHiddenStatesConnector``) writes it per request to a safetensors file. Teacher forcing is the
 whole sequence as the prompt with one output token. What this module adds:
 
-* the layers: the drafter's aux ids by the library's one rule (:mod:`eagle31_mla.aux_layers`). vLLM reads
+* the layers: the drafter's aux ids by the library's one rule (:mod:`eagle31_mla.model.aux_layers`). vLLM reads
   only the top-level ``eagle_aux_hidden_state_layer_ids`` of the draft hf_config it is given and stores
   the slots in ascending layer order; id k is the residual stream after k layers;
 * the loss input: the target's top-k next-token log-probabilities at every position, from vLLM's
@@ -15,8 +15,8 @@ whole sequence as the prompt with one output token. What this module adds:
 * with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``generate()`` returns before the connector was handed the
   finished requests: the engine is stepped until its scheduler holds none, or nothing would be written;
 * for a Kimi-K3 target, the prefix-only stream (vLLM's stream variable checked by the one rule in
-  :mod:`eagle31_mla.compatibility`);
-* the capture folder: shards and a manifest, written atomically, resumable (:mod:`eagle31_mla.captured`).
+  :mod:`eagle31_mla.serving.compatibility`);
+* the capture folder: shards and a manifest, written atomically, resumable (:mod:`eagle31_mla.training.captured`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from .aux_layers import AuxLayerIds
+from ..model.aux_layers import AuxLayerIds
+from ..serving.engines import Target, read_config_json
 from .captured import (
     MANIFEST,
     CapturedDataError,
@@ -40,7 +41,6 @@ from .captured import (
     write_manifest,
     write_shard,
 )
-from .engines import Target, read_config_json
 
 __all__ = ["capture_with_vllm", "top_k_table", "SPOOL"]
 
@@ -78,9 +78,9 @@ def _vllm_version() -> str:
 
 def _check_engine(target: Target) -> None:
     """The installed vLLM can capture, and captures Kimi-K3's prefix-only stream (the one rule)."""
-    from . import compatibility
-    from .engine_facts import release_label
-    from .engine_facts.vllm import CAPTURE_FROM, features, parse_version
+    from ..serving import compatibility
+    from ..serving.engine_facts import release_label
+    from ..serving.engine_facts.vllm import CAPTURE_FROM, features, parse_version
 
     version = parse_version(_vllm_version())
     if version < CAPTURE_FROM:

@@ -9,9 +9,9 @@ before anything is written. The folder gets:
   ``model.safetensors``, or shards plus ``model.safetensors.index.json`` above ``max_shard_size``;
 * ``config.json`` in the library's written form (:meth:`Eagle31MLAConfig.to_dict`: one-based aux ids
   at the top level and in ``eagle_config``, labelled; ``Eagle3DeepseekV2ForCausalLM``) plus ``auto_map``;
-* the remote-code files (:data:`~eagle31_mla.configuration_eagle31_mla.REMOTE_CODE_FILES`), copied from this
+* the remote-code files (:data:`~eagle31_mla.model.configuration_eagle31_mla.REMOTE_CODE_FILES`), copied from this
   installed package;
-* ``README.md``, a model card with the serving commands (:mod:`eagle31_mla.serving`).
+* ``README.md``, a model card with the serving commands (:mod:`eagle31_mla.serving.command`).
 
 Optionally the vocabulary is pruned to the N most frequent target tokens of a token-count file
 (:func:`read_token_counts`): ``d2t`` (int64 offsets, target = draft + d2t[draft]), ``t2d`` (bool
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .engine_facts import ENGINE_NAMES, ENGINES
-from .engines import KIMI_K3_TARGET, InputError
-from .prompts import eos_token_ids
+from ..decoding.prompts import eos_token_ids
+from ..serving.engine_facts import ENGINE_NAMES, ENGINES
+from ..serving.engines import KIMI_K3_TARGET, InputError
 
 __all__ = [
     "convert",
@@ -671,12 +671,12 @@ def convert(
     error or an interruption leaves ``dst`` as it was. ``force``: replace what an earlier convert wrote
     in a non-empty ``dst`` (its manifest lists it); the user's other files there are kept.
 
-    Raises :class:`ConvertError` when the source is refused and :class:`~eagle31_mla.engines.InputError`
+    Raises :class:`ConvertError` when the source is refused and :class:`~eagle31_mla.serving.engines.InputError`
     for unusable arguments (including ``dtype="float16"`` on values float16 cannot hold); in both
     cases ``dst`` is untouched."""
     import torch
 
-    from .checkpoint_eagle31_mla import (
+    from ..model.checkpoint_eagle31_mla import (
         SAFETENSORS_DTYPE_NAMES,
         TENSOR_LAYOUTS,
         CheckpointError,
@@ -686,8 +686,8 @@ def convert(
         t2d_from_d2t,
         validate_checkpoint,
     )
-    from .configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES, ConfigError, Eagle31MLAConfig
-    from .modeling_eagle31_mla import Eagle31MLAForCausalLM
+    from ..model.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES, ConfigError, Eagle31MLAConfig
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     max_shard_size = parse_size(max_shard_size)
     if (prune_vocab is None) != (token_counts is None):
@@ -698,7 +698,7 @@ def convert(
         raise InputError(f"--prune-vocab: expected a positive integer, got {prune_vocab!r}")
     out_dtype = None
     if not (dtype is None or dtype == "keep"):
-        from .configuration_eagle31_mla import resolve_dtype
+        from ..model.configuration_eagle31_mla import resolve_dtype
 
         try:
             out_dtype = resolve_dtype(dtype, "--dtype")
@@ -716,7 +716,7 @@ def convert(
         ) from None
     if dst == dst.parent:
         raise InputError(f"DST {dst}: expected a folder to write, not the file-system root")
-    from .engines import probe_output_folder
+    from ..serving.engines import probe_output_folder
 
     probe_output_folder(dst, "DST")  # a destination that cannot be created fails before any work
     counts = read_token_counts(token_counts) if token_counts is not None else None  # read before the model
@@ -832,7 +832,7 @@ def convert(
         from importlib import resources
 
         for name in REMOTE_CODE_FILES:
-            small[name] = resources.files("eagle31_mla").joinpath(name).read_bytes()
+            small[name] = resources.files("eagle31_mla.model").joinpath(name).read_bytes()
         config_dict = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
         config_dict.pop("_name_or_path", None)
         config_dict["auto_map"] = dict(AUTO_MAP)
@@ -927,7 +927,7 @@ def _cast_watched(name: str, data: bytes, src, out, watch: dict[str, dict[str, i
     (overflow: they become inf) and nonzero values below its smallest subnormal (underflow: they become 0)."""
     import torch
 
-    from .checkpoint_eagle31_mla import finite_probe
+    from ..model.checkpoint_eagle31_mla import finite_probe
 
     if not src.is_floating_point:
         return _cast(data, src, out)
@@ -974,9 +974,9 @@ def model_card(
     kept_targets: Sequence[int] | None = None,
 ) -> str:
     """README.md for the converted folder: what it is, how its aux ids are written, how to serve it."""
-    from .aux_layers import aux_layer_ids_from_config
-    from .configuration_eagle31_mla import describe_rope
-    from .serving import serve_command
+    from ..model.aux_layers import aux_layer_ids_from_config
+    from ..model.configuration_eagle31_mla import describe_rope
+    from ..serving.command import serve_command
 
     ids, _ = aux_layer_ids_from_config(config)
     target = replace(KIMI_K3_TARGET, name=target_name)

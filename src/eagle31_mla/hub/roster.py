@@ -74,7 +74,7 @@ def roster_differences(
 def dtype_name(dtype: Any) -> str:
     """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name
     (``BF16`` -> ``bfloat16``)."""
-    from .checkpoint_eagle31_mla import SAFETENSORS_DTYPE_NAMES
+    from ..model.checkpoint_eagle31_mla import SAFETENSORS_DTYPE_NAMES
 
     name = str(dtype).removeprefix("torch.")
     return SAFETENSORS_DTYPE_NAMES.get(name, name)

@@ -1,8 +1,8 @@
 """What TokenSpeed does with an EAGLE-3 MLA draft (lightseekorg/tokenspeed 0.1.1; reference notes §5).
 
-Applied by :mod:`eagle31_mla.engines` / :mod:`eagle31_mla.doctor` (offline) and by the TokenSpeed plugin
+Applied by :mod:`eagle31_mla.serving.engines` / :mod:`eagle31_mla.serving.doctor` (offline) and by the TokenSpeed plugin
 (``eagle31_mla_tokenspeed``) at serve time. Its ``_MLA_ARCHITECTURES`` list holds one drafter name,
-:data:`~eagle31_mla.configuration_eagle31_mla.ENGINE_ARCHITECTURE`; any other name silently gets MHA.
+:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`; any other name silently gets MHA.
 Paths below are in the tokenspeed 0.1.1 wheel (``tokenspeed/``); ``tests/engines/test_tokenspeed_plugin.py``
 checks them against the installed package.
 """

@@ -1,0 +1,2 @@
+"""Training the drafter with test-time training: against a live Transformers target or from states captured
+with vLLM (the capture format and the capture), in one process or data-parallel under torchrun (FSDP2)."""
