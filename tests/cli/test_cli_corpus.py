@@ -1,56 +1,51 @@
-"""Every argument of every subcommand, enumerated from the real argparse parser, refuses bad values of each
+"""Every argument of every subcommand, enumerated from the real click commands, refuses bad values of each
 class its rule names (0, negative, nan, inf, text for numbers; missing file, folder for file, unwritable
 path, ...): exit 2, exactly one line on stderr naming the argument and what was expected, no traceback,
-before any work starts. A new argument without a bad-value rule (a type from eagle31_mla.cli or choices)
-fails test_every_argument_has_a_bad_value_rule. Most cases run main() in-process; a sample runs the
-real console entry point in a subprocess."""
+before any work starts. A new argument without a bad-value rule (a type from eagle31_mla.cli.params or a
+click.Choice) fails test_every_argument_has_a_bad_value_rule. Most cases run main() in-process; a sample
+runs the real console entry point in a subprocess."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
-from eagle31_mla.cli import build_parser, main
-
-NO_VALUE = (
-    argparse._StoreTrueAction,
-    argparse._StoreFalseAction,
-    argparse._StoreConstAction,
-    argparse._HelpAction,
-    argparse._VersionAction,
-    argparse._CountAction,
-)
+from eagle31_mla.cli import cli, main
 
 
-def subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+def subcommands() -> dict[str, click.Command]:
+    return dict(cli.commands)
 
 
-def value_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions if not isinstance(a, NO_VALUE)]
+def value_arguments(command: click.Command) -> list[click.Parameter]:
+    """The parameters that take a value: every click.Argument, every click.Option but flags and counts
+    (click adds --help itself, outside ``params``)."""
+    return [p for p in command.params if not (isinstance(p, click.Option) and (p.is_flag or p.count))]
 
 
-def name_of(action: argparse.Action) -> str:
-    """How argparse names the argument in its messages."""
-    return "/".join(action.option_strings) if action.option_strings else (action.metavar or action.dest)
+def name_of(param: click.Parameter) -> str:
+    """How the messages name the argument (as argparse did): its option strings, or a positional's metavar."""
+    return "/".join(param.opts) if isinstance(param, click.Option) else (param.metavar or param.name)
 
 
-def bad_classes(action: argparse.Action) -> list[str]:
-    classes = list(getattr(action.type, "bad", ()))
-    if action.choices is not None:
+def option_strings(param: click.Parameter) -> list[str]:
+    return list(param.opts) if isinstance(param, click.Option) else []
+
+
+def bad_classes(param: click.Parameter) -> list[str]:
+    classes = list(getattr(param.type, "bad", ()))
+    if isinstance(param.type, click.Choice):
         classes.append("choice")
     return classes
 
 
 CASES = [
-    (command, action.dest, cls)
+    (command, action.name, cls)
     for command, sub in subcommands().items()
     for action in value_arguments(sub)
     for cls in bad_classes(action)
@@ -64,7 +59,9 @@ def test_every_argument_has_a_bad_value_rule():
         for a in value_arguments(sub)
         if not bad_classes(a)
     ]
-    assert not missing, f"arguments without a bad-value rule (a type from eagle31_mla.cli, or choices): {missing}"
+    assert not missing, (
+        f"arguments without a bad-value rule (a type from eagle31_mla.cli.params, or choices): {missing}"
+    )
     assert set(subcommands()) <= set(BASELINE), (
         f"add a valid baseline command line for {set(subcommands()) - set(BASELINE)}"
     )
@@ -155,14 +152,16 @@ def command_line(
         values[dest] = value
     argv = [command]
     for action in value_arguments(subcommands()[command]):
-        if action.dest in values:
+        if action.name in values:
             argv += (
-                [values[action.dest]] if not action.option_strings else [action.option_strings[0], values[action.dest]]
+                [values[action.name]]
+                if not option_strings(action)
+                else [option_strings(action)[0], values[action.name]]
             )
     return argv
 
 
-def check_one_line(code: int, err: str, out: str, action: argparse.Action) -> str:
+def check_one_line(code: int, err: str, out: str, action: click.Parameter) -> str:
     assert "Traceback" not in err, err
     lines = err.strip("\n").splitlines()
     assert code == 2 and len(lines) == 1, (code, err)
@@ -176,7 +175,7 @@ def check_one_line(code: int, err: str, out: str, action: argparse.Action) -> st
 
 @pytest.mark.parametrize("command, dest, cls", CASES, ids=[f"{c}-{d}-{k}" for c, d, k in CASES])
 def test_bad_value_is_one_line_and_exit_2(command, dest, cls, files, capsys):
-    (action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == dest]
+    (action,) = [a for a in value_arguments(subcommands()[command]) if a.name == dest]
     argv = command_line(command, files, dest, class_value(cls, files))
     code = main(argv)
     captured = capsys.readouterr()
@@ -185,8 +184,8 @@ def test_bad_value_is_one_line_and_exit_2(command, dest, cls, files, capsys):
 
 def test_baselines_parse(files):
     """The baselines themselves are valid (so a refusal above is the bad value's)."""
-    for command in subcommands():
-        build_parser().parse_args(command_line(command, files))
+    for command, sub in subcommands().items():
+        sub.make_context(command, command_line(command, files)[1:])  # parsed and checked, not run
 
 
 # one bad value per subcommand through the real entry point, in a fresh process
@@ -205,7 +204,7 @@ SUBPROCESS = [
 
 @pytest.mark.parametrize("command, dest, cls", SUBPROCESS, ids=[f"{c}-{d}-{k}" for c, d, k in SUBPROCESS])
 def test_bad_value_in_a_real_process(command, dest, cls, files):
-    (action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == dest]
+    (action,) = [a for a in value_arguments(subcommands()[command]) if a.name == dest]
     argv = command_line(command, files, dest, class_value(cls, files))
     result = subprocess.run(
         [sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120
@@ -237,8 +236,8 @@ def test_rules_between_arguments_are_checked_first(command, changes, message, fi
     (files / "blank.txt").write_text("\n   \n\n")
     argv = command_line(command, files)
     for dest, value in changes.items():
-        (action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == dest]
-        argv += [action.option_strings[0], value.format(root=files)]
+        (action,) = [a for a in value_arguments(subcommands()[command]) if a.name == dest]
+        argv += [option_strings(action)[0], value.format(root=files)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -271,7 +270,7 @@ def test_help_still_works(capsys):
 # ---- no output path may be, contain or lie inside an input path (generated: outputs x inputs) ----------
 
 
-def _role_arguments(command: str, role: str) -> list[argparse.Action]:
+def _role_arguments(command: str, role: str) -> list[click.Parameter]:
     return [a for a in value_arguments(subcommands()[command]) if getattr(a.type, "role", None) == role]
 
 
@@ -286,7 +285,7 @@ OPTIONAL_INPUTS = {
     "init": "{root}/model",
     "conversations": "{root}/conversations.jsonl",
 }
-#: an optional input that excludes a baseline argument (argparse's mutually exclusive groups)
+#: an optional input that excludes a baseline argument (the commands' OneOf groups)
 EXCLUDES = {
     ("train", "data"): "text",
     ("capture", "prompts"): "text",
@@ -295,13 +294,13 @@ EXCLUDES = {
 }
 
 
-def _input_value(command: str, action: argparse.Action, root: Path) -> str:
-    value = BASELINE[command].get(action.dest) or OPTIONAL_INPUTS[action.dest]
+def _input_value(command: str, action: click.Parameter, root: Path) -> str:
+    value = BASELINE[command].get(action.name) or OPTIONAL_INPUTS[action.name]
     return value.format(root=root)
 
 
 COLLISIONS = [
-    (command, out.dest, inp.dest, how)
+    (command, out.name, inp.name, how)
     for command in subcommands()
     for out in _role_arguments(command, "output")
     for inp in _role_arguments(command, "input")
@@ -314,7 +313,7 @@ def test_every_output_is_checked_against_every_input():
     for command in subcommands():
         for inp in _role_arguments(command, "input"):
             if _role_arguments(command, "output"):
-                assert inp.dest in BASELINE[command] or inp.dest in OPTIONAL_INPUTS, (
+                assert inp.name in BASELINE[command] or inp.name in OPTIONAL_INPUTS, (
                     f"{command} {name_of(inp)}: no value"
                 )
 
@@ -322,8 +321,8 @@ def test_every_output_is_checked_against_every_input():
 @pytest.mark.parametrize("command, out_dest, in_dest, how", COLLISIONS, ids=["-".join(c) for c in COLLISIONS])
 def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, how, files, capsys):
     (files / "counts.txt").write_text("5 3\n")
-    (out_action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == out_dest]
-    (in_action,) = [a for a in value_arguments(subcommands()[command]) if a.dest == in_dest]
+    (out_action,) = [a for a in value_arguments(subcommands()[command]) if a.name == out_dest]
+    (in_action,) = [a for a in value_arguments(subcommands()[command]) if a.name == in_dest]
     in_text = _input_value(command, in_action, files)
     given = Path(in_text)
     out = {
@@ -334,7 +333,7 @@ def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, ho
     }[how]
     argv = command_line(command, files, out_dest, str(out), drop=EXCLUDES.get((command, in_dest)))
     if in_dest not in BASELINE[command]:
-        argv += [in_action.option_strings[0], in_text]
+        argv += [option_strings(in_action)[0], in_text]
     before = {p: p.read_bytes() for p in files.rglob("*") if p.is_file() and not p.is_symlink()}
     code = main(argv)
     captured = capsys.readouterr()
@@ -385,10 +384,10 @@ def test_a_closed_pipe_is_quiet(tmp_path):
 def test_an_exception_in_a_type_function_is_one_line(monkeypatch, capsys):
     import eagle31_mla.cli as cli
 
-    parser = cli.build_parser()
+    group = cli.cli  # the command line is declared before Path.exists is broken
     monkeypatch.setattr(Path, "exists", lambda self: (_ for _ in ()).throw(OSError(36, "File name too long")))
     code = cli.main(["inspect", "/tmp/" + "x" * 300])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "argument PATH_OR_ID" in err and "File name too long" in err, err
-    del parser
+    del group

@@ -67,6 +67,19 @@ def _library_modules(module: str, names: list[str]) -> set[str]:
     return loaded
 
 
+def _loaded_by_package(module: str, src: Path) -> set[str]:
+    """The submodules a package's ``__init__`` imports at module level: importing the package loads them too
+    (``from eagle31_mla.cli import main`` loads every subcommand module)."""
+    init = src.joinpath(*module.split("."), "__init__.py")
+    if not init.is_file():
+        return set()
+    loaded = set()
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            loaded |= {f"{module}.{node.module}"} if node.module else {f"{module}.{a.name}" for a in node.names}
+    return loaded
+
+
 def uncovered(src: Path, tests: Path) -> list[str]:
     """The modules using transformers that no marked test module imports (empty when the selection covers them)."""
     covered = set()
@@ -74,12 +87,18 @@ def uncovered(src: Path, tests: Path) -> list[str]:
         tree = ast.parse(path.read_text())
         if is_marked(tree):
             for module, names in _imports(tree):
-                covered |= _library_modules(module, names)
+                for loaded in _library_modules(module, names):
+                    covered |= {loaded, *_loaded_by_package(loaded, src)}
     return sorted(modules_using_transformers(src) - covered)
 
 
 def test_every_module_that_imports_transformers_is_in_the_selection():
-    assert modules_using_transformers(ROOT / "src") >= {f"{PACKAGE}.model.modeling_eagle31_mla", f"{PACKAGE}.cli"}
+    assert modules_using_transformers(ROOT / "src") >= {
+        f"{PACKAGE}.model.modeling_eagle31_mla",
+        f"{PACKAGE}.cli.acceptance",
+        f"{PACKAGE}.cli.capture",
+        f"{PACKAGE}.cli.train",
+    }
     missing = uncovered(ROOT / "src", ROOT / "tests")
     assert not missing, (
         f"these modules import transformers, but no test module marked `{MARKER}` imports them, so the other "
@@ -98,3 +117,17 @@ def test_the_check_can_fail(tmp_path):
     assert uncovered(tmp_path / "src", tmp_path / "tests") == [f"{PACKAGE}.brand_new"]
     test.write_text(f"import pytest\n\nfrom {PACKAGE}.brand_new import f\n\npytestmark = pytest.mark.{MARKER}\n")
     assert uncovered(tmp_path / "src", tmp_path / "tests") == []
+
+
+def test_a_package_covers_the_submodules_it_imports(tmp_path):
+    """A marked test importing a package covers the submodules the package's ``__init__`` imports (the CLI's
+    subcommands), and only those."""
+    package = tmp_path / "src" / PACKAGE / "tool"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from . import loaded\n\n\ndef main():\n    from . import lazy\n")
+    for name in ("loaded", "lazy"):
+        (package / f"{name}.py").write_text("def f():\n    from transformers import AutoConfig\n")
+    (tmp_path / "tests").mkdir()
+    test = tmp_path / "tests" / "test_tool.py"
+    test.write_text(f"import pytest\n\nfrom {PACKAGE}.tool import main\n\npytestmark = pytest.mark.{MARKER}\n")
+    assert uncovered(tmp_path / "src", tmp_path / "tests") == [f"{PACKAGE}.tool.lazy"]

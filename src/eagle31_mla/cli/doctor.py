@@ -1,0 +1,87 @@
+"""``eagle31-mla doctor``: the silent misconfigurations of a draft + target + engine, with fixes."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+from . import params
+from .common import error, option, subcommand
+
+
+@subcommand("doctor", "find silent misconfigurations of a draft + target + engine, with fixes")
+@option("--draft", type=params.CONFIG, metavar="PATH_OR_ID", help="the drafter: folder, config.json, or Hub repo id")
+@option(
+    "--target", type=params.CONFIG, metavar="PATH_OR_ID", help="the target model: folder, config.json, or Hub repo id"
+)
+@option("--engine", type=params.Choice(["vllm", "sglang", "tokenspeed"]))
+@option(
+    "--engine-version", type=params.VERSION, metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)"
+)
+@option("--with-plugin", is_flag=True, help="assume this project's plugin is installed where the engine runs")
+@option(
+    "--eagle3-layers-to-capture",
+    type=params.LAYER_IDS,
+    metavar="IDS",
+    help="TokenSpeed: the flag value you will pass, e.g. 2,46,90",
+)
+@option(
+    "--env",
+    multiple=True,
+    type=params.ENV_ASSIGNMENT,
+    metavar="NAME=VALUE",
+    help="the serving environment (default: this shell's), e.g. VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0",
+)
+@option("--json", is_flag=True, help="machine-readable output")
+@option("--list-checks", is_flag=True, help="list every check id and what it catches")
+def doctor(args: SimpleNamespace) -> int:
+    """Find every silent misconfiguration of a draft + target + engine (aux ids and their convention per
+    engine and release, vLLM's V2-runner and target_layer_ids traps, SGLang's first-id rule, Kimi-K3
+    capture and stream, EAGLE-3.1 support, MLA detection, depth, vocabulary, sizes, bos/eos), each with
+    its exact fix. Reads only the two config.json files. Exit 0 only when nothing is wrong."""
+    from ..serving.doctor import CHECKS, diagnose
+    from ..serving.engines import InputError, Target, looks_like_a_drafter, read_config_json
+
+    if args.list_checks:
+        for check, what in CHECKS.items():
+            print(f"{check:<30} {what}")
+        return 0
+    missing = [
+        flag
+        for flag, value in (("--draft", args.draft), ("--target", args.target), ("--engine", args.engine))
+        if not value
+    ]
+    if missing:
+        return error(f"doctor needs {', '.join(missing)}")
+    environ = dict(os.environ)
+    for item in args.env:
+        if "=" not in item:
+            return error(f"--env expects NAME=VALUE, got {item!r}")
+        name, value = item.split("=", 1)
+        environ[name] = value
+    try:
+        layers = args.eagle3_layers_to_capture
+        if layers is not None and args.engine != "tokenspeed":
+            raise ValueError("--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)")
+        draft, _ = read_config_json(args.draft)
+        target_config, _ = read_config_json(args.target)
+        if looks_like_a_drafter(target_config) and not looks_like_a_drafter(draft):
+            raise InputError(
+                f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
+                "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET"
+            )
+        report = diagnose(
+            draft,
+            Target.from_config(target_config, args.target),
+            args.engine,
+            args.engine_version,
+            environ=environ,
+            with_plugin=args.with_plugin,
+            layers_to_capture=layers,
+            draft_name=args.draft,
+        )
+    except (InputError, ValueError) as err:
+        return error(str(err))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1

@@ -1,0 +1,274 @@
+"""``eagle31-mla train`` (and ``torchrun -m eagle31_mla.train``): a drafter trained against a target with
+test-time training, live or from captured states."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from . import params
+from .common import OneOf, error, option, resolve_device, subcommand
+
+
+@subcommand(
+    "train",
+    "train a drafter against a target with test-time training",
+    one_of=(OneOf(("text", "conversations", "data"), required=True),),
+)
+@option("--target", required=True, type=params.MODEL, help="the target: a Transformers causal LM folder or Hub id")
+@option("--text", type=params.EXISTING_FILE, help='training text: one document per line, or JSONL with "text"')
+@option(
+    "--conversations",
+    type=params.EXISTING_FILE,
+    help='JSONL, one {"messages": [...]} per line: rendered with the target\'s chat template, the loss on '
+    "assistant content only; each conversation one sequence of at most --seq-len tokens",
+)
+@option(
+    "--data",
+    type=params.CAPTURE_FOLDER,
+    help="target states captured by `eagle31-mla capture` (no target model is run; --target gives the "
+    "drafter's embeddings and lm_head, read from its checkpoint)",
+)
+@option("--out", required=True, type=params.OUTPUT_FOLDER, help="output folder (published layout); resumes from it")
+@option(
+    "--aux-layers",
+    type=params.ONE_BASED_IDS,
+    metavar="IDS",
+    help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)",
+)
+@option(
+    "--init",
+    type=params.MODEL,
+    help="fine-tune this drafter (its aux layers; TorchSpec's recipe: lr 2e-5, AdamW 0.9/0.999, 7 steps "
+    "weighted 0.8^k, bf16 compute on float32 weights, bf16 export; the embedding reloaded from the target)",
+)
+@option("--eagle3", is_flag=True, help="plain EAGLE-3 (no fc_norm, no norm_output)")
+@option("--steps", type=params.POSITIVE_INT, default=1000)
+@option("--batch-size", type=params.POSITIVE_INT, default=16)
+@option("--seq-len", type=params.POSITIVE_INT, default=128, help="tokens per sequence, > --depth (default 128)")
+@option("--depth", type=params.POSITIVE_INT, default=None, help="TTT unroll depth (default 4; --init: 7)")
+@option("--last-turn-only", is_flag=True, help="--conversations: the loss on the last assistant turn only")
+@option(
+    "--anchors",
+    type=params.POSITIVE_INT,
+    default=None,
+    help="anchored TTT as TorchSpec samples it: every depth trained at N anchors per sequence",
+)
+@option(
+    "--anchor-max-gap",
+    type=params.COUNT,
+    default=None,
+    help="--anchors: trained positions between neighbouring anchors at most (default: --depth)",
+)
+@option("--lr", type=params.POSITIVE_FLOAT, default=None, help="learning rate (default 3e-3; --init: 2e-5)")
+@option("--save-every", type=params.POSITIVE_INT, default=250, help="steps between checkpoints (default 250)")
+@option(
+    "--micro-batch",
+    type=params.POSITIVE_INT,
+    default=None,
+    help="under torchrun: sequences per forward on a rank (gradient accumulation up to --batch-size / ranks)",
+)
+@option("--seed", type=params.SEED, default=0)
+@option("--device", default="auto", type=params.DEVICE, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+@option("--quiet", is_flag=True, help="no progress bar")
+def train(args: SimpleNamespace) -> int:
+    """Train a drafter against a Transformers target with test-time training on a local text file
+    (one document per line, or JSONL with a "text" field), or on target states captured with vLLM
+    (--data, from `eagle31-mla capture`: no target model runs). --init fine-tunes an existing drafter with
+    the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
+    init_ids = None
+    if args.init is not None:
+        from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+        from ..serving.engines import InputError, read_config_json
+
+        try:
+            init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
+        except (InputError, AuxLayerIdError) as err:
+            return error(f"argument --init: {err}")
+        if args.aux_layers and list(args.aux_layers) != init_ids:
+            return error(
+                f"argument --aux-layers: the --init drafter reads aux layers {init_ids}, not {args.aux_layers}"
+            )
+        if args.eagle3:
+            return error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
+    args.aux_layers = init_ids or args.aux_layers
+    if args.depth is None:
+        args.depth = 7 if args.init else 4
+    if args.lr is None:
+        args.lr = 2e-5 if args.init else 3e-3
+    if args.seq_len <= args.depth:
+        return error(
+            f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
+            f"a next token to predict), got {args.seq_len}"
+        )
+    if args.last_turn_only and not args.conversations:
+        return error("argument --last-turn-only: applies to --conversations only")
+    if args.anchor_max_gap is not None and args.anchors is None:
+        return error("argument --anchor-max-gap: applies to --anchors only")
+    if args.data is not None:
+        return _train_on_captured(args)
+    from ..training.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        return error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
+    from ..decoding.prompts import PromptError, conversation_sequences, read_corpus
+    from ..serving.engines import InputError, check_roles, probe_output_folder, read_config_json
+
+    try:  # everything that can be checked before the target's weights are loaded
+        target_json, _ = read_config_json(args.target)
+        check_roles(target_json, None, args.target)
+        try:
+            texts = read_corpus(args.text) if args.text else None  # conversations: read once, with the tokenizer
+        except PromptError as err:
+            return error(f"argument --text: {err}")
+        probe_output_folder(args.out, "argument --out")
+        device = resolve_device(args.device)
+        from transformers import AutoConfig
+
+        target_config = AutoConfig.from_pretrained(args.target).get_text_config()
+    except (InputError, OSError, UnicodeDecodeError, ValueError) as err:
+        return error(str(err))
+    depth = getattr(target_config, "num_hidden_layers", None)
+    if args.aux_layers and isinstance(depth, int) and max(args.aux_layers) > depth:
+        return error(
+            f"argument --aux-layers: expected one-based ids <= {depth} (the target's depth), got "
+            f"{','.join(map(str, args.aux_layers))}"
+        )
+    limit = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(limit, int) and args.seq_len > limit:
+        return error(
+            f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}"
+        )
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..training.trainer import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
+
+    ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
+    masks = None
+    try:  # what the user named must exist and load; a failure here is input, not a bug
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        if args.conversations:  # before the weights load
+            sequences, masks, left_out = conversation_sequences(
+                args.conversations,
+                tokenizer,
+                args.seq_len,
+                last_turn_only=args.last_turn_only,
+                vocab_size=getattr(target_config, "vocab_size", None),
+            )
+            if left_out:
+                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
+        else:
+            sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
+        if len(sequences) < args.batch_size:
+            source = f"--conversations: {args.conversations} gives" if masks else f"--text: {args.text} gives"
+            return error(
+                f"argument {source} {len(sequences)} sequences of at most {args.seq_len} tokens (--seq-len); "
+                f"expected at least --batch-size {args.batch_size}"
+            )
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
+    except PromptError as err:
+        return error(f"argument --conversations: {err}")
+    except (OSError, ValueError) as err:
+        return error(str(err))
+    if args.init:
+        from ..training.trainer import drafter_to_finetune
+
+        try:
+            drafter = drafter_to_finetune(args.init, target.get_input_embeddings().weight)
+        except (OSError, ValueError) as err:
+            return error(f"argument --init: {err}")
+    else:
+        drafter = drafter_for_target(
+            target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+        )
+    config = _training_config(args, args.seq_len)
+    train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet, loss_masks=masks)
+    print(
+        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
+        f"{drafter.config.aux_layer_ids.describe()})"
+    )
+    return 0
+
+
+def _training_config(args: SimpleNamespace, seq_len: int):
+    """From scratch: the defaults; --init: TorchSpec's fine-tuning recipe (TrainingConfig.finetune)."""
+    from ..training.trainer import TrainingConfig
+
+    chosen = dict(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=seq_len,
+        depth=args.depth,
+        lr=args.lr,
+        num_anchors=args.anchors,
+        anchor_max_gap=args.anchor_max_gap,
+        seed=args.seed,
+        save_every=args.save_every,
+    )
+    return TrainingConfig.finetune(**chosen) if args.init else TrainingConfig(**chosen)
+
+
+def _train_on_captured(args: SimpleNamespace) -> int:
+    from ..serving.engines import InputError, Target, check_roles, read_config_json
+    from ..training.captured import CapturedDataError, CapturedStates
+
+    try:
+        target_json, _ = read_config_json(args.target)
+        check_roles(target_json, None, args.target)
+        data = CapturedStates(args.data)
+        target = Target.from_config(target_json, args.target)
+        captured = data.manifest.target
+        found = (target.num_layers, target.hidden_size, target.vocab_size)
+        wanted = (captured["num_hidden_layers"], captured["hidden_size"], captured["vocab_size"])
+        if found != wanted:
+            raise InputError(
+                f"argument --data: captured from a target with (layers, hidden size, vocabulary) {wanted}, but "
+                f"--target {args.target} has {found}; give the target the capture was made with"
+            )
+        ids = data.manifest.aux_layer_ids
+        if args.aux_layers and list(args.aux_layers) != ids:
+            raise InputError(
+                f"argument --aux-layers: the capture holds aux layers {ids} (one-based), not {args.aux_layers}"
+            )
+        if len(data) < args.batch_size:
+            raise InputError(
+                f"argument --data: {len(data)} captured sequences; expected at least --batch-size {args.batch_size}"
+            )
+        device = resolve_device(args.device)
+    except (InputError, CapturedDataError, OSError, ValueError) as err:
+        return error(str(err))
+    import torch
+
+    from ..training.trainer import CapturedTarget, drafter_from_files, train_on
+
+    torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
+    if args.init:
+        from ..training.trainer import drafter_to_finetune, target_embeddings
+
+        try:
+            drafter = drafter_to_finetune(args.init, target_embeddings(args.target)[0])
+        except (OSError, ValueError) as err:
+            return error(f"argument --init: {err}")
+    else:
+        drafter = drafter_from_files(
+            args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+        )
+    states = CapturedTarget(data, target.vocab_size, device)
+    config = _training_config(args, data.longest)
+    from ..training.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        from ..training.distributed import train_distributed
+
+        train_distributed(states, drafter, args.out, config, micro_batch=args.micro_batch, progress=not args.quiet)
+        if int(os.environ.get("RANK", 0)):
+            return 0  # rank 0 reports
+    else:
+        train_on(states, drafter, args.out, config, progress=not args.quiet)
+    print(
+        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
+        f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
+    )
+    return 0
