@@ -1,9 +1,12 @@
 """Accept length of a running deployment: ``eagle31-mla acceptance --server URL`` (no model loaded here).
 
 The prompts of a prompts file (:func:`eagle31_mla.decoding.prompts.read_prompt_lines`, checked by FILE:LINE) go to the
-server's OpenAI endpoints (``/v1/completions``: text, or token ids for an id-list / ``input_ids`` prompt;
-``/v1/chat/completions``: ``messages``, and text prompts under ``chat=True``), greedy by default, non-streaming,
-``concurrency`` at a time. Acceptance is read the way each engine reports it (the facts, each with its source,
+server's OpenAI endpoints with the ``openai`` client (``/v1/completions``: text, or token ids for an id-list /
+``input_ids`` prompt; ``/v1/chat/completions``: ``messages``, and text prompts under ``chat=True``), greedy by
+default, non-streaming, ``concurrency`` at a time (a :class:`~concurrent.futures.ThreadPoolExecutor`). What is not
+OpenAI's API travels in the client's ``extra_body`` (``ignore_eos``, SGLang's ``return_spec_tokens_details``,
+TokenSpeed's ``rid``) and comes back among the response's extra fields (SGLang's ``sglext``, vLLM's ``metrics``).
+Acceptance is read the way each engine reports it (the facts, each with its source,
 are in :mod:`eagle31_mla.serving.engine_facts`):
 
 * **vLLM**: the speculative-decoding counters of its Prometheus ``/metrics`` (drafts, draft tokens, accepted
@@ -42,8 +45,9 @@ runs) the tolerance is :data:`NO_INTERVAL_TOLERANCE`. A drop beyond that names t
 misconfiguration (:func:`likely_causes`) and the ``eagle31-mla doctor`` command to run.
 
 Errors (unreachable, not an OpenAI server, no speculative decoding, metrics disabled, wrong engine, a log
-without acceptance lines, a refused request) are :class:`LiveError`: one line; the CLI exits 2 and writes
-nothing. Standard library HTTP only (``urllib``), threads for concurrency.
+without acceptance lines, a refused request, no answer in time) are :class:`LiveError`: one line; the CLI exits 2
+and writes nothing. The client's own errors (no connection, timeout, an HTTP status) become them in
+:meth:`_Server.request`.
 """
 
 from __future__ import annotations
@@ -51,17 +55,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import re
 import secrets
 import shlex
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -683,47 +684,63 @@ def compare(
     return verdict
 
 
-# ---- HTTP ---------------------------------------------------------------------------------------------
+# ---- HTTP: the openai client ---------------------------------------------------------------------------
 
 
 class _Client:
-    """JSON / text over HTTP with the standard library; every call bounded by ``timeout`` seconds."""
+    """The server at ``url`` through the ``openai`` client, as users talk to it: every request bounded by
+    ``timeout`` seconds (to connect, to send, and each wait for the answer: a whole generation, nothing streams),
+    never retried. ``/metrics``, ``/version`` and ``/server_info`` are not OpenAI endpoints: they go through the
+    client's generic ``get`` at their absolute URL (openai's way to other endpoints), so over its HTTP library with
+    its timeout and its errors, which :meth:`request` maps, rather than through that library directly (httpx or
+    httpx2 depending on the openai release). A context manager: leaving it closes the client's connections."""
 
     def __init__(self, url: str, timeout: float):
+        import openai
+
         self.base = url.rstrip("/").removesuffix("/v1").rstrip("/")
         self.timeout = timeout
+        try:  # the key vLLM's docs pass to a server started without --api-key (one with it answers HTTP 401)
+            self.openai = openai.OpenAI(base_url=self.base + "/v1", api_key="EMPTY", timeout=timeout, max_retries=0)
+        except Exception as err:  # noqa: BLE001 - a URL its HTTP library refuses (InvalidURL: httpx's or httpx2's)
+            raise LiveError(f"cannot reach {self.base}: {err}") from None
 
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json, text/plain;q=0.9"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.openai.close()
+
+    def request(self, path: str, call: Callable[[], Any]) -> tuple[int, Any]:
+        """``call()``, the openai client's request to ``path``, as (HTTP status, answer). 200 and the answer as the
+        server wrote it: a typed response dumped with the API's names and the engines' own fields, which the client
+        keeps as extra fields (``sglext``, ``metrics``); JSON or text otherwise (None for a body labelled JSON that
+        is not). For a refusal its status and JSON body (None when not JSON). No answer is a :class:`LiveError`."""
+        import openai
+
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as err:
+            answer = call()
+            if isinstance(answer, openai.BaseModel):
+                answer = answer.model_dump(by_alias=True, exclude_unset=True, warnings=False)
+            return 200, answer
+        except openai.APIStatusError as err:  # any status but 2xx
             try:
-                payload = err.read()
-            except OSError:
-                payload = b""
-            return err.code, payload
-        except (urllib.error.URLError, OSError, ValueError) as err:  # refused, DNS, timeout, reset, bad URL
-            reason = getattr(err, "reason", None) or err
-            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-                reason = f"no answer within {self.timeout:g} s (--timeout)"
-            raise LiveError(f"cannot reach {self.base}{path}: {reason}") from None
+                return err.status_code, err.response.json()
+            except ValueError:
+                return err.status_code, None
+        except openai.APITimeoutError:  # before APIConnectionError, its base class
+            reason = f"no answer within {self.timeout:g} s (--timeout)"
+        except openai.APIConnectionError as err:  # refused, DNS, reset, a scheme the HTTP library cannot send to
+            reason = err.__cause__ or err
+        except ValueError:  # json.JSONDecodeError: a 2xx answer labelled JSON that is not
+            return 200, None
+        raise LiveError(f"cannot reach {self.base}{path}: {reason}") from None
 
-    def json(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
-        status, payload = self.call(method, path, body)
-        try:
-            return status, json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return status, None
-
-    def text(self, path: str) -> tuple[int, str]:
-        status, payload = self.call("GET", path)
-        return status, payload.decode("utf-8", errors="replace")
+    def get(self, path: str, *, text: bool = False) -> tuple[int, Any]:
+        """GET ``path`` (from the server's root): its JSON (a str when the answer is not JSON), or its text."""
+        options: dict[str, Any] = {"headers": {"Accept": "text/plain"}} if text else {}
+        cast_to = str if text else object
+        return self.request(path, lambda: self.openai.get(self.base + path, cast_to=cast_to, options=options))
 
 
 def _message(status: int, payload) -> str:
@@ -769,7 +786,8 @@ def _request(prompt, chat: bool) -> tuple[str, dict]:
 
 
 def _models(client: _Client) -> list[dict]:
-    status, payload = client.json("GET", "/v1/models")
+    # the client's get, not its models.list(): an answer that is no list of models must become the error below
+    status, payload = client.get("/v1/models")
     data = payload.get("data") if isinstance(payload, dict) else None
     if status != 200 or not isinstance(data, list) or not all(isinstance(m, dict) and "id" in m for m in data):
         shown = _message(status, payload) if payload is not None else f"HTTP {status}, not JSON"
@@ -790,7 +808,7 @@ def _wrong_engine(engine: str, actual: str, how: str) -> LiveError:
 
 
 def _scrape(client: _Client) -> tuple[int, list[Sample]]:
-    status, text = client.text("/metrics")
+    status, text = client.get("/metrics", text=True)
     return status, parse_prometheus(text) if status == 200 else []
 
 
@@ -861,11 +879,11 @@ def _version(client: _Client, engine: str) -> tuple[str | None, dict | None]:
     """The engine's version and (SGLang) its server arguments, when the server says; never an error."""
     try:
         if engine == "vllm":
-            status, payload = client.json("GET", vllm_facts.VERSION_PATH)
+            status, payload = client.get(vllm_facts.VERSION_PATH)
             version = payload.get("version") if status == 200 and isinstance(payload, dict) else None
             return (version if isinstance(version, str) else None), None
         if engine == "sglang":
-            status, payload = client.json("GET", sglang_facts.SERVER_INFO_PATH)
+            status, payload = client.get(sglang_facts.SERVER_INFO_PATH)
             if status == 200 and isinstance(payload, dict):
                 version = payload.get("version")
                 return (version if isinstance(version, str) else None), payload
@@ -976,102 +994,104 @@ def measure_server(
     lines = read_prompt_lines(prompts)[:limit]
     if not lines:
         raise LiveError(f"{prompts}: expected at least one prompt, the file has none")
-    client = _Client(url, timeout)
     notes: list[str] = []
+    with _Client(url, timeout) as client:
+        entry, counters, version, target, draft = _probe_server(client, engine, model)
+        log_path = Path(log).expanduser() if log is not None else None
+        log_start = log_path.stat().st_size if log_path is not None else 0
+        run = secrets.token_hex(4)
 
-    entry, counters, version, target, draft = _probe_server(client, engine, model)
-    log_path = Path(log).expanduser() if log is not None else None
-    log_start = log_path.stat().st_size if log_path is not None else 0
-    run = secrets.token_hex(4)
-
-    def send(i: int) -> _Result:
-        where, prompt = lines[i]
-        endpoint, body = _request(prompt, chat)
-        body.update(model=entry["id"], max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=1)
-        body["stream"] = False
-        if ignore_eos:
-            body["ignore_eos"] = True
-        if engine == "sglang":
-            body[sglang_facts.SPEC_DETAILS_REQUEST_FIELD] = True
-        rid = None
-        if engine == "tokenspeed":
-            rid = body[tokenspeed_facts.REQUEST_ID_FIELD] = f"eagle31-{run}-{i}"
-        start = time.perf_counter()
-        try:
-            status, payload = client.json("POST", endpoint, body)
-        except LiveError as err:
-            raise LiveError(f"{where}: {err}") from None
-        latency = time.perf_counter() - start
-        if status != 200:
-            raise LiveError(f"{where}: the server refused the request to {endpoint}: {_message(status, payload)}")
-        usage = payload.get("usage") if isinstance(payload, dict) else None
-        choices = payload.get("choices") if isinstance(payload, dict) else None
-        completion = _int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-        if completion is None or not isinstance(choices, list) or not choices:
-            raise LiveError(
-                f"{where}: the answer of {endpoint} is not an OpenAI completion (no choices or no "
-                "usage.completion_tokens)"
+        def send(i: int) -> _Result:
+            where, prompt = lines[i]
+            endpoint, body = _request(prompt, chat)
+            chat_api = endpoint == "/v1/chat/completions"
+            api = client.openai.chat.completions if chat_api else client.openai.completions
+            # what OpenAI's API does not have goes in extra_body: ignore_eos (a sampling option of vLLM, SGLang
+            # and TokenSpeed), SGLang's return_spec_tokens_details, TokenSpeed's rid
+            extra: dict[str, Any] = {"ignore_eos": True} if ignore_eos else {}
+            if engine == "sglang":
+                extra[sglang_facts.SPEC_DETAILS_REQUEST_FIELD] = True
+            rid = None
+            if engine == "tokenspeed":
+                rid = extra[tokenspeed_facts.REQUEST_ID_FIELD] = f"eagle31-{run}-{i}"
+            body.update(model=entry["id"], max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=1)
+            body["stream"] = False
+            start = time.perf_counter()
+            try:
+                status, payload = client.request(endpoint, lambda: api.create(**body, extra_body=extra or None))
+            except LiveError as err:
+                raise LiveError(f"{where}: {err}") from None
+            latency = time.perf_counter() - start
+            if status != 200:
+                raise LiveError(f"{where}: the server refused the request to {endpoint}: {_message(status, payload)}")
+            usage = payload.get("usage") if isinstance(payload, dict) else None
+            choices = payload.get("choices") if isinstance(payload, dict) else None
+            completion = _int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+            if completion is None or not isinstance(choices, list) or not choices:
+                raise LiveError(
+                    f"{where}: the answer of {endpoint} is not an OpenAI completion (no choices or no "
+                    "usage.completion_tokens)"
+                )
+            choice = choices[0] if isinstance(choices[0], dict) else {}
+            text = choice.get("text")
+            if text is None and isinstance(choice.get("message"), dict):
+                text = choice["message"].get("content")
+            acceptance = {
+                "vllm": vllm_response_acceptance,
+                "sglang": sglang_response_acceptance,
+                "tokenspeed": tokenspeed_response_acceptance,
+            }[engine](payload)
+            if acceptance is None and completion >= 2 and not (engine == "vllm" and counters is not None):
+                if not (engine == "tokenspeed" and log_path is not None):
+                    raise _no_acceptance(engine, where, payload, log_path is not None)
+            if acceptance is None and completion < 2 and engine != "vllm":
+                acceptance = Acceptance(0, 0, 0, source=f"{engine}-response")  # the prefill token only: no round
+            return _Result(
+                index=i,
+                where=where,
+                prompt_tokens=_int(usage.get("prompt_tokens")),
+                completion_tokens=completion,
+                finish_reason=choice.get("finish_reason"),
+                text=text if isinstance(text, str) else "",
+                latency=latency,
+                rid=rid,
+                acceptance=acceptance,
+                response_id=payload.get("id") if isinstance(payload.get("id"), str) else None,
             )
-        choice = choices[0] if isinstance(choices[0], dict) else {}
-        text = choice.get("text")
-        if text is None and isinstance(choice.get("message"), dict):
-            text = choice["message"].get("content")
-        acceptance = {
-            "vllm": vllm_response_acceptance,
-            "sglang": sglang_response_acceptance,
-            "tokenspeed": tokenspeed_response_acceptance,
-        }[engine](payload)
-        if acceptance is None and completion >= 2 and not (engine == "vllm" and counters is not None):
-            if not (engine == "tokenspeed" and log_path is not None):
-                raise _no_acceptance(engine, where, payload, log_path is not None)
-        if acceptance is None and completion < 2 and engine != "vllm":
-            acceptance = Acceptance(0, 0, 0, source=f"{engine}-response")  # the prefill token only: no round
-        return _Result(
-            index=i,
-            where=where,
-            prompt_tokens=_int(usage.get("prompt_tokens")),
-            completion_tokens=completion,
-            finish_reason=choice.get("finish_reason"),
-            text=text if isinstance(text, str) else "",
-            latency=latency,
-            rid=rid,
-            acceptance=acceptance,
-            response_id=payload.get("id") if isinstance(payload.get("id"), str) else None,
-        )
 
-    from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-    results: dict[int, _Result] = {}
-    deltas: dict[int, Acceptance] = {}
-    bar = tqdm(total=len(lines), desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
-    run_before = counters
-    request_time = 0.0
-    wall_start = time.perf_counter()
-    try:
-        if concurrency == 1:
-            before = counters
-            for i in range(len(lines)):
-                result = send(i)
-                results[i] = result
-                request_time += result.latency
-                if before is not None:
-                    steps = len(before.per_position) or None
-                    after = _settled_counters(client, before, _min_rounds(result.completion_tokens, steps))
-                    deltas[i] = after - before
-                    before = after
-                _postfix(bar, results, deltas)
-                bar.update(1)
-        else:
-            _run_concurrently(send, len(lines), concurrency, results, bar, deltas)
-            request_time = time.perf_counter() - wall_start
-    finally:
-        bar.close()
-    wall = time.perf_counter() - wall_start
-    run_delta = None
-    if run_before is not None:
-        steps = len(run_before.per_position) or None
-        least = sum(_min_rounds(r.completion_tokens, steps) for r in results.values())
-        run_delta = _settled_counters(client, run_before, least) - run_before
+        results: dict[int, _Result] = {}
+        deltas: dict[int, Acceptance] = {}
+        bar = tqdm(total=len(lines), desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
+        run_before = counters
+        request_time = 0.0
+        wall_start = time.perf_counter()
+        try:
+            if concurrency == 1:
+                before = counters
+                for i in range(len(lines)):
+                    result = send(i)
+                    results[i] = result
+                    request_time += result.latency
+                    if before is not None:
+                        steps = len(before.per_position) or None
+                        after = _settled_counters(client, before, _min_rounds(result.completion_tokens, steps))
+                        deltas[i] = after - before
+                        before = after
+                    _postfix(bar, results, deltas)
+                    bar.update(1)
+            else:
+                _run_concurrently(send, len(lines), concurrency, results, bar, deltas)
+                request_time = time.perf_counter() - wall_start
+        finally:
+            bar.close()
+        wall = time.perf_counter() - wall_start
+        run_delta = None
+        if run_before is not None:
+            steps = len(run_before.per_position) or None
+            least = sum(_min_rounds(r.completion_tokens, steps) for r in results.values())
+            run_delta = _settled_counters(client, run_before, least) - run_before
 
     # attribution
     ordered = [results[i] for i in range(len(lines))]
@@ -1204,46 +1224,18 @@ def _postfix(bar, results: dict, deltas: dict) -> None:
 
 
 def _run_concurrently(send, n: int, concurrency: int, results: dict, bar, deltas: dict) -> None:
-    """``send(i)`` for i < n on ``concurrency`` daemon threads; the first error stops the run and is raised
-    here (Ctrl-C reaches this thread: it only ever waits with a timeout)."""
-    todo: queue.Queue[int] = queue.Queue()
-    for i in range(n):
-        todo.put(i)
-    done: queue.Queue[tuple[int, Any]] = queue.Queue()
-    stop = threading.Event()
-
-    def worker():
-        while not stop.is_set():
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                done.put((i, send(i)))
-            except BaseException as err:  # noqa: BLE001 - handed to the main thread
-                done.put((i, err))
-                return
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, n))]
-    for t in threads:
-        t.start()
-    finished = 0
+    """``send(i)`` for i < n, ``concurrency`` at a time. The first error (or Ctrl-C) is raised here and cancels the
+    requests not yet sent; those in flight are left to end (each within --timeout; the interpreter waits for them
+    at exit)."""
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, n), thread_name_prefix="eagle31-acceptance")
     try:
-        while finished < n:
-            try:
-                i, result = done.get(timeout=0.2)
-            except queue.Empty:
-                if not any(t.is_alive() for t in threads) and done.empty():
-                    raise LiveError("the request threads stopped before every request was answered") from None
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            results[i] = result
-            finished += 1
+        futures = {pool.submit(send, i): i for i in range(n)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
             _postfix(bar, results, deltas)
             bar.update(1)
     finally:
-        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _apply_tokenspeed_log(
