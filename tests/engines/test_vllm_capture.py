@@ -29,6 +29,7 @@ from eagle31_mla.training.trainer import (  # noqa: E402
 )
 from eagle31_mla.training.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
+from tests.support.tiny import demo_layer  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
 
 TARGET = str(DEMO_DIR / "target")
@@ -142,7 +143,7 @@ def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured
     from tests.unit.test_captured import assert_same_training
 
     ids = torch.tensor(sequences[:6])
-    start = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based))
+    start = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer())
     config = dict(steps=4, batch_size=2, seq_len=24, depth=3, lr=3e-3, warmup=1, save_every=100)
     live = train_drafter(hf_target, copy.deepcopy(start), ids, tmp_path / "live", TrainingConfig(**config), False)
     data = CapturedStates(captured)
@@ -155,8 +156,8 @@ def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured
 
 def test_drafter_from_files_is_drafter_for_target(hf_target):
     """The drafter a capture trains starts from the target's embeddings and head read from its checkpoint."""
-    a = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=[1, 2, 4])
-    b = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=[1, 2, 4])
+    a = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
+    b = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
     assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight) and torch.equal(a.lm_head.weight, b.lm_head.weight)
     assert a.config.to_dict() == b.config.to_dict() and not a.embed_tokens.weight.requires_grad
 
@@ -178,6 +179,7 @@ def test_capture_then_train_through_the_cli(tmp_path, capsys):
     assert "captured" in printed and "top-32" in printed and f"{per_token:,} bytes per token" in printed
     drafter_dir = tmp_path / "drafter"
     argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(drafter_dir), "--steps", "3"]
+    argv += ["--draft-config", str(DEMO_DIR / "draft")]  # a small layer: a small checkpoint
     assert main([*argv, "--batch-size", "2", "--depth", "2", "--device", "cpu", "--quiet"]) == 0
     assert "captured sequences" in capsys.readouterr().out
     drafter = Eagle31MLAForCausalLM.from_pretrained(drafter_dir)
@@ -219,6 +221,7 @@ def test_capture_conversations_then_train_anchored(tmp_path, capsys):
         assert data.sequence(i)[0].tolist() == sequences[i] and data.loss_mask(i).tolist() == masks[i]
         assert 0 < sum(masks[i]) < len(masks[i])  # the user turn and, where there are two, the first answer: 0
     argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(tmp_path / "d"), "--steps", "2"]
+    argv += ["--draft-config", str(DEMO_DIR / "draft")]
     assert main([*argv, "--batch-size", "2", "--depth", "2", "--anchors", "3", "--device", "cpu", "--quiet"]) == 0
 
 

@@ -143,3 +143,13 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
     if c.norm_output:
         out["norm_output"] = True
     return out
+
+
+def demo_layer() -> dict:
+    """The embedded demo drafter's own layer (2 heads, q_lora 64, kv_lora 512 + rope 64, MLP 384): what a test
+    gives a drafter it trains for the demo target (`train --draft-config`), instead of the published drafter's
+    layer (64 heads, MLP 18432: 36M parameters on the demo's hidden size of 128, checkpoints of 430 MB)."""
+    from eagle31_mla.demo import DEMO_DIR
+    from eagle31_mla.training.trainer import layer_settings
+
+    return layer_settings(json.loads((DEMO_DIR / "draft" / "config.json").read_text()))

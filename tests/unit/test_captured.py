@@ -27,6 +27,7 @@ from eagle31_mla.training.captured import (
     write_shard,
 )
 from eagle31_mla.training.trainer import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on
+from tests.support.tiny import demo_layer
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -101,7 +102,7 @@ def test_training_from_a_capture_gives_the_drafter_live_training_gives(tmp_path,
     under 5% of how far training moved it (measured: 0.3% on torch 2.13, more than 1% once on torch 2.14 in
     a full-suite process); frozen ones are equal. The control below, a capture one layer off, is far outside."""
     folder = capture_folder(tmp_path / "c", target, sequences)
-    start = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based))
+    start = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer())
     config = dict(steps=4, batch_size=2, seq_len=24, depth=3, lr=3e-3, warmup=1, save_every=100)
     live = train_drafter(target, copy.deepcopy(start), sequences, tmp_path / "live", TrainingConfig(**config), False)
     captured = train_on(

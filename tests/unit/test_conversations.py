@@ -201,6 +201,7 @@ def test_train_on_conversations_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "drafter"
     argv = ["train", "--target", str(DEMO_DIR / "target"), "--conversations", str(path), "--out", str(out)]
     argv += ["--steps", "2", "--batch-size", "2", "--seq-len", "40", "--anchors", "4", "--anchor-max-gap", "1"]
+    argv += ["--draft-config", str(DEMO_DIR / "draft")]  # a small layer: a small checkpoint
     assert main(argv + ["--last-turn-only", "--quiet", "--device", "cpu"]) == 0, capsys.readouterr().err
     recipe = json.loads((out / "training.json").read_text())
     assert recipe["num_anchors"] == 4 and recipe["anchor_max_gap"] == 1

@@ -17,11 +17,14 @@ from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.training.distributed import KILL_ENV, LATEST
 from eagle31_mla.training.trainer import drafter_from_files
 from tests.support.subprocesses import run_python
+from tests.support.tiny import demo_layer
 from tests.unit.test_captured import IDS, capture_folder
 
 pytestmark = pytest.mark.slow
 TARGET = str(DEMO_DIR / "target")
 ARGS = ["--steps", "4", "--batch-size", "4", "--depth", "3", "--lr", "0.1", "--save-every", "2", "--quiet"]
+ARGS += ["--draft-config", str(DEMO_DIR / "draft")]  # the demo drafter's small layer, as LAYER gives it
+LAYER = demo_layer()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,11 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, data, one_rank, two_rank
     micro = torchrun(2, data, tmp_path / "micro", "--micro-batch", "1")
     assert micro.returncode == 0, micro.stderr[-3000:]
     torch.manual_seed(0)
-    start = dict(drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based)).named_parameters())
+    start = dict(
+        drafter_from_files(
+            TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer()
+        ).named_parameters()
+    )
     one, two, accumulated = weights(one_rank), weights(two_ranks), weights(tmp_path / "micro")
     for name, p in one.items():
         moved = (p - start[name]).abs().max()
@@ -124,7 +131,11 @@ def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, 
     assert logs[0][0]["grad_norm"] == pytest.approx(logs[1][0]["grad_norm"], rel=1e-5)
     assert logs[0][0]["loss"] != pytest.approx(logs[2][0]["loss"], rel=1e-3)
     torch.manual_seed(0)
-    start = dict(drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based)).named_parameters())
+    start = dict(
+        drafter_from_files(
+            TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer()
+        ).named_parameters()
+    )
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for name, p in a.items():
         moved = (p - start[name]).abs().max()

@@ -180,6 +180,8 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
         "--quiet",
         "--device",
         "cpu",
+        "--draft-config",
+        str(DEMO_DIR / "draft"),  # the demo drafter's layer (2 heads ...), not Kimi-K3's: a small checkpoint
     ]
     assert main([*common, "--steps", "2", "--aux-layers", "1,2,3", "--eagle3"]) == 0
     assert "EAGLE-3," in capsys.readouterr().out
@@ -191,6 +193,10 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     drafter = Eagle31MLAForCausalLM.from_pretrained(tmp_path / "d")
     assert drafter.config.aux_layer_ids.one_based == (1, 2, 3)
     assert not drafter.config.fc_norm and not drafter.config.norm_output
+    layer = json.loads((DEMO_DIR / "draft" / "config.json").read_text())
+    for key in ("num_attention_heads", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "intermediate_size"):
+        assert getattr(drafter.config, key) == layer[key], key  # --draft-config's layer
+    assert drafter.config.hidden_size == 128 and drafter.config.rope_parameters == layer["rope_parameters"]
     state = torch.load(tmp_path / "d" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 3 and [e["step"] for e in json.loads(state["log"])] == [1, 2, 3]
 

@@ -13,7 +13,7 @@ from .common import OneOf, error, option, resolve_device, subcommand
 @subcommand(
     "train",
     "train a drafter against a target with test-time training",
-    one_of=(OneOf(("text", "conversations", "data"), required=True),),
+    one_of=(OneOf(("text", "conversations", "data"), required=True), OneOf(("init", "draft_config"))),
 )
 @option("--target", required=True, type=params.MODEL, help="the target: a Transformers causal LM folder or Hub id")
 @option("--text", type=params.EXISTING_FILE, help='training text: one document per line, or JSONL with "text"')
@@ -41,6 +41,13 @@ from .common import OneOf, error, option, resolve_device, subcommand
     type=params.MODEL,
     help="fine-tune this drafter (its aux layers; TorchSpec's recipe: lr 2e-5, AdamW 0.9/0.999, 7 steps "
     "weighted 0.8^k, bf16 compute on float32 weights, bf16 export; the embedding reloaded from the target)",
+)
+@option(
+    "--draft-config",
+    type=params.CONFIG,
+    metavar="PATH_OR_ID",
+    help="a new drafter's layer sized like this drafter's config.json (heads, ranks, head dims, MLP, rope, "
+    "positions); hidden size and vocabulary still come from the target (default: the published drafter's layer)",
 )
 @option("--eagle3", is_flag=True, help="plain EAGLE-3 (no fc_norm, no norm_output)")
 @option("--steps", type=params.POSITIVE_INT, default=1000)
@@ -92,6 +99,16 @@ def train(args: SimpleNamespace) -> int:
         if args.eagle3:
             return error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
     args.aux_layers = init_ids or args.aux_layers
+    args.layer = {}
+    if args.draft_config is not None:  # checked before any weight loads
+        from ..model.configuration_eagle31_mla import ConfigError
+        from ..serving.engines import InputError, read_config_json
+        from ..training.trainer import layer_settings
+
+        try:
+            args.layer = layer_settings(read_config_json(args.draft_config)[0])
+        except (InputError, ConfigError) as err:
+            return error(f"argument --draft-config: {err}")
     if args.depth is None:
         args.depth = 7 if args.init else 4
     if args.lr is None:
@@ -181,7 +198,11 @@ def train(args: SimpleNamespace) -> int:
             return error(f"argument --init: {err}")
     else:
         drafter = drafter_for_target(
-            target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+            target,
+            eagle_aux_hidden_state_layer_ids=ids,
+            fc_norm=not args.eagle3,
+            norm_output=not args.eagle3,
+            **args.layer,
         )
     config = _training_config(args, args.seq_len)
     train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet, loss_masks=masks)
@@ -253,7 +274,11 @@ def _train_on_captured(args: SimpleNamespace) -> int:
             return error(f"argument --init: {err}")
     else:
         drafter = drafter_from_files(
-            args.target, eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3
+            args.target,
+            eagle_aux_hidden_state_layer_ids=ids,
+            fc_norm=not args.eagle3,
+            norm_output=not args.eagle3,
+            **args.layer,
         )
     states = CapturedTarget(data, target.vocab_size, device)
     config = _training_config(args, data.longest)

@@ -59,6 +59,8 @@ __all__ = [
     "drafter_from_files",
     "drafter_to_finetune",
     "target_embeddings",
+    "LAYER_SETTINGS",
+    "layer_settings",
 ]
 
 logger = logging.getLogger(__name__)
@@ -350,6 +352,34 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     if num_layers >= 4:
         return [1, num_layers // 2, num_layers - 1]
     return list(range(1, num_layers + 1))
+
+
+#: The settings of a drafter's own layer (not the target's sizes, which a new drafter takes from the target):
+#: what ``train --draft-config`` copies from another drafter's config.json. A new drafter without them has the
+#: published drafter's (Kimi-K3's: 64 heads, q_lora 1536, kv_lora 512 + rope 64, MLP 18432, YaRN).
+LAYER_SETTINGS = (
+    "intermediate_size",
+    "num_attention_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "hidden_act",
+    "rope_parameters",
+)
+
+
+def layer_settings(config_json: dict) -> dict:
+    """:data:`LAYER_SETTINGS` of a drafter's config.json, read (and checked) as the drafter reads it."""
+    import copy
+
+    from ..model.configuration_eagle31_mla import Eagle31MLAConfig
+
+    config = Eagle31MLAConfig.from_dict(config_json)
+    return {key: copy.deepcopy(getattr(config, key)) for key in LAYER_SETTINGS}
 
 
 def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
