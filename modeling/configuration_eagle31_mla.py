@@ -10,23 +10,24 @@ RoPE (theta 50000, factor 32 over 32768 positions).
 ``Eagle31MLAConfig.kimi_k3()`` names the same drafter. Reading a ``config.json`` gives a missing key its
 meaning in *files*, which differs from the constructor's defaults for four keys: see
 :class:`Eagle31MLAConfig`.
-"""
 
-from __future__ import annotations
+Like every Transformers-5 config it is a ``@strict`` dataclass: ``huggingface_hub`` checks each field's type (a
+string "6" is not an int, a bool is not an int), :func:`setting` adds the domain a type cannot say, the ``validate_*``
+methods the rules across fields. Every refusal is a :class:`ConfigError` naming the key and what was expected. (No
+``from __future__ import annotations``: strict checks only annotations that are types, not strings.)
+"""
 
 import contextvars
 import functools
-import json
 import logging
 import math
 import os
-import reprlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar, get_args
 
 import torch
+from huggingface_hub.dataclasses import strict, validated_field
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers import PretrainedConfig
 
 from .aux_layers import (
@@ -37,6 +38,7 @@ from .aux_layers import (
     aux_layer_ids_from_config,
     write_aux_layer_ids,
 )
+from .checkpoint_eagle31_mla import MAX_CONFIG_DEPTH, check_config_dict, read_config_file, short_repr as _show
 
 __all__ = ["Eagle31MLAConfig", "ConfigError"]
 
@@ -51,17 +53,6 @@ ACCEPTED_MODEL_TYPES = ("kimi_k2", "deepseek_v2", "deepseek_v3")
 #: TokenSpeed); written into every config.json this library saves.
 ENGINE_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 
-#: Kimi-K3's YaRN schedule, which the published drafter's 64-dim RoPE slice uses.
-KIMI_K3_ROPE_PARAMETERS = {
-    "rope_type": "yarn",
-    "rope_theta": 50000.0,
-    "factor": 32.0,
-    "original_max_position_embeddings": 32768,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-}
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 DEFAULT_ROPE_THETA = 10000.0  # what Transformers assumes when a file names no theta
 
@@ -99,32 +90,24 @@ class ConfigError(ValueError):
     """A drafter config that cannot describe a correct drafter; the message names the key."""
 
 
-# ------------------------------------------------------------------------------------------------
-# The settings a config.json may give, and what each must be
-# ------------------------------------------------------------------------------------------------
+# ---- What a value may be beyond its type, and the dtype names ----
 
 #: The largest size, position or token id a config may give: what fits int32, the index dtype the
 #: engines use for token ids and positions (int64 ids hold it too). Larger is never a real drafter.
 MAX_INDEX = 2**31 - 1
 
-#: How deeply a config.json may nest objects and lists (the published one nests 2 levels). Deeper
-#: nesting is refused by name instead of exhausting Python's recursion limit in a JSON reader or copy.
-MAX_CONFIG_DEPTH = 32
-
 #: Bounds of the rope settings: a YaRN factor, mscale, attention factor or beta beyond 1e6 (Kimi-K3: 32, 1,
 #: 32/1) or a theta beyond 1e12 (real models: 1e4 to 5e8) is never a real schedule; such values overflow
-#: the frequency math (``Eagle31MLAConfig._check_rope_math`` catches what the bounds let through).
+#: the frequency math (``Eagle31MLAConfig.validate_rope`` catches what the bounds let through).
 MAX_ROPE_NUMBER = 1e6
 MAX_ROPE_THETA = 1e12
 MIN_ROPE_NUMBER = 1e-6  # the least beta or attention factor (a smaller one underflows: no rotation, or no scale)
 
-#: Domain name -> (test, the words saying what is expected).
-DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
+#: Domain name -> (test, the words saying what is expected): the range of a number that its type cannot say.
+DOMAINS: dict[str, tuple[Any, str]] = {
     "size": (lambda v: 1 <= v <= MAX_INDEX, f">= 1 and <= {MAX_INDEX}"),
     "token_id": (lambda v: 0 <= v <= MAX_INDEX, f">= 0 and <= {MAX_INDEX}"),
-    "positive": (lambda v: v > 0, "> 0"),
     "non_negative": (lambda v: v >= 0, ">= 0"),
-    "at_least_1": (lambda v: v >= 1, ">= 1"),
     "unit_open": (lambda v: 0 < v < 1, "> 0 and < 1"),
     # rope domains: bounded where a sane range is obvious (larger values overflow YaRN's math)
     "rope_theta": (lambda v: 1 < v <= MAX_ROPE_THETA, f"> 1 and <= {MAX_ROPE_THETA:g}"),
@@ -138,105 +121,11 @@ DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 #: Floating-point dtypes a drafter can be built in, by every name accepted for them.
-FLOAT_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-    "float": torch.float32,
-    "half": torch.float16,
-    "double": torch.float64,
-}
-_DTYPE_SPELLINGS = {
-    "fp32": "float32",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "fp64": "float64",
-    "f32": "float32",
-    "f16": "float16",
-    "bfloat": "bfloat16",
-    "float8": None,
-    "int8": None,
-}
-
-
-@dataclass(frozen=True)
-class ConfigField:
-    """One setting of ``config.json`` and what it must be. ``name`` is the key; ``rope_parameters.<key>``
-    names a key of the rope dict (``rope_scaling`` in the legacy form). ``kind``: int, float (finite),
-    bool, str, dtype (a floating torch dtype), token_id (an int id), token_ids (an id or a list of ids).
-    ``domain``: a key of :data:`DOMAINS`. ``optional``: absent or null is accepted (the default
-    applies). ``rope_type``: a rope key needed by that rope type (checked wherever present).
-    ``derived``: computed from other fields; a config may carry it, but only with the derived value."""
-
-    name: str
-    kind: str
-    domain: str = ""
-    optional: bool = False
-    rope_type: str = ""
-    hint: str = ""
-    derived: bool = (
-        False  # computed from other fields: a value given must agree with them (Eagle31MLAConfig._check_derived)
-    )
-
-    @property
-    def key(self) -> str:
-        return self.name.rpartition(".")[2]
-
-    @property
-    def nested(self) -> bool:
-        """A key of the rope dict."""
-        return self.name.startswith("rope_parameters.")
-
-    @property
-    def in_eagle_config(self) -> bool:
-        """A key of the nested ``eagle_config`` dict."""
-        return self.name.startswith("eagle_config.")
-
-    def expected(self) -> str:
-        """What a value must be, in words (the clause of every refusal)."""
-        phrase = DOMAINS[self.domain][1]
-        text = {
-            "int": f"an int {phrase}",
-            "float": f"a finite number {phrase}",
-            "bool": "true or false",
-            "str": "a string",
-            "dtype": f"one of {_dtype_names()} (a floating-point torch dtype)",
-            "token_id": f"an int {phrase}",
-            "token_ids": f"an int {phrase} or a list of such ints",
-        }[self.kind].strip()
-        return text + (" or null" if self.optional and self.kind != "dtype" else "")
-
-    def check(self, value: Any, shown_name: str | None = None) -> Any:
-        """``value`` if it is right for this field (a dtype name resolved); else :class:`ConfigError`
-        naming the field, the value given and what was expected."""
-        name = shown_name or self.name
-        if value is None and self.optional:
-            return None
-        if self.kind == "dtype" and value is not None:
-            return resolve_dtype(value, name)
-        if not self._fits(value):
-            raise ConfigError(f"`{name}` must be {self.expected()}, got {_show(value)}{self.hint}")
-        return value
-
-    def _fits(self, value: Any) -> bool:
-        test = DOMAINS[self.domain][0]
-        if self.kind in ("int", "token_id"):
-            return _is_int(value) and test(value)
-        if self.kind == "token_ids":
-            values = value if isinstance(value, (list, tuple)) and value else [value]
-            return all(_is_int(v) and test(v) for v in values)
-        if self.kind == "float":
-            return _is_number(value) and _finite(value) and test(value)
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        if self.kind == "str":
-            return isinstance(value, str)
-        return False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # bool is not an int
+FLOAT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FLOAT_DTYPES.update(float64=torch.float64, float=torch.float32, half=torch.float16, double=torch.float64)
+#: Names people write for a dtype, and the name to write instead (None: no drafter dtype).
+_DTYPE_SPELLINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64", "f32": "float32"}
+_DTYPE_SPELLINGS.update(f16="float16", bfloat="bfloat16", float8=None, int8=None)
 
 
 def _is_number(value: Any) -> bool:
@@ -248,79 +137,6 @@ def _finite(value: int | float) -> bool:
         return math.isfinite(value)  # an int too large for a float raises OverflowError
     except OverflowError:
         return False
-
-
-def _size(name: str, hint: str = "", optional: bool = False) -> ConfigField:
-    return ConfigField(name, "int", "size", optional=optional, hint=hint)
-
-
-#: Every setting the drafter reads from a config.json, checked at construction for type, finiteness and
-#: domain (cross-field rules live in :meth:`Eagle31MLAConfig._check`). The tests generate their
-#: malformed configs from this table, so a field added here is covered by them automatically.
-CONFIG_FIELDS: tuple[ConfigField, ...] = (
-    _size("vocab_size"),
-    _size("draft_vocab_size", optional=True),
-    _size("hidden_size"),
-    _size("target_hidden_size", optional=True),
-    _size("intermediate_size"),
-    _size("num_hidden_layers"),
-    _size("num_attention_heads"),
-    _size("num_key_value_heads", optional=True),
-    _size("q_lora_rank", hint=" (this drafter needs the low-rank q path, q_a_proj/q_b_proj)"),
-    _size("kv_lora_rank"),
-    _size("qk_nope_head_dim"),
-    _size("qk_rope_head_dim"),
-    _size("v_head_dim"),
-    _size("max_position_embeddings"),
-    _size("target_num_hidden_layers", optional=True),
-    _size("num_aux_hidden_states", optional=True),
-    ConfigField("qk_head_dim", "int", "size", optional=True, derived=True),  # = qk_nope + qk_rope
-    ConfigField(
-        "head_dim", "int", "size", optional=True, derived=True
-    ),  # = qk_rope (Transformers' form) or qk_nope + qk_rope
-    ConfigField("rms_norm_eps", "float", "unit_open"),
-    ConfigField("initializer_range", "float", "non_negative"),
-    ConfigField("hidden_act", "str"),
-    ConfigField("fc_norm", "bool"),
-    ConfigField("norm_output", "bool"),
-    ConfigField("norm_before_residual", "bool"),
-    ConfigField("tie_word_embeddings", "bool"),
-    ConfigField("use_cache", "bool"),
-    ConfigField("mla_use_nope", "bool", optional=True),
-    ConfigField("bos_token_id", "token_id", "token_id", optional=True),
-    ConfigField("eos_token_id", "token_ids", "token_id", optional=True),
-    ConfigField("pad_token_id", "token_id", "token_id", optional=True),
-    ConfigField("dtype", "dtype", optional=True),
-    ConfigField("torch_dtype", "dtype", optional=True),
-    ConfigField("rope_theta", "float", "rope_theta", optional=True),  # legacy form: beside rope_scaling
-    ConfigField("rope_parameters.rope_theta", "float", "rope_theta", optional=True),
-    ConfigField("rope_parameters.factor", "float", "rope_at_least_1", rope_type="yarn"),
-    ConfigField("rope_parameters.original_max_position_embeddings", "int", "size", rope_type="yarn"),
-    ConfigField("rope_parameters.beta_fast", "float", "rope_positive", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.beta_slow", "float", "rope_positive", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.mscale", "float", "rope_non_negative", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.mscale_all_dim", "float", "rope_non_negative", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.attention_factor", "float", "rope_positive", optional=True, rope_type="yarn"),
-    ConfigField("rope_parameters.truncate", "bool", optional=True, rope_type="yarn"),
-    # keys of the nested eagle_config dict (its aux-layer ids are read by aux_layers' own rule)
-    ConfigField(
-        "eagle_config.use_aux_hidden_state",
-        "bool",
-        optional=True,
-        hint=" (this drafter's `fc` takes the concatenated aux states: true, or leave it out)",
-    ),
-)
-TOP_LEVEL_FIELDS = tuple(f for f in CONFIG_FIELDS if "." not in f.name)
-ROPE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.nested)
-EAGLE_CONFIG_FIELDS = tuple(f for f in CONFIG_FIELDS if f.in_eagle_config)
-
-_SHOW = reprlib.Repr()
-_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlevel, _SHOW.maxlong = 60, 60, 3, 60
-
-
-def _show(value: Any) -> str:
-    """A short repr, safe for any value a JSON file can hold (huge, deep or long)."""
-    return _SHOW.repr(value)
 
 
 def _dtype_names(allow_auto: bool = False) -> str:
@@ -362,120 +178,161 @@ def resolve_dtype(value: Any, field: str = "dtype", *, allow_auto: bool = False)
     )
 
 
-def check_config_dict(data: Any, where: str = "config.json") -> dict:
-    """``data`` if it can be a config (a JSON object nested at most :data:`MAX_CONFIG_DEPTH` levels);
-    else :class:`ConfigError`. Walks iteratively: no recursion, whatever the depth."""
-    if data is None:
-        raise ConfigError(f"{where} holds null; expected a JSON object (a dict of settings)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must hold a JSON object (a dict of settings), got {type(data).__name__}")
-    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_CONFIG_DEPTH:
-            raise ConfigError(
-                f"{where} nests objects/lists more than {MAX_CONFIG_DEPTH} levels deep (at `{path[:200]}`); "
-                f"expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
-            )
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        for key, item in items:
-            if isinstance(item, (dict, list)):
-                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
-    return data
+# ---- Settings: strict checks a field's type; its domain and the refusal's words are added here ----
 
 
-class DuplicateKeyError(Exception):
-    """A JSON object names one key twice (Python's reader would keep the last value without a word).
-    Not a ValueError on purpose: a JSON reader's own errors are ValueErrors."""
+def setting(default: Any = None, domain: str = "", *, hint: str = "", rope_type: str = "", derived: bool = False):
+    """A field whose type strict checks and whose numbers must then be finite (strict lets NaN and inf
+    through) and in ``domain`` (a key of :data:`DOMAINS`). ``hint``: words added to a refusal; ``rope_type``: a
+    rope key only that rope type has (needed there unless null is allowed); ``derived``: computed from other
+    settings, so a value given must agree with them."""
+    test, words = DOMAINS[domain]
 
-    def __init__(self, key: str, first: Any, second: Any):
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
+    def in_domain(value: Any) -> None:
+        numbers = [v for v in (value if isinstance(value, list) else [value]) if _is_number(v)]
+        if value == [] or not all(_finite(v) and test(v) for v in numbers):
+            raise ValueError(f"expected {words}")
 
-    def describe(self) -> str:
-        return (
-            f"gives key {self.key[:100]!r} twice in one object (first {_show(self.first)}, then "
-            f"{_show(self.second)}); expected each key once (a JSON reader keeps the last one silently)"
-        )
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKeyError(key, out[key], value)
-        out[key] = value
-    return out
+    metadata = {"domain": domain, "hint": hint, "rope_type": rope_type, "derived": derived}
+    return validated_field(in_domain, default=default, metadata=metadata)
 
 
-def loads_json(text: str) -> Any:
-    """``json.loads`` refusing duplicate keys (:class:`DuplicateKeyError`); every JSON file the loader
-    reads (config.json, the weight index) goes through it."""
-    return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+def dtype_setting(name: str):
+    """A dtype field: a floating-point ``torch.dtype`` or one of its names (resolved in ``__post_init__``)."""
+    expected = f"one of {_dtype_names()} (a floating-point torch dtype)"
+    return validated_field(functools.partial(resolve_dtype, field=name), default=None, metadata={"expected": expected})
 
 
-def not_a_regular_file(path: Path) -> str | None:
-    """What ``path`` is when it exists but is not a regular file (``"a folder"``, ``"a FIFO (named pipe)"``,
-    ``"a symlink to /dev/zero, which is a character device"``); None for a regular file or nothing. Never opens it:
-    a FIFO would block the reader, a device would never end."""
-    import stat
+#: The words for a value of each type, in this order (a float field takes an int too).
+_TYPE_WORDS = {float: "a finite number", int: "an int", bool: "true or false", str: "a string", dict: "a dict"}
 
-    try:
-        mode = path.stat().st_mode  # follows symlinks; stat never blocks, not even on a FIFO
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    kind = (
-        "a folder"
-        if stat.S_ISDIR(mode)
-        else "a FIFO (named pipe)"
-        if stat.S_ISFIFO(mode)
-        else "a character device"
-        if stat.S_ISCHR(mode)
-        else "a block device"
-        if stat.S_ISBLK(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "not a regular file"
+
+def expected(setting_field: Field) -> str:
+    """What a value of ``setting_field`` must be, in words: its type, domain and nullability (the clause of
+    every refusal)."""
+    if "expected" in setting_field.metadata:
+        return setting_field.metadata["expected"]
+    types = set(get_args(setting_field.type)) or {setting_field.type}
+    words = DOMAINS[setting_field.metadata.get("domain", "")][1]
+    if list[int] in types:
+        text = f"an int {words} or a list of such ints" if int in types else "a list of ints"
+    else:
+        kind = next((kind for t, kind in _TYPE_WORDS.items() if t in types), None)
+        if kind is None:  # a field of Transformers' own (checked by strict on 5.12, whose annotations are types)
+            return f"a value of type {setting_field.type}"
+        text = f"{kind} {words}" if kind in ("a finite number", "an int") else kind
+    return text.strip() + (" or null" if type(None) in types else "")
+
+
+def _refusal(owner: type, name: str, value: Any, err: Exception, shown: str = "") -> ConfigError:
+    """Strict's refusal (``err``) of ``value`` for field ``name`` of ``owner``, in this library's words."""
+    if isinstance(err.__cause__, ConfigError):  # a validator that words its own refusal (a dtype name)
+        return ConfigError(str(err.__cause__))
+    setting_field = next(f for f in fields(owner) if f.name == name)
+    hint = setting_field.metadata.get("hint", "")
+    return ConfigError(f"`{shown or name}` must be {expected(setting_field)}, got {_show(value)}{hint}")
+
+
+def check_settings(keys: type, values: dict, prefix: str = "") -> None:
+    """Each of ``values`` that names a field of the strict dataclass ``keys``, checked as that field (type,
+    then domain): a :class:`ConfigError` naming ``prefix + name`` for the first that does not fit."""
+    names = {f.name for f in fields(keys)}
+    for name, value in values.items():
+        if name in names:
+            try:
+                keys(**{name: value})
+            except StrictDataclassFieldValidationError as err:
+                raise _refusal(keys, name, value, err, prefix + name) from None
+
+
+#: The keyword arguments the constructor was called with (from_dict passes a file's keys), so that a default
+#: the caller never wrote is told apart from a value given. None outside a constructor call.
+_GIVEN: contextvars.ContextVar[dict | None] = contextvars.ContextVar("eagle31_mla_given", default=None)
+
+
+def _refusing_by_name(cls: type) -> type:
+    """Strict's errors -- a field's, on every assignment (the constructor's too), and a ``validate_*`` method's --
+    raised as :class:`ConfigError`; the constructor records its arguments in :data:`_GIVEN`."""
+    strict_setattr, strict_validate, init = cls.__setattr__, cls.validate, cls.__init__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            strict_setattr(self, name, value)
+        except StrictDataclassFieldValidationError as err:
+            raise _refusal(type(self), name, value, err) from None
+
+    @functools.wraps(strict_validate)
+    def validate(self) -> None:
+        try:
+            strict_validate(self)
+        except StrictDataclassClassValidationError as err:
+            raise ConfigError(str(err.__cause__)) from None
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs) -> None:
+        token = _GIVEN.set(kwargs)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            _GIVEN.reset(token)
+
+    cls.__setattr__, cls.validate, cls.__init__ = __setattr__, validate, __init__
+    return cls
+
+
+# ---- The keys of the nested dicts, and the keys a config reads but does not keep ----
+
+
+@strict
+@dataclass
+class RopeKeys:
+    """The keys of a rope dict besides its type (``rope_parameters.rope_type``, or ``type`` in the legacy
+    ``rope_scaling``). A key with a ``rope_type`` belongs to that type only, and is needed there unless it may be
+    null. Defaults: Kimi-K3's YaRN, the published drafter's (a dict without ``rope_theta`` gets 10000)."""
+
+    rope_theta: float | int | None = setting(50000.0, "rope_theta")
+    factor: float | int = setting(32.0, "rope_at_least_1", rope_type="yarn")
+    original_max_position_embeddings: int = setting(32768, "size", rope_type="yarn")
+    beta_fast: float | int | None = setting(32.0, "rope_positive", rope_type="yarn")
+    beta_slow: float | int | None = setting(1.0, "rope_positive", rope_type="yarn")
+    mscale: float | int | None = setting(1.0, "rope_non_negative", rope_type="yarn")
+    mscale_all_dim: float | int | None = setting(1.0, "rope_non_negative", rope_type="yarn")
+    attention_factor: float | int | None = setting(None, "rope_positive", rope_type="yarn")
+    truncate: bool | None = setting(None, rope_type="yarn")
+
+
+#: Kimi-K3's YaRN schedule, which the published drafter's 64-dim RoPE slice uses: the defaults of :class:`RopeKeys`.
+KIMI_K3_ROPE_PARAMETERS = {"rope_type": "yarn"} | {f.name: f.default for f in fields(RopeKeys) if f.default is not None}
+
+
+@strict
+@dataclass
+class EagleConfigKeys:
+    """The keys of the nested ``eagle_config`` dict checked here (its aux-layer ids: :mod:`aux_layers`' rule)."""
+
+    use_aux_hidden_state: bool | None = setting(
+        None, hint=" (this drafter's `fc` takes the concatenated aux states: true, or leave it out)"
     )
-    if path.is_symlink():
-        return f"a symlink to {os.path.realpath(path)}, which is {kind}"
-    return kind
 
 
-def read_config_file(path: str | os.PathLike) -> dict:
-    """The settings in a ``config.json``, or :class:`ConfigError` saying what is wrong with the file:
-    a dangling symlink, not UTF-8, not JSON, ``null`` or not an object, nested too deeply (Python's JSON
-    reader raises ``RecursionError`` from about 1,000 levels), or a number too long to read."""
-    path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise ConfigError(
-            f"{path} is a symlink to {os.readlink(path)}, which does not resolve (a dangling link: an interrupted "
-            "download or a moved cache?); expected the drafter's config.json"
-        )
-    kind = not_a_regular_file(path)
-    if kind:
-        raise ConfigError(f"{path} is {kind}; expected a regular file (the drafter's config.json)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not readable ({err}); expected a UTF-8 JSON file") from None
-    try:
-        data = loads_json(text)
-    except DuplicateKeyError as err:
-        raise ConfigError(f"{path} {err.describe()}") from None
-    except RecursionError:
-        raise ConfigError(
-            f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} "
-            "levels (a config nests 2)"
-        ) from None
-    except ValueError as err:  # JSONDecodeError, and a number of more than 4300 digits
-        raise ConfigError(f"{path} is not valid JSON ({err}); expected a JSON object of settings") from None
-    return check_config_dict(data, str(path))
+@strict
+@dataclass
+class ExtraKeys:
+    """Keys a config may give besides :class:`Eagle31MLAConfig`'s fields: read once by its ``__post_init__``,
+    checked like fields, not kept. (The legacy rope dict ``rope_scaling`` is read with :class:`RopeKeys`.)"""
+
+    rope_theta: float | int | None = setting(None, "rope_theta")  # the legacy rope form, beside `rope_scaling`
+    torch_dtype: str | torch.dtype | None = dtype_setting("torch_dtype")  # the legacy name of `dtype`
+    mla_use_nope: bool | None = None  # ignored on purpose (logged): this drafter applies RoPE, as every engine does
+    num_aux_hidden_states: int | None = setting(None, "size")  # must equal the number of aux layers
+    qk_head_dim: int | None = setting(None, "size", derived=True)  # = qk_nope_head_dim + qk_rope_head_dim
+    head_dim: int | None = setting(None, "size", derived=True)  # = qk_rope_head_dim (Transformers' form) or qk_head_dim
 
 
-def rope_frequencies(config: Eagle31MLAConfig, device=None) -> tuple[torch.Tensor, float]:
+# ---- RoPE ----
+
+
+def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Tensor, float]:
     """The RoPE inverse frequencies [R/2] and attention scaling of ``config``'s rope slice: YaRN through
     Transformers' own rope init (``ROPE_INIT_FUNCTIONS["yarn"]``), plain RoPE by the usual formula. The one
     computation the model uses, and the one the config checks at construction."""
@@ -494,6 +351,11 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def _rope_keys(rope_type: str) -> dict[str, Field]:
+    """The fields of :class:`RopeKeys` a rope dict of ``rope_type`` may hold, by key."""
+    return {f.name: f for f in fields(RopeKeys) if f.metadata["rope_type"] in ("", rope_type)}
+
+
 #: Keys of rope types this drafter does not support, by type: named when one turns up in a dict of another type.
 _OTHER_ROPE_KEYS = {
     "linear": ("factor",),
@@ -508,10 +370,8 @@ def _foreign_rope_key(source: str, key: Any, rope_type: str, given: dict) -> str
     ``factor`` is a contradiction: the scaling would be dropped without a word)."""
     named = "rope_type" in given or "type" in given
     type_key = "type" if source == "rope_scaling" else "rope_type"
-    yarn_keys = {f.key for f in ROPE_FIELDS if f.rope_type == "yarn"}
-    allowed = sorted({"rope_theta"} | {f.key for f in ROPE_FIELDS if f.rope_type == rope_type})
     what = f"{rope_type} rope" + ("" if named else f" (the dict names no `{type_key}`)")
-    if rope_type != "yarn" and key in yarn_keys:
+    if rope_type != "yarn" and key in _rope_keys("yarn"):
         return (
             f"`{source}.{key}` is a yarn setting, but the rope dict is {what}, which has no `{key}`: "
             f"set `{type_key}: yarn` to use it (the published drafter's rope), or remove `{key}`"
@@ -520,23 +380,23 @@ def _foreign_rope_key(source: str, key: Any, rope_type: str, given: dict) -> str
     belongs = f" (a setting of {'/'.join(others)} rope, which this drafter does not support)" if others else ""
     return (
         f"`{source}.{str(key)[:80]}` is not a setting of {what}{belongs}; expected only "
-        f"{', '.join(f'`{k}`' for k in allowed)} besides `{type_key}`"
+        f"{', '.join(f'`{k}`' for k in sorted(_rope_keys(rope_type)))} besides `{type_key}`"
     )
 
 
-def _normalise_rope(
-    rope_parameters: dict | None, rope_scaling: dict | None, rope_theta: float | None
-) -> dict[str, Any]:
+def _normalise_rope(rope_parameters: dict | None, rope_scaling: Any, rope_theta: float | None) -> dict[str, Any]:
     """One rope dict in Transformers-5 form, from either the v5 ``rope_parameters`` or the legacy
-    ``rope_scaling`` + ``rope_theta`` pair; every key of :data:`ROPE_FIELDS` checked."""
+    ``rope_scaling`` + ``rope_theta`` pair, holding only keys of its rope type, each checked as its
+    :class:`RopeKeys` field. Transformers' ``convert_rope_params_to_dict`` / ``standardize_rope_params`` merge the
+    two forms too, but silently: they prefer ``rope_scaling`` when both are given and the dict's theta when two
+    disagree, keep keys of other rope types, give YaRN a missing window (``max_position_embeddings``), and its
+    ``validate_rope`` only logs warnings (a factor < 1, beta order, unknown keys) and checks no value's range."""
     if rope_parameters is not None and rope_scaling is not None:
         raise ConfigError("config has both `rope_parameters` and `rope_scaling`; keep one (they may disagree)")
     given = rope_parameters if rope_parameters is not None else rope_scaling
     source = "rope_parameters" if rope_parameters is not None else "rope_scaling"
-    if rope_theta is not None:
-        rope_theta = float(rope_theta)  # checked with the top-level fields
     if given is None:
-        return dict(KIMI_K3_ROPE_PARAMETERS, **({"rope_theta": rope_theta} if rope_theta else {}))
+        return dict(KIMI_K3_ROPE_PARAMETERS, **({"rope_theta": float(rope_theta)} if rope_theta else {}))
     if not isinstance(given, dict):
         raise ConfigError(f"`rope_scaling`/`rope_parameters`: expected a dict, got {_show(given)}")
     params = dict(given)
@@ -554,21 +414,20 @@ def _normalise_rope(
             f"`{source}.type` / `rope_parameters.rope_type` is {_show(rope_type)}; this drafter supports "
             f"{SUPPORTED_ROPE_TYPES} (the published Kimi-K3 drafter uses yarn)"
         )
-    allowed = {"rope_theta"} | {f.key for f in ROPE_FIELDS if f.rope_type == rope_type}
+    keys = _rope_keys(rope_type)
     for key in params:
-        if key not in allowed:
+        if key not in keys:
             raise ConfigError(_foreign_rope_key(source, key, rope_type, given))
-    for field in ROPE_FIELDS:
-        if field.key in params:
-            field.check(params[field.key], f"{source}.{field.key}")
-        elif field.rope_type == rope_type and not field.optional:
+    check_settings(RopeKeys, params, f"{source}.")
+    for key, key_field in keys.items():
+        if key not in params and key_field.metadata["rope_type"] and type(None) not in get_args(key_field.type):
             raise ConfigError(
-                f"`{source}.{field.key}` must be {field.expected()} ({rope_type} rope needs it), got nothing"
+                f"`{source}.{key}` must be {expected(key_field)} ({rope_type} rope needs it), got nothing"
             )
     theta = params.get("rope_theta", rope_theta)
-    if theta is not None and rope_theta is not None and float(theta) != rope_theta:
+    if theta is not None and rope_theta is not None and float(theta) != float(rope_theta):
         raise ConfigError(
-            f"config has top-level `rope_theta` {rope_theta:g} but its rope dict says `rope_theta` {theta}; "
+            f"config has top-level `rope_theta` {float(rope_theta):g} but its rope dict says `rope_theta` {theta}; "
             "they must agree (keep one)"
         )
     params["rope_theta"] = float(theta if theta is not None else DEFAULT_ROPE_THETA)
@@ -581,6 +440,13 @@ def _normalise_rope(
     return {"rope_type": rope_type, **params}
 
 
+# ---- The config ----
+
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@_refusing_by_name
+@strict
 class Eagle31MLAConfig(PretrainedConfig):
     r"""The drafter's settings. Two readings of a missing key, on purpose:
 
@@ -595,64 +461,74 @@ class Eagle31MLAConfig(PretrainedConfig):
     with ``Eagle31MLAConfig.from_json_file(path)`` (or ``from_dict``). A file that writes the four keys out,
     as every file this library saves does, reads the same both ways.
 
-    Args:
+    Args (defaults: the published drafter; strict checks the types, :func:`setting` the ranges):
         vocab_size: rows of ``embed_tokens`` = the target's vocabulary (Kimi-K3: 163840).
-        draft_vocab_size: rows of ``lm_head``; smaller than ``vocab_size`` for a pruned vocabulary, which
+        draft_vocab_size: rows of ``lm_head`` (default ``vocab_size``); smaller for a pruned vocabulary, which
             then needs ``d2t`` (draft id -> target id offset) and ``t2d`` in the checkpoint.
-        hidden_size: the drafter's width H.
-        target_hidden_size: width Ht of each captured target state (``fc`` takes n·Ht).
-        intermediate_size: SwiGLU width of the one MLP.
+        hidden_size / target_hidden_size: the drafter's width H; each captured target state's Ht (``fc`` takes n·Ht).
+        intermediate_size: SwiGLU width of the one MLP; ``hidden_act`` its activation (an ``ACT2FN`` name).
         num_hidden_layers: must be 1 (one EAGLE layer).
         num_attention_heads / num_key_value_heads: MLA heads (equal).
-        q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim: MLA dims.
-        hidden_act: MLP activation (silu).
+        q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim: MLA dims.
         rms_norm_eps: epsilon of every RMSNorm.
         max_position_embeddings: longest supported position.
-        rope_parameters: Transformers-5 rope dict; ``rope_scaling`` + ``rope_theta`` are read too.
-        fc_norm: EAGLE-3.1 — RMSNorm each captured state (own weight) before ``fc``.
-        norm_output: EAGLE-3.1 — feed ``norm(h)`` (not ``h``) to the next draft step.
+        rope_parameters: Transformers-5 rope dict (its keys: :class:`RopeKeys`); ``rope_scaling`` + ``rope_theta``
+            are read too.
+        fc_norm: EAGLE-3.1 -- RMSNorm each captured state (own weight) before ``fc``.
+        norm_output: EAGLE-3.1 -- feed ``norm(h)`` (not ``h``) to the next draft step.
         norm_before_residual: the residual around attention is ``hidden_norm(h)`` instead of ``h``.
-        eagle_aux_hidden_state_layer_ids / eagle_config / aux_layer_ids_convention: which target layers
-            feed the drafter, read by the rule in :mod:`eagle31_mla.model.aux_layers`; written back one-based
-            and labelled.
+        eagle_aux_hidden_state_layer_ids / eagle_config / aux_layer_ids_convention: which target layers feed the
+            drafter, read by the rule in :mod:`eagle31_mla.model.aux_layers`; written back one-based and labelled.
+            ``eagle_config``'s other keys: :class:`EagleConfigKeys`.
         target_num_hidden_layers: the target's depth, when known; aux ids beyond it are refused.
+        initializer_range, use_cache: as in every Transformers config; ``tie_word_embeddings`` must be false.
+        bos_token_id / eos_token_id / pad_token_id: ids inside the vocabulary (eos: an id or a list of ids).
+        dtype: the weights' floating-point dtype (``torch_dtype`` is read too).
+
+    Keys a config may give besides these (legacy names, derived sizes, an ignored flag): :class:`ExtraKeys`.
     """
 
     model_type = "kimi_k2"
+    extra_keys: ClassVar[type] = ExtraKeys
 
-    vocab_size: int = 163840
-    draft_vocab_size: int | None = None
-    hidden_size: int = 7168
-    target_hidden_size: int | None = None
-    intermediate_size: int = 18432
-    num_hidden_layers: int = 1
-    num_attention_heads: int = 64
-    num_key_value_heads: int | None = None
-    q_lora_rank: int | None = 1536
-    kv_lora_rank: int = 512
-    qk_nope_head_dim: int = 128
-    qk_rope_head_dim: int = 64
-    v_head_dim: int = 128
+    vocab_size: int = setting(163840, "size")
+    draft_vocab_size: int | None = setting(None, "size")
+    hidden_size: int = setting(7168, "size")
+    target_hidden_size: int | None = setting(None, "size")
+    intermediate_size: int = setting(18432, "size")
+    num_hidden_layers: int = setting(1, "size")
+    num_attention_heads: int = setting(64, "size")
+    num_key_value_heads: int | None = setting(None, "size")
+    q_lora_rank: int = setting(1536, "size", hint=" (this drafter needs the low-rank q path, q_a_proj/q_b_proj)")
+    kv_lora_rank: int = setting(512, "size")
+    qk_nope_head_dim: int = setting(128, "size")
+    qk_rope_head_dim: int = setting(64, "size")
+    v_head_dim: int = setting(128, "size")
     hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-5
-    max_position_embeddings: int = 1048576
-    rope_parameters: dict | None = None
+    rms_norm_eps: float | int = setting(1e-5, "unit_open")
+    max_position_embeddings: int = setting(1048576, "size")
+    rope_parameters: dict | None = field(default=None, metadata={"keys": RopeKeys})
     fc_norm: bool = True
     norm_output: bool = True
     norm_before_residual: bool = False
     eagle_aux_hidden_state_layer_ids: list[int] | None = None
-    eagle_config: dict | None = None
+    eagle_config: dict | None = field(
+        default=None,
+        metadata={"keys": EagleConfigKeys, "hint": ' (e.g. {"eagle_aux_hidden_state_layer_ids": [2, 46, 90]})'},
+    )
     aux_layer_ids_convention: str | None = None
-    target_num_hidden_layers: int | None = None
-    initializer_range: float = 0.02
+    target_num_hidden_layers: int | None = setting(None, "size")
+    initializer_range: float | int = setting(0.02, "non_negative")
     tie_word_embeddings: bool = False
     use_cache: bool = True
-    bos_token_id: int | None = 163584
-    eos_token_id: int | list[int] | None = 163586
-    pad_token_id: int | None = 0
+    bos_token_id: int | None = setting(163584, "token_id")
+    eos_token_id: int | list[int] | None = setting(163586, "token_id")
+    pad_token_id: int | None = setting(0, "token_id")
+    dtype: str | torch.dtype | None = dtype_setting("dtype")
 
     def __post_init__(self, **kwargs):
-        self._check_fields(kwargs)
+        check_config_dict({**{f.name: getattr(self, f.name) for f in fields(self)}, **kwargs}, "config")
+        check_settings(ExtraKeys, kwargs)
         model_type = kwargs.pop("model_type", None)
         if model_type is not None and model_type not in ACCEPTED_MODEL_TYPES:
             raise ConfigError(
@@ -663,10 +539,18 @@ class Eagle31MLAConfig(PretrainedConfig):
                 "config sets `mla_use_nope: true`; ignored on purpose: this drafter applies RoPE to the "
                 "rope slice, as its training code and every serving engine do"
             )
-        rope_scaling = kwargs.pop("rope_scaling", None)
-        rope_defaulted = self.rope_parameters is None and rope_scaling is None
-        self.rope_parameters = _normalise_rope(self.rope_parameters, rope_scaling, kwargs.pop("rope_theta", None))
-        self._set_aux_layer_ids(kwargs)
+        dtype, torch_dtype = resolve_dtype(self.dtype), resolve_dtype(kwargs.pop("torch_dtype", None))
+        if dtype is not None and torch_dtype is not None and torch_dtype != dtype:
+            raise ConfigError(
+                f"config gives two dtypes: `dtype` {str(dtype).removeprefix('torch.')!r} and `torch_dtype` "
+                f"{str(torch_dtype).removeprefix('torch.')!r}; they must agree (keep one: `dtype`, the Transformers-5 "
+                "name)"
+            )
+        self.dtype = next((d for d in (dtype, torch_dtype) if d is not None), torch.bfloat16)  # the published one
+        self.rope_parameters = _normalise_rope(
+            self.rope_parameters, kwargs.pop("rope_scaling", None), kwargs.pop("rope_theta", None)
+        )
+        self._set_aux_layer_ids(kwargs.get("target_layer_ids"))
         num_aux = kwargs.pop("num_aux_hidden_states", None)
         if num_aux is not None and num_aux != len(self.aux_layer_ids):
             raise ConfigError(
@@ -675,8 +559,6 @@ class Eagle31MLAConfig(PretrainedConfig):
             )
         derived = {key: kwargs.pop(key, None) for key in ("qk_head_dim", "head_dim")}
         super().__post_init__(**kwargs)
-        if self.dtype is None:
-            self.dtype = torch.bfloat16  # the published checkpoint's dtype
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.draft_vocab_size is None:
@@ -687,29 +569,32 @@ class Eagle31MLAConfig(PretrainedConfig):
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.head_dim = self.qk_rope_head_dim
         self._check_derived(derived)
-        self._check(rope_defaulted)
+        given = _GIVEN.get()
+        for name in _TOKEN_IDS:  # Kimi-K3's ids are defaults nobody wrote: dropped beyond a smaller vocabulary
+            if given is not None and name not in given and self._beyond_vocabulary(name):
+                value = getattr(self, name)
+                logger.info(
+                    "%s: Kimi-K3's default %s is beyond vocab_size %s; left unset", name, value, self.vocab_size
+                )
+                setattr(self, name, None)
 
     @classmethod
-    def kimi_k3(cls, **overrides) -> Eagle31MLAConfig:
+    def kimi_k3(cls, **overrides) -> "Eagle31MLAConfig":
         """The published drafter, `lightseekorg/kimi-k3-eagle3.1-mla` (the no-argument config), with the keys a
         file reads differently written out, so it means the same however it is passed on. ``overrides``
         change single settings (e.g. ``target_num_hidden_layers``)."""
-        published = {
-            "fc_norm": True,
-            "norm_output": True,
-            "rope_parameters": dict(KIMI_K3_ROPE_PARAMETERS),
-            "eagle_aux_hidden_state_layer_ids": list(KIMI_K3_AUX_LAYER_IDS.one_based),
-        }
-        return cls(**{**published, **overrides})
+        ids = list(KIMI_K3_AUX_LAYER_IDS.one_based)
+        published = dict(fc_norm=True, norm_output=True, rope_parameters=dict(KIMI_K3_ROPE_PARAMETERS))
+        return cls(**{**published, "eagle_aux_hidden_state_layer_ids": ids, **overrides})
 
     @classmethod
-    def from_json_file(cls, json_file: str | os.PathLike) -> Eagle31MLAConfig:
+    def from_json_file(cls, json_file: str | os.PathLike) -> "Eagle31MLAConfig":
         """A ``config.json`` read as :meth:`from_dict` reads it (Transformers' own ``from_json_file`` calls the
         constructor, which would give missing keys Kimi-K3's values instead of their meaning in files)."""
         return cls.from_dict(cls._dict_from_json_file(json_file))
 
     @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> Eagle31MLAConfig:
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":
         """Read a ``config.json`` dict: absent keys take their meaning in files (see module docstring)."""
         config_dict = dict(check_config_dict(config_dict))
         config_dict.setdefault("fc_norm", False)
@@ -740,35 +625,27 @@ class Eagle31MLAConfig(PretrainedConfig):
 
     # -- aux layers -------------------------------------------------------------------------------
 
-    def _set_aux_layer_ids(self, kwargs: dict) -> None:
-        if self.eagle_config is not None and not isinstance(self.eagle_config, dict):
-            raise ConfigError(
-                f'`eagle_config` must be a dict (e.g. {{"eagle_aux_hidden_state_layer_ids": [2, 46, 90]}}), got '
-                f"{self.eagle_config!r}"
-            )
+    def _set_aux_layer_ids(self, target_layer_ids: Any) -> None:
         eagle_config = dict(self.eagle_config or {})
-        for field in EAGLE_CONFIG_FIELDS:  # type-checked like top-level fields (a bool must be a JSON bool)
-            if field.key in eagle_config:
-                field.check(eagle_config[field.key])
+        check_settings(EagleConfigKeys, eagle_config, "eagle_config.")
         if eagle_config.get("use_aux_hidden_state") is False:
             raise ConfigError(
                 "`eagle_config.use_aux_hidden_state` is false (EAGLE-1 style: last hidden state only); this "
                 "drafter's `fc` takes the concatenated aux states"
             )
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
-            ids = AuxLayerIds(
-                KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers
-            )  # the no-arg config: Kimi-K3's
+            ids = AuxLayerIds(KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers)  # no-arg config: K3's
         else:
-            raw = {
-                "eagle_aux_hidden_state_layer_ids": self.eagle_aux_hidden_state_layer_ids,
-                "eagle_config": eagle_config,
-                "aux_layer_ids_convention": self.aux_layer_ids_convention,
-                "target_layer_ids": kwargs.get("target_layer_ids"),
-            }
-            raw = {k: v for k, v in raw.items() if v is not None}
+            raw = dict(
+                eagle_aux_hidden_state_layer_ids=self.eagle_aux_hidden_state_layer_ids,
+                eagle_config=eagle_config,
+                aux_layer_ids_convention=self.aux_layer_ids_convention,
+                target_layer_ids=target_layer_ids,
+            )
             try:
-                ids, how = aux_layer_ids_from_config(raw, self.target_num_hidden_layers)
+                ids, how = aux_layer_ids_from_config(
+                    {k: v for k, v in raw.items() if v is not None}, self.target_num_hidden_layers
+                )
             except AuxLayerIdError as err:
                 raise ConfigError(str(err)) from None
             logger.info("aux layers: %s -> %s", how, ids.describe())
@@ -813,47 +690,11 @@ class Eagle31MLAConfig(PretrainedConfig):
         """What the latent cache stores per token: normalised c_kv plus the rotated shared k_pe."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
-    # -- validation ---------------------------------------------------------------------------------
+    # -- rules across fields: derived sizes (in __post_init__), then the validate_* methods strict runs after it ----
 
-    def _check_fields(self, kwargs: dict) -> None:
-        """Every setting of :data:`CONFIG_FIELDS` given here (as a field or a legacy keyword), checked for
-        type, finiteness and domain before anything reads it; dtype names resolved; nesting bounded."""
-        own = _field_names(type(self))
-        check_config_dict({**{name: getattr(self, name, None) for name in own}, **kwargs}, "config")
-        for field in TOP_LEVEL_FIELDS:
-            if field.name in kwargs:
-                kwargs[field.name] = field.check(kwargs[field.name])
-            elif field.name in own:
-                checked = field.check(getattr(self, field.name, None))
-                if field.kind == "dtype":
-                    self.dtype = checked
-        legacy = kwargs.get("torch_dtype")
-        if self.dtype is not None and legacy is not None and legacy != self.dtype:
-            raise ConfigError(
-                f"config gives two dtypes: `dtype` {str(self.dtype).removeprefix('torch.')!r} and `torch_dtype` "
-                f"{str(legacy).removeprefix('torch.')!r}; they must agree (keep one: `dtype`, the Transformers-5 name)"
-            )
-
-    def _check_token_ids(self) -> None:
-        """Every special token id must be a row of the vocabulary: in [0, vocab_size). Kimi-K3's ids, the
-        constructor's defaults, are dropped (with a note) when not given and beyond a smaller vocabulary."""
-        given = _GIVEN_KEYS.get()
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = getattr(self, name, None)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            beyond = [v for v in values if v is not None and not 0 <= v < self.vocab_size]
-            if not beyond:
-                continue
-            if given is not None and name not in given and value == getattr(type(self), name, None):
-                logger.info(
-                    "%s: Kimi-K3's default %s is beyond vocab_size %s; left unset", name, value, self.vocab_size
-                )
-                setattr(self, name, None)
-                continue
-            raise ConfigError(
-                f"`{name}` is {_show(value)}: id {beyond[0]} is beyond the vocabulary; expected every special token "
-                f"id in [0, {self.vocab_size}) (`vocab_size` is {self.vocab_size})"
-            )
+    def _beyond_vocabulary(self, name: str) -> list[int]:
+        ids = getattr(self, name) if isinstance(getattr(self, name), list) else [getattr(self, name)]
+        return [i for i in ids if i is not None and not 0 <= i < self.vocab_size]
 
     def _check_derived(self, given: dict) -> None:
         """``qk_head_dim`` / ``head_dim`` are derived from the MLA dims; a config may carry them (Transformers'
@@ -866,16 +707,15 @@ class Eagle31MLAConfig(PretrainedConfig):
                 "derived: or leave it out)"
             )
         head = given.get("head_dim")
-        accepted = (self.qk_rope_head_dim, self.qk_head_dim)  # Transformers' DeepSeek form; q/k's full head width
-        if head is not None and head not in accepted:
+        if head is not None and head not in (self.qk_rope_head_dim, self.qk_head_dim):
             raise ConfigError(
                 f"`head_dim` is {head}, which contradicts the MLA dims; expected `qk_rope_head_dim` "
                 f"({self.qk_rope_head_dim}, as Transformers' DeepSeek configs write it) or `qk_nope_head_dim` + "
                 f"`qk_rope_head_dim` ({self.qk_head_dim}); it is derived: or leave it out"
             )
 
-    def _check(self, rope_defaulted: bool = False) -> None:
-        """Rules across fields (each field's own type and domain: :meth:`_check_fields`)."""
+    def validate_architecture(self) -> None:
+        """The one-layer MLA drafter's shape (Transformers' own check is about widths this config has not)."""
         if self.num_hidden_layers != 1:
             raise ConfigError(f"`num_hidden_layers` is {self.num_hidden_layers}; this drafter has exactly 1 layer")
         if self.num_key_value_heads != self.num_attention_heads:
@@ -883,8 +723,6 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"`num_key_value_heads` ({self.num_key_value_heads}) must equal `num_attention_heads` "
                 f"({self.num_attention_heads}) for MLA"
             )
-        if self.qk_rope_head_dim % 2:
-            raise ConfigError(f"`qk_rope_head_dim` must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
         if self.draft_vocab_size > self.vocab_size:
             raise ConfigError(
                 f"`draft_vocab_size` ({self.draft_vocab_size}) exceeds `vocab_size` ({self.vocab_size}); it must be "
@@ -901,28 +739,40 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"`hidden_act` {_show(self.hidden_act)} is not a known activation; expected one of Transformers' "
                 "ACT2FN names (the published drafter: 'silu')"
             )
-        if self.rope_parameters["rope_type"] == "yarn":
-            original = self.rope_parameters["original_max_position_embeddings"]
-            if original > self.max_position_embeddings:
-                whose = (
+
+    def validate_token_ids(self) -> None:
+        """Every special token id is a row of the vocabulary, in [0, vocab_size): refused where Transformers'
+        own check only logs a warning."""
+        for name in _TOKEN_IDS:
+            beyond = self._beyond_vocabulary(name)
+            if beyond:
+                raise ConfigError(
+                    f"`{name}` is {_show(getattr(self, name))}: id {beyond[0]} is beyond the vocabulary; expected "
+                    f"every special token id in [0, {self.vocab_size}) (`vocab_size` is {self.vocab_size})"
+                )
+
+    def validate_rope(self) -> None:
+        """The rope slice and every number the model derives from the rope settings -- the inverse frequencies
+        and attention scaling (through the model's own rope init), ``softmax_scale`` and YaRN's mscale -- computed
+        once: values that pass each key's own domain yet break the math together (a theta near 1, a beta or
+        mscale whose logarithm overflows) are refused by name, never met as NaN logits or a raw error in the
+        first forward. (Transformers' own ``validate_rope`` only logs warnings, and checks no number.)"""
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"`qk_rope_head_dim` must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
+        rope = self.rope_parameters
+        if rope["rope_type"] == "yarn" and rope["original_max_position_embeddings"] > self.max_position_embeddings:
+            given = _GIVEN.get()
+            defaulted = given is not None and given.get("rope_parameters") is None and given.get("rope_scaling") is None
+            raise ConfigError(
+                f"yarn `original_max_position_embeddings` ({rope['original_max_position_embeddings']}) exceeds "
+                f"`max_position_embeddings` ({self.max_position_embeddings}); it must be <= max_position_embeddings"
+                + (
                     " (the constructor's default rope, Kimi-K3's YaRN, as no rope settings were given: pass "
                     "`rope_parameters`, e.g. {'rope_type': 'default'}, or a larger max_position_embeddings)"
+                    if defaulted
+                    else ""
                 )
-                raise ConfigError(
-                    f"yarn `original_max_position_embeddings` ({original}) exceeds `max_position_embeddings` "
-                    f"({self.max_position_embeddings}); it must be <= max_position_embeddings"
-                    + (whose if rope_defaulted else "")
-                )
-        self._check_token_ids()
-        self._check_rope_math()
-
-    def _check_rope_math(self) -> None:
-        """Every number the model derives from the rope settings -- the inverse frequencies and attention
-        scaling (through the model's own rope init), ``softmax_scale`` and YaRN's mscale -- computed once
-        here: values that pass each field's own domain yet break the math together (a theta near 1, a
-        beta or mscale whose logarithm overflows) are refused by name, never met as NaN logits or a raw
-        error in the first forward."""
-        rope = self.rope_parameters
+            )
         problem = None
         try:
             inv_freq, scaling = rope_frequencies(self)
@@ -947,45 +797,15 @@ class Eagle31MLAConfig(PretrainedConfig):
             )
 
 
-#: The keyword names the constructor was called with (from_dict passes a file's keys), so that a default
-#: the caller never wrote is told apart from a value given. None outside a constructor call.
-_GIVEN_KEYS: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("eagle31_mla_given_keys", default=None)
-
-
-def _recording_given_keys(init: Callable) -> Callable:
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        token = _GIVEN_KEYS.set(frozenset(kwargs))
-        try:
-            init(self, *args, **kwargs)
-        finally:
-            _GIVEN_KEYS.reset(token)
-
-    return __init__
-
-
-Eagle31MLAConfig.__init__ = _recording_given_keys(Eagle31MLAConfig.__init__)
-
-
-def _field_names(cls: type) -> frozenset[str]:
-    import dataclasses
-
-    return frozenset(f.name for f in dataclasses.fields(cls))
-
-
-__all__ += ["rope_frequencies", "EAGLE_CONFIG_FIELDS", "MAX_ROPE_NUMBER", "MAX_ROPE_THETA", "MIN_ROPE_NUMBER"]
+__all__ += ["rope_frequencies", "MAX_ROPE_NUMBER", "MAX_ROPE_THETA", "MIN_ROPE_NUMBER", "DOMAINS"]
 __all__ += ["REMOTE_CODE_FILES", "AUTO_MAP", "describe_rope", "ENGINE_ARCHITECTURE"]
+__all__ += ["RopeKeys", "EagleConfigKeys", "ExtraKeys", "setting", "dtype_setting", "expected", "check_settings"]
 __all__ += [
     "ACCEPTED_MODEL_TYPES",
     "KIMI_K3_ROPE_PARAMETERS",
-    "CONFIG_FIELDS",
-    "ConfigField",
     "resolve_dtype",
     "read_config_file",
     "check_config_dict",
-    "loads_json",
-    "DuplicateKeyError",
-    "not_a_regular_file",
     "MAX_INDEX",
     "MAX_CONFIG_DEPTH",
     "FLOAT_DTYPES",

@@ -212,16 +212,19 @@ def test_bad_configs_name_the_key(tmp_path, changes, message):
         read(tmp_path, published_k3_config(**changes))
 
 
-# ---- every field of the table, through the constructor (the malformed corpus covers config.json) ----
+# ---- every field of the config's dataclasses, through the constructor (the malformed corpus covers config.json) ----
 
 from eagle31_mla.model.configuration_eagle31_mla import (  # noqa: E402
-    CONFIG_FIELDS,
     FLOAT_DTYPES,
     MAX_INDEX,
     check_config_dict,
     read_config_file,
     resolve_dtype,
 )
+from tests.support.config_fields import CONFIG_KEYS  # noqa: E402
+
+#: The keys the generated cases cover (the aux-layer ids have a rule of their own: tests/unit/test_aux_layers.py).
+CONFIG_FIELDS = [key for key in CONFIG_KEYS if key.kind is not None]
 
 
 def _constructor_kwargs(field, value) -> dict:

@@ -9,6 +9,7 @@ standard library only, besides this package's configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -16,13 +17,8 @@ import numbers
 import torch
 from torch import nn
 
-from .configuration_eagle31_mla import (
-    TOP_LEVEL_FIELDS,
-    ConfigError,
-    not_a_regular_file,
-    read_config_file,
-    resolve_dtype,
-)
+from .checkpoint_eagle31_mla import not_a_regular_file, read_config_file
+from .configuration_eagle31_mla import ConfigError, resolve_dtype
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -354,9 +350,9 @@ def config_differences(a, b, limit: int = 6) -> list[str]:
     """The settings in which configs ``a`` and ``b`` differ, as ``key a -> b`` (at most ``limit``)."""
     try:
         da, db = a.to_dict(), b.to_dict()
+        relevant = {f.name for f in dataclasses.fields(a)}  # every setting: the config's dataclass fields
     except Exception:  # pragma: no cover - a config that cannot be written out: say nothing
         return []
-    relevant = {f.name for f in TOP_LEVEL_FIELDS} | {"rope_parameters", "eagle_aux_hidden_state_layer_ids"}
     keys = [k for k in sorted(relevant) if da.get(k) != db.get(k)]
     shown = [f"`{k}` {str(da.get(k))[:80]} (writer) vs {str(db.get(k))[:80]} (this drafter)" for k in keys[:limit]]
     return shown + ([f"and {len(keys) - limit} more"] if len(keys) > limit else [])
