@@ -19,8 +19,6 @@ import json
 import logging
 import os
 import re
-import reprlib
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointError",
-    "DuplicateKeyError",
-    "loads_json",
-    "not_a_regular_file",
-    "check_config_dict",
-    "read_config_file",
-    "MAX_CONFIG_DEPTH",
-    "short_repr",
     "PICKLE_SUFFIXES",
     "HUB_REPO_ID",
     "looks_like_a_local_path",
@@ -198,127 +189,6 @@ def resolve_model_folder(
     return Path(folder)
 
 
-# JSON files (config.json, a weight index) and paths, read without surprises: a key given twice is refused, a path
-# that is not a regular file is never opened, a config nested too deeply is refused by name (a ConfigError).
-
-#: How deeply a config.json may nest objects and lists (the published one nests 2 levels). Deeper
-#: nesting is refused by name instead of exhausting Python's recursion limit in a JSON reader or copy.
-MAX_CONFIG_DEPTH = 32
-
-_SHOW = reprlib.Repr()
-_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlevel, _SHOW.maxlong = 60, 60, 3, 60
-
-
-def short_repr(value) -> str:
-    """A short repr, safe for any value a JSON file can hold (huge, deep or long): how messages show a value."""
-    return _SHOW.repr(value)
-
-
-class DuplicateKeyError(Exception):
-    """A JSON object names one key twice (Python's reader would keep the last value without a word).
-    Not a ValueError on purpose: a JSON reader's own errors are ValueErrors."""
-
-    def __init__(self, key: str, first, second):
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-    def describe(self) -> str:
-        return (
-            f"gives key {self.key[:100]!r} twice in one object (first {short_repr(self.first)}, then "
-            f"{short_repr(self.second)}); expected each key once (a JSON reader keeps the last one silently)"
-        )
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKeyError(key, out[key], value)
-        out[key] = value
-    return out
-
-
-def loads_json(text: str):
-    """``json.loads`` refusing duplicate keys (:class:`DuplicateKeyError`); every JSON file the loader
-    reads (config.json, the weight index) goes through it."""
-    return json.loads(text, object_pairs_hook=_no_duplicate_keys)
-
-
-def not_a_regular_file(path: Path) -> str | None:
-    """What ``path`` is when it exists but is not a regular file (``"a folder"``, ``"a FIFO (named pipe)"``,
-    ``"a symlink to /dev/zero, which is a character device"``); None for a regular file or nothing. Never opens it:
-    a FIFO would block the reader, a device would never end."""
-    try:
-        mode = path.stat().st_mode  # follows symlinks; stat never blocks, not even on a FIFO
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"))
-    kinds += ((stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    kind = next((words for test, words in kinds if test(mode)), "not a regular file")
-    if path.is_symlink():
-        return f"a symlink to {os.path.realpath(path)}, which is {kind}"
-    return kind
-
-
-def check_config_dict(data, where: str = "config.json") -> dict:
-    """``data`` if it can be a config (a JSON object nested at most :data:`MAX_CONFIG_DEPTH` levels);
-    else :class:`ConfigError`. Walks iteratively: no recursion, whatever the depth."""
-    from .configuration_eagle31_mla import ConfigError
-
-    if data is None:
-        raise ConfigError(f"{where} holds null; expected a JSON object (a dict of settings)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must hold a JSON object (a dict of settings), got {type(data).__name__}")
-    stack: list[tuple[object, str, int]] = [(data, "", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_CONFIG_DEPTH:
-            raise ConfigError(
-                f"{where} nests objects/lists more than {MAX_CONFIG_DEPTH} levels deep (at `{path[:200]}`); "
-                f"expected at most {MAX_CONFIG_DEPTH} levels (a config nests 2)"
-            )
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        for key, item in items:
-            if isinstance(item, (dict, list)):
-                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
-    return data
-
-
-def read_config_file(path: str | os.PathLike) -> dict:
-    """The settings in a ``config.json``, or :class:`ConfigError` saying what is wrong with the file:
-    a dangling symlink, not UTF-8, not JSON, ``null`` or not an object, nested too deeply (Python's JSON
-    reader raises ``RecursionError`` from about 1,000 levels), or a number too long to read."""
-    from .configuration_eagle31_mla import ConfigError
-
-    path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise ConfigError(
-            f"{path} is a symlink to {os.readlink(path)}, which does not resolve (a dangling link: an interrupted "
-            "download or a moved cache?); expected the drafter's config.json"
-        )
-    kind = not_a_regular_file(path)
-    if kind:
-        raise ConfigError(f"{path} is {kind}; expected a regular file (the drafter's config.json)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not readable ({err}); expected a UTF-8 JSON file") from None
-    try:
-        data = loads_json(text)
-    except DuplicateKeyError as err:
-        raise ConfigError(f"{path} {err.describe()}") from None
-    except RecursionError:
-        raise ConfigError(
-            f"{path} nests objects/lists too deeply to read; expected at most {MAX_CONFIG_DEPTH} "
-            "levels (a config nests 2)"
-        ) from None
-    except ValueError as err:  # JSONDecodeError, and a number of more than 4300 digits
-        raise ConfigError(f"{path} is not valid JSON ({err}); expected a JSON object of settings") from None
-    return check_config_dict(data, str(path))
-
-
 def _dangling(path: Path) -> bool:
     return path.is_symlink() and not path.exists()
 
@@ -354,6 +224,7 @@ def checkpoint_files(folder: Path, *, allow_pickle: bool = False) -> list[Path]:
 
     An index may only name files inside ``folder`` (no absolute path, no ``..``); a weight file that is
     a symlink to nothing (an interrupted download) is reported as such."""
+    from .configuration_eagle31_mla import DuplicateKeyError, loads_json, not_a_regular_file
 
     def refuse_irregular(path: Path, what: str, expected: str, shown: str | None = None) -> None:
         kind = not_a_regular_file(path)

@@ -19,8 +19,7 @@ import numbers
 import torch
 from torch import nn
 
-from .checkpoint_eagle31_mla import not_a_regular_file, read_config_file
-from .configuration_eagle31_mla import ConfigError, resolve_dtype
+from .configuration_eagle31_mla import ConfigError, not_a_regular_file, read_config_file, resolve_dtype
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",

@@ -29,15 +29,15 @@ def _read_config(path_or_id: str) -> tuple[dict, str]:
     """The config dict and its file. :class:`ConfigError` for a config.json that is JSON but cannot be a
     config (null, not an object, nested too deeply, a dangling link): the drafter is refused. Unreadable
     input (no such folder, not JSON) stays an :class:`InputError`."""
-    from ..model.checkpoint_eagle31_mla import (
+    from ..model.configuration_eagle31_mla import (
         MAX_CONFIG_DEPTH,
+        ConfigError,
         DuplicateKeyError,
         check_config_dict,
         loads_json,
         not_a_regular_file,
         read_config_file,
     )
-    from ..model.configuration_eagle31_mla import ConfigError
     from ..serving.engines import InputError
 
     local = _local_config_file(path_or_id)
