@@ -340,7 +340,7 @@ def serve():
         stub = Stub(kind, **options)
         server = ThreadingHTTPServer(("127.0.0.1", 0), stub.handler())
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # quick to shut down
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}", stub
 
@@ -853,7 +853,7 @@ def test_a_plain_web_server_is_not_an_openai_server(prompts, capsys, tmp_path):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # quick to shut down
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         check_refused(measure, url, "vllm", prompts, capsys, tmp_path, "GET /v1/models answered HTTP 404")

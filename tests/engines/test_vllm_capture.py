@@ -270,7 +270,7 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
     command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]
     command += ["--out", str(tuned), "--steps", "4", "--batch-size", "4", "--quiet"]
-    run = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo"})
+    run = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})  # a thread per rank
     assert run.returncode == 0, run.stderr[-3000:]
     drafter = Eagle31MLAForCausalLM.from_pretrained(tuned)
     assert drafter.dtype == torch.bfloat16 and list(drafter.config.aux_layer_ids.one_based) == [1, 2, 3]
