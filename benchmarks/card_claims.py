@@ -37,25 +37,16 @@ def eagle3_drafter(target, sequences, work: Path):
     """The EAGLE-3 control, trained like the shipped drafter (cached in `work`)."""
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import DEMO_DIR
-    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, train_drafter
+    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, layer_settings, train_drafter
 
     folder = work / "eagle3"
     recipe = json.loads((DEMO_DIR / "draft" / "training.json").read_text())
     shipped = json.loads((DEMO_DIR / "draft" / "config.json").read_text())
     torch.manual_seed(2)  # as scripts/build_demo_pair.py
-    keys = (
-        "intermediate_size",
-        "num_attention_heads",
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_nope_head_dim",
-        "qk_rope_head_dim",
-        "v_head_dim",
-        "max_position_embeddings",
-        "rope_parameters",
-        "eagle_aux_hidden_state_layer_ids",
-    )
-    drafter = drafter_for_target(target, fc_norm=False, norm_output=False, **{k: shipped[k] for k in keys})
+    ids = shipped["eagle_aux_hidden_state_layer_ids"]
+    plain = dict(fc_norm=False, norm_output=False, eagle_aux_hidden_state_layer_ids=ids)  # EAGLE-3, same ids
+    layer = layer_settings(shipped)  # the shipped drafter's own layer
+    drafter = drafter_for_target(target, **plain, **layer)
     train_drafter(target, drafter, sequences, folder, TrainingConfig(**recipe))  # resumes: a no-op once trained
     return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
