@@ -52,7 +52,7 @@ class DemoResult:
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:
-    from .decoding.prompts import read_prompts
+    from .prompts import read_prompts
 
     return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
 

@@ -199,7 +199,7 @@ def test_capture_conversations_then_train_anchored(tmp_path, capsys):
     from transformers import AutoTokenizer
 
     from eagle31_mla.cli import main
-    from eagle31_mla.decoding.prompts import conversation_sequences
+    from eagle31_mla.prompts import conversation_sequences
     from eagle31_mla.training.captured import CapturedStates
 
     chats = tmp_path / "chats.jsonl"

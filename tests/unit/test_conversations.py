@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from eagle31_mla.cli import main
-from eagle31_mla.decoding.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 from eagle31_mla.demo import DEMO_DIR
+from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers

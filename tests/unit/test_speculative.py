@@ -26,7 +26,6 @@ from transformers import (
 
 from eagle31_mla import AuxLayerIdError, AuxLayerIds
 from eagle31_mla.decoding import speculative as spec
-from eagle31_mla.decoding.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
 from eagle31_mla.decoding.speculative import (
     AcceptanceStats,
     accept_chain,
@@ -39,6 +38,7 @@ from eagle31_mla.model.sampling_eagle31_mla import (
     sample_from_logits,
     sampling_probs as target_probs,  # the reference loop's rule too
 )
+from eagle31_mla.prompts import PromptError, eos_token_ids, prompt_token_ids, read_prompts
 from tests.support.tiny import tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.

@@ -197,7 +197,7 @@ def _acceptance_server(args: SimpleNamespace) -> int:
         return error("--server needs --engine vllm, sglang or tokenspeed (what serves it)")
     if args.log is not None and args.engine != "tokenspeed":
         return error(f"--log reads TokenSpeed's scheduler log; --engine is {args.engine}")
-    from ..decoding.prompts import PromptError
+    from ..prompts import PromptError
     from ..serving.live import LiveError, format_report, measure_server, write_json_atomic
 
     try:
@@ -236,8 +236,8 @@ def _acceptance_server(args: SimpleNamespace) -> int:
 
 def _acceptance_offline(args: SimpleNamespace) -> int:
     """``acceptance --target --draft``: the reference loop on the pair loaded here."""
-    from ..decoding.prompts import prompt_token_ids, read_prompt_lines
     from ..decoding.speculative import check_settings
+    from ..prompts import prompt_token_ids, read_prompt_lines
     from ..serving.engines import InputError, Target, check_roles, read_config_json
 
     # everything that can be checked without the models' weights, before loading them (minutes for a

@@ -49,8 +49,8 @@ def capture(args: SimpleNamespace) -> int:
     top-k next-token log-probabilities per token into --out (safetensors shards and a manifest). Resumes
     what --out holds. vLLM >= 0.29 (its `extract_hidden_states` method); --engine-args go to vLLM as they
     are (tensor_parallel_size, max_model_len, dtype, ...)."""
-    from ..decoding.prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
     from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
+    from ..prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
     from ..serving.engines import InputError, Target, check_roles, read_config_json
     from ..training.captured import CapturedDataError, bytes_per_token
 

@@ -128,7 +128,7 @@ def train(args: SimpleNamespace) -> int:
 
     if launched_by_torchrun():
         return error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
-    from ..decoding.prompts import PromptError, conversation_sequences, read_corpus
+    from ..prompts import PromptError, conversation_sequences, read_corpus
     from ..serving.engines import InputError, check_roles, probe_output_folder, read_config_json
 
     try:  # everything that can be checked before the target's weights are loaded

@@ -1,2 +1,2 @@
-"""Reference speculative decoding with a Transformers target: the round (draft, verify, accept, roll back), the
-target side (aux states read out of its forward), prompts and EOS ids."""
+"""Reference speculative decoding with a Transformers target: the round (draft, verify, accept, roll back) and the
+target side (aux states read out of its forward)."""

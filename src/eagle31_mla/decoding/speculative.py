@@ -35,7 +35,7 @@ The accept length is tokens per verification round, counting the bonus/correctio
 drafts + 1, the number engines report (ceiling ``num_steps + 1``).
 
 Aux states are read as :mod:`eagle31_mla.decoding.target` reads them (an id equal to the target's depth
-pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.decoding.prompts` reads them.
+pre-norm, through a hook); prompts and EOS ids as :mod:`eagle31_mla.prompts` reads them.
 
 Sampling backends: ``sampling_backend="torch"`` (the default) draws with ``torch.multinomial`` and the
 rules above; ``"flashinfer"`` (CUDA, the ``[gpu]`` extra, :mod:`eagle31_mla.model.flashinfer_backend`) truncates
@@ -72,8 +72,8 @@ from ..model.validation_eagle31_mla import (
     check_sampling_settings,
     describe_value,
 )
+from ..prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
 from ..serving.engines import max_tree_draft_tokens
-from .prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
 from .target import CachedTarget, TargetAuxCapture
 
 __all__ = [

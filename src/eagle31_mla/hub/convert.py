@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..decoding.prompts import eos_token_ids
+from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from ..serving.engines import KIMI_K3_TARGET, InputError
 

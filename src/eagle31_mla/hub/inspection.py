@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..decoding.prompts import eos_token_ids
+from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from ..serving.engines import KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
 

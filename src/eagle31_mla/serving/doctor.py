@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..decoding.prompts import eos_token_ids
 from ..model.aux_layers import (
     IDS_KEY,
     AuxLayerIdError,
@@ -29,6 +28,7 @@ from ..model.aux_layers import (
     aux_layer_ids_from_config,
 )
 from ..model.configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
+from ..prompts import eos_token_ids
 from . import compatibility
 from .engine_facts import (
     ENGINE_NAMES,

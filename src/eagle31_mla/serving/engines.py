@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..decoding.prompts import eos_token_ids
 from ..model.aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
 from ..model.checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
+from ..prompts import eos_token_ids
 from .engine_facts import (
     KIMI_K3_MODEL_TYPE,
     KIMI_K3_MULTIMODAL,

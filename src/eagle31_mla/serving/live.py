@@ -1,6 +1,6 @@
 """Accept length of a running deployment: ``eagle31-mla acceptance --server URL`` (no model loaded here).
 
-The prompts of a prompts file (:func:`eagle31_mla.decoding.prompts.read_prompt_lines`, checked by FILE:LINE) go to the
+The prompts of a prompts file (:func:`eagle31_mla.prompts.read_prompt_lines`, checked by FILE:LINE) go to the
 server's OpenAI endpoints with the ``openai`` client (``/v1/completions``: text, or token ids for an id-list /
 ``input_ids`` prompt; ``/v1/chat/completions``: ``messages``, and text prompts under ``chat=True``), greedy by
 default, non-streaming, ``concurrency`` at a time (a :class:`~concurrent.futures.ThreadPoolExecutor`). What is not
@@ -981,8 +981,8 @@ def measure_server(
     ``server`` (url, engine, model, version, attribution "per-request" | "aggregate", source),
     ``confidence_interval_95`` (None for aggregate runs), ``tokens_per_second``, ``wall_time_s``, ``notes``
     and, with ``expect`` or ``reference``, ``verdict`` (:func:`compare`). Raises :class:`LiveError`."""
-    from ..decoding.prompts import read_prompt_lines
     from ..model.modeling_eagle31_mla import check_sampling_settings
+    from ..prompts import read_prompt_lines
 
     if engine not in ENGINES:
         raise LiveError(f"engine {engine!r}; expected one of {', '.join(ENGINES)}")

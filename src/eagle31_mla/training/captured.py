@@ -10,7 +10,7 @@ concatenated along the token axis:
 * ``topk_logprobs`` [T, K] float32 and ``topk_ids`` [T, K] int32: the target's K most likely next tokens
   after position t and their log-probabilities, as the engine computed them: the loss input;
 * ``loss_mask`` [T] uint8: 1 where the token is trained on (every token of a text capture; the assistant
-  content of a conversation, :func:`eagle31_mla.decoding.prompts.conversation_tokens`), as the manifest's
+  content of a conversation, :func:`eagle31_mla.prompts.conversation_tokens`), as the manifest's
   ``loss_mask`` says ("all", "assistant" or "last-turn").
 
 Why log-probabilities and not the target's last hidden state: the engine's own numbers hold for every

@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..decoding.prompts import eos_token_ids
 from ..decoding.target import capture_target_states
 from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+from ..prompts import eos_token_ids
 
 __all__ = [
     "TrainingConfig",
@@ -485,7 +485,7 @@ class LiveTarget:
     """Training batches from a Transformers target run on each batch: the target on the trainer's device.
 
     ``sequences``: [N, S] token ids, or sequences of different lengths (conversations) with their
-    ``loss_masks`` (:func:`eagle31_mla.decoding.prompts.conversation_tokens`); a batch pads them at the end, and the
+    ``loss_masks`` (:func:`eagle31_mla.prompts.conversation_tokens`); a batch pads them at the end, and the
     padding is masked out (the target is causal: padding after a sequence does not change its states)."""
 
     def __init__(self, target, sequences, loss_masks=None):

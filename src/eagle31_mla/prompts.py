@@ -57,14 +57,14 @@ def _is_tensor(value) -> bool:
 
 
 def _draft_input_error(message: str) -> Exception:
-    from ..model.modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
+    from .model.modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
 
     return DraftInputError(message)
 
 
 def _shown(value) -> str:
     """A refused value as the library's messages show it."""
-    from ..model.modeling_eagle31_mla import describe_value
+    from .model.modeling_eagle31_mla import describe_value
 
     return describe_value(value)
 
@@ -260,7 +260,7 @@ def prompt_tensor(input_ids, vocab_size: int):
     the vocabulary are a DraftInputError, never cast."""
     import torch
 
-    from ..model.modeling_eagle31_mla import DraftInputError
+    from .model.modeling_eagle31_mla import DraftInputError
 
     if isinstance(input_ids, torch.Tensor):
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
