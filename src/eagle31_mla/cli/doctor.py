@@ -33,6 +33,14 @@ from .common import error, option, subcommand
     metavar="NAME=VALUE",
     help="the serving environment (default: this shell's), e.g. VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0",
 )
+@option(
+    "--prefill-command",
+    type=params.LAUNCH_COMMAND,
+    metavar="COMMAND",
+    help="a PD-disaggregated pair: the prefill instance's launch command (quoted; with --decode-command; the draft "
+    "and target come from the commands)",
+)
+@option("--decode-command", type=params.LAUNCH_COMMAND, metavar="COMMAND", help="the decode instance's launch command")
 @option("--json", is_flag=True, help="machine-readable output")
 @option("--list-checks", is_flag=True, help="list every check id and what it catches")
 def doctor(args: SimpleNamespace) -> int:
@@ -47,6 +55,8 @@ def doctor(args: SimpleNamespace) -> int:
         for check, what in CHECKS.items():
             print(f"{check:<30} {what}")
         return 0
+    if args.prefill_command or args.decode_command:
+        return _pd(args)
     missing = [
         flag
         for flag, value in (("--draft", args.draft), ("--target", args.target), ("--engine", args.engine))
@@ -81,6 +91,36 @@ def doctor(args: SimpleNamespace) -> int:
             layers_to_capture=layers,
             draft_name=args.draft,
         )
+    except (InputError, ValueError) as err:
+        return error(str(err))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
+def _pd(args: SimpleNamespace) -> int:
+    """doctor --prefill-command ... --decode-command ...: a PD-disaggregated pair (eagle31_mla.serving.pd)."""
+    from ..serving.engines import InputError
+    from ..serving.pd import diagnose_pd, parse_launch
+
+    missing = [
+        flag
+        for flag in ("--prefill-command", "--decode-command", "--engine")
+        if not getattr(args, flag[2:].replace("-", "_"))
+    ]
+    if missing:
+        return error(f"a PD pair needs {', '.join(missing)}")
+    for flag in ("--draft", "--target", "--eagle3-layers-to-capture", "--env"):
+        if getattr(args, flag[2:].replace("-", "_")):
+            return error(f"argument {flag}: a PD pair takes it from --prefill-command and --decode-command")
+    try:
+        sides = [
+            parse_launch(args.engine, command, f"argument {flag}")
+            for flag, command in (
+                ("--prefill-command", args.prefill_command),
+                ("--decode-command", args.decode_command),
+            )
+        ]
+        report = diagnose_pd(*sides, version=args.engine_version, with_plugin=args.with_plugin)
     except (InputError, ValueError) as err:
         return error(str(err))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())

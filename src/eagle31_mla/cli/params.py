@@ -278,12 +278,38 @@ class ServerUrl(Checked):
         return text.strip()
 
 
+class LaunchCommand(Checked):
+    """A serving engine's launch command line, as a shell would split it (read by :func:`..serving.pd.parse_launch`
+    once the engine is known)."""
+
+    name = "command"
+
+    def check(self, text: str) -> str:
+        import shlex
+
+        from ..serving.pd import LAUNCHERS
+
+        try:
+            words = shlex.split(text)
+        except ValueError as err:
+            raise Refused(str(err)) from None
+        launchers = {launcher for engine in LAUNCHERS.values() for launcher in engine}
+        if not any(tuple(words[i : i + len(x)]) == x for x in launchers for i in range(len(words))):
+            raise Refused
+        return text
+
+
 ENGINE_ARGUMENTS = EngineArguments(
     "a JSON object of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 8}'", ("text", "empty", "nan")
 )
 SIZE = Size(
     "a size like 10GB, 512MiB or a number of bytes (> 0)",
     ("zero", "negative", "nan", "inf", "text", "empty", "fullwidth", "underscore"),
+)
+LAUNCH_COMMAND = LaunchCommand(
+    "an engine's launch command line, like 'vllm serve MODEL --speculative-config ... --kv-transfer-config ...' "
+    "(or sglang serve / tokenspeed serve / python -m ...)",
+    ("empty", "text"),
 )
 SERVER_URL = ServerUrl(
     "an http:// or https:// URL of a running server, like http://127.0.0.1:8000", ("empty", "text", "scheme", "nohost")

