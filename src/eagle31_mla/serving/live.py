@@ -553,9 +553,14 @@ def likely_causes(measured: float, expected: float, engine: str) -> list[str]:
         f" ({vllm_facts.KIMI_K3_STREAM_ENV}=1)" if engine == "vllm" else ""
     )
     off_by_one = f"aux ids off by one layer (about -{OFF_BY_ONE_COST} accept length on Kimi-K3, per the model card)"
+    pd = (
+        "in a PD-disaggregated deployment, a drafter KV that does not arrive as the decode side's drafter computes it "
+        "(a prefill side without the drafter, with another drafter or KV dtype, or a connector that garbles it): "
+        "check the pair with eagle31-mla doctor --prefill-command ... --decode-command ..."
+    )
     if near_one:
-        return [convention, off_by_one, stream]
-    return [off_by_one, stream, convention]
+        return [convention, off_by_one, stream, pd]
+    return [off_by_one, stream, convention, pd]
 
 
 PLUGIN_HINT = {

