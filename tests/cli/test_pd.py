@@ -93,6 +93,14 @@ def test_the_pair_serve_command_prints_is_one_doctor_passes(engine, models, caps
         assert "--disaggregation-bootstrap-port 8998" in lines(printed)[0]
 
 
+def test_the_cli_offers_the_connectors_the_library_takes():
+    """The CLI keeps its own list (importing eagle31_mla.serving.pd would load torch for --help): the same."""
+    from eagle31_mla.cli.serve_command import CONNECTORS
+    from eagle31_mla.serving.pd import PD_CONNECTORS
+
+    assert {engine: tuple(c) for engine, c in CONNECTORS.items()} == PD_CONNECTORS
+
+
 def test_the_text_form_lists_the_two_sides_and_the_router(models, capsys):
     code, out, err = run(
         ["serve-command", "--engine", "sglang", "--pd", "--target", models["k3"], "--draft", models["draft"]], capsys
