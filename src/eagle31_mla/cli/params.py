@@ -239,6 +239,27 @@ LAYER_IDS = LayerIds(
 )
 
 
+class PartOf(Checked):
+    """'I/N': one of N capture processes writing one spool."""
+
+    name = "part"
+
+    def check(self, text: str) -> tuple[int, int]:
+        part, slash, parts = text.strip().partition("/")
+        if not (slash and _INT.fullmatch(part) and _INT.fullmatch(parts)):
+            raise Refused
+        i, n = int(part), int(parts)
+        if not 1 <= i <= n <= 1024:
+            raise Refused
+        return i, n
+
+
+PART = PartOf(
+    "I/N with 1 <= I <= N <= 1024: this process's part of N capture processes (e.g. 2/4)",
+    ("zero", "negative", "text", "fraction", "empty", "fullwidth", "slashes"),
+)
+
+
 class EngineArguments(Checked):
     name = "json"
 
@@ -456,9 +477,17 @@ class CaptureFolder(_Path):
         if not text.strip():
             raise Refused
         self.base(text)
-        if not (Path(text).expanduser() / MANIFEST).is_file():
-            raise Refused(f"no {MANIFEST} there")
+        folder = Path(text).expanduser()
+        if not (folder / MANIFEST).is_file() and not _is_spool(folder):
+            raise Refused(f"no {MANIFEST} there, and not a spool (`capture --spool`)")
         return text
+
+
+def _is_spool(folder: Path) -> bool:
+    """An empty folder (a spool the capture has not written yet) or one holding part-I-of-N folders."""
+    from ..training.spool import is_spool
+
+    return is_spool(folder)
 
 
 # click.Path's own checks, declared: exists, file_okay / dir_okay (a folder where a file is expected, or the
@@ -502,7 +531,7 @@ CONFIG = ModelRef(
     "a model folder, its config.json, or a Hub repo id like org/name", ("missing", "empty", "toolong"), "input"
 )
 CAPTURE_FOLDER = CaptureFolder(
-    "a folder `eagle31-mla capture` wrote (with manifest.json)",
+    "a folder `eagle31-mla capture` wrote (with manifest.json), or its spool (`capture --spool`)",
     ("missing", "file", "empty", "toolong"),
     "input",
     exists=True,

@@ -4,6 +4,8 @@ test-time training, live or from captured states."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 from . import params
@@ -50,7 +52,19 @@ from .common import OneOf, error, option, resolve_device, subcommand
     "positions); hidden size and vocabulary still come from the target (default: the published drafter's layer)",
 )
 @option("--eagle3", is_flag=True, help="plain EAGLE-3 (no fc_norm, no norm_output)")
-@option("--steps", type=params.POSITIVE_INT, default=1000)
+@option(
+    "--follow",
+    is_flag=True,
+    help="--data: train while the capture is written (a spool from `capture --spool`, or a capture folder), each "
+    "sequence in the order written; a spool's shards are removed once trained and checkpointed",
+)
+@option(
+    "--epochs",
+    type=params.POSITIVE_INT,
+    default=None,
+    help="--follow: passes over the capture (default 1; later passes shuffled); the steps follow from it",
+)
+@option("--steps", type=params.POSITIVE_INT, default=None, help="training steps (default 1000)")
 @option("--batch-size", type=params.POSITIVE_INT, default=16)
 @option("--seq-len", type=params.POSITIVE_INT, default=128, help="tokens per sequence, > --depth (default 128)")
 @option("--depth", type=params.POSITIVE_INT, default=None, help="TTT unroll depth (default 4; --init: 7)")
@@ -98,6 +112,14 @@ def train(args: SimpleNamespace) -> int:
             )
         if args.eagle3:
             return error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
+    if args.follow and args.data is None:
+        return error("argument --follow: applies to --data only")
+    if args.epochs is not None and not args.follow:
+        return error("argument --epochs: applies to --follow only (otherwise --steps says how long to train)")
+    if args.follow and args.steps is not None:
+        return error("argument --steps: with --follow the steps follow from the capture's size and --epochs")
+    args.steps = args.steps or 1000
+    args.epochs = args.epochs or 1
     args.aux_layers = init_ids or args.aux_layers
     args.layer = {}
     if args.draft_config is not None:  # checked before any weight loads
@@ -233,12 +255,21 @@ def _training_config(args: SimpleNamespace, seq_len: int):
 
 def _train_on_captured(args: SimpleNamespace) -> int:
     from ..serving.engines import InputError, Target, check_roles, read_config_json
-    from ..training.captured import CapturedDataError, CapturedStates
+    from ..training.captured import MANIFEST, CapturedDataError, CapturedStates
 
     try:
         target_json, _ = read_config_json(args.target)
         check_roles(target_json, None, args.target)
-        data = CapturedStates(args.data)
+        if args.follow:
+            from ..training.spool import FollowedCapture, stream_steps
+
+            data = FollowedCapture(args.data, say=_say)
+            data.check_plan(args.batch_size, args.epochs)
+            args.steps = stream_steps(len(data), args.epochs, args.batch_size)
+        elif not (Path(args.data) / MANIFEST).is_file():
+            raise InputError(f"argument --data: {args.data} holds no {MANIFEST}; a spool is read with --follow")
+        else:
+            data = CapturedStates(args.data)
         target = Target.from_config(target_json, args.target)
         captured = data.manifest.target
         found = (target.num_layers, target.hidden_size, target.vocab_size)
@@ -280,8 +311,13 @@ def _train_on_captured(args: SimpleNamespace) -> int:
             norm_output=not args.eagle3,
             **args.layer,
         )
-    states = CapturedTarget(data, target.vocab_size, device)
-    config = _training_config(args, data.longest)
+    if args.follow:
+        from ..training.spool import FollowTarget
+
+        states = FollowTarget(data, target.vocab_size, device, epochs=args.epochs)
+    else:
+        states = CapturedTarget(data, target.vocab_size, device)
+    config = _training_config(args, args.seq_len if args.follow else data.longest)
     from ..training.distributed import launched_by_torchrun
 
     if launched_by_torchrun():
@@ -297,3 +333,9 @@ def _train_on_captured(args: SimpleNamespace) -> int:
         f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
     )
     return 0
+
+
+def _say(line: str) -> None:
+    """A waiting trainer says so (on stderr, beside the progress bar), from rank 0 only."""
+    if not int(os.environ.get("RANK", 0)):
+        print(f"train: {line}", file=sys.stderr, flush=True)

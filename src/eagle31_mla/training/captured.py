@@ -51,6 +51,8 @@ __all__ = [
     "write_manifest",
     "read_manifest",
     "bytes_per_token",
+    "shard_bytes",
+    "check_shard",
     "LOSS_MASKS",
 ]
 
@@ -78,6 +80,12 @@ def inputs_digest(sequences: Sequence[Sequence[int]], loss_masks: Sequence[Seque
     return digest.hexdigest()
 
 
+def shard_bytes(tokens: int, sequences: int, num_aux: int, hidden_size: int, dtype: torch.dtype, top_k: int) -> int:
+    """At least the bytes of a shard of ``sequences`` holding ``tokens`` (what :func:`write_shard` writes): the
+    tensors, and 4 KiB for the safetensors header (about 1 KiB: seven names, shapes and offsets)."""
+    return bytes_per_token(num_aux, hidden_size, dtype, top_k) * tokens + 16 * sequences + 8 + 4096
+
+
 def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype, top_k: int) -> int:
     """Disk bytes per captured token: the aux states, the top-k log-probabilities and ids, the token id and
     its loss-mask byte."""
@@ -95,7 +103,9 @@ class CaptureManifest:
     engine: str  # e.g. "vllm 0.32.0"
     draft: str | None = None
     loss_mask: str = "all"  # which tokens are trained on: "all", "assistant" or "last-turn" (conversations)
-    shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "sequences", "tokens"}
+    shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "sequences", "tokens", "input_index"}
+    # a capture streamed through a spool (training.spool.SpoolSettings): its part, the whole capture's size, the cap
+    spool: dict[str, Any] | None = None
     format: str = FORMAT
     version: int = VERSION
 
@@ -188,12 +198,66 @@ def read_manifest(folder: str | Path) -> CaptureManifest:
     return manifest
 
 
+def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) -> tuple[list[int], torch.Tensor]:
+    """A shard's tensors, shapes, dtypes and index against its manifest entry: (its input indices, its offsets).
+    Raises :class:`CapturedDataError` naming the shard and the field that is wrong."""
+    from safetensors import safe_open
+
+    hidden, k, top_k = manifest.target["hidden_size"], len(manifest.aux_layer_ids), manifest.top_k
+    where = f"{path}"
+    if not path.is_file():
+        raise CapturedDataError(f"{where}: listed in the manifest but missing")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            expected = {"token_ids", "offsets", "input_index", "aux", "topk_logprobs", "topk_ids", "loss_mask"}
+            if names != expected:
+                raise CapturedDataError(f"{where}: tensors {sorted(names)}; expected {sorted(expected)}")
+            shapes = {name: list(f.get_slice(name).get_shape()) for name in expected}
+            offsets = f.get_tensor("offsets")
+            input_index = f.get_tensor("input_index").tolist()
+            dtypes = {name: f.get_slice(name).get_dtype() for name in ("aux", "topk_logprobs", "topk_ids", "loss_mask")}
+            mask_values = f.get_tensor("loss_mask").unique().tolist()
+    except CapturedDataError:
+        raise
+    except Exception as err:  # a truncated or damaged file: safetensors' own message says how
+        raise CapturedDataError(f"{where}: not a readable safetensors shard ({err})") from None
+    tokens, n = entry["tokens"], entry["sequences"]
+    want = {
+        "token_ids": [tokens],
+        "offsets": [n + 1],
+        "input_index": [n],
+        "aux": [tokens, k, hidden],
+        "topk_logprobs": [tokens, top_k],
+        "topk_ids": [tokens, top_k],
+        "loss_mask": [tokens],
+    }
+    for name, shape in want.items():
+        if shapes[name] != shape:
+            raise CapturedDataError(
+                f"{where}: `{name}` has shape {shapes[name]}; the manifest ({k} aux layers, hidden size "
+                f"{hidden}, top-{top_k}, {n} sequences, {tokens} tokens) needs {shape}"
+            )
+    want_dtypes = {
+        "aux": {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[manifest.dtype],
+        "topk_logprobs": "F32",
+        "topk_ids": "I32",
+        "loss_mask": "U8",
+    }
+    for name, found in dtypes.items():
+        if found != want_dtypes[name]:
+            raise CapturedDataError(f"{where}: `{name}` is {found}; expected {want_dtypes[name]}")
+    if not set(mask_values) <= {0, 1}:
+        raise CapturedDataError(f"{where}: `loss_mask` holds {sorted(mask_values)}; expected only 0 and 1")
+    if input_index != entry["input_index"] or int(offsets[-1]) != tokens or bool((offsets.diff() < 1).any()):
+        raise CapturedDataError(f"{where}: its sequence index or offsets disagree with the manifest")
+    return input_index, offsets
+
+
 class CapturedStates:
     """The sequences of a capture folder, every shard checked against the manifest when opened."""
 
     def __init__(self, folder: str | Path, *, aux_layer_ids: Sequence[int] | None = None):
-        from safetensors import safe_open
-
         self.folder = Path(folder)
         self.manifest = manifest = read_manifest(folder)
         if aux_layer_ids is not None and list(aux_layer_ids) != manifest.aux_layer_ids:
@@ -201,62 +265,12 @@ class CapturedStates:
                 f"{self.folder}: captured at aux layers {manifest.aux_layer_ids} (one-based), but the drafter reads "
                 f"{list(aux_layer_ids)}; capture again with the drafter's ids"
             )
-        hidden, k, top_k = manifest.target["hidden_size"], len(manifest.aux_layer_ids), manifest.top_k
         dtype = getattr(torch, manifest.dtype)
         self._index: list[tuple[Path, int, int]] = []  # (shard, start, end) per sequence, in input order
         entries = []
         for entry in manifest.shards:
             path = self.folder / entry["file"]
-            where = f"{path}"
-            if not path.is_file():
-                raise CapturedDataError(f"{where}: listed in the manifest but missing")
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    names = set(f.keys())
-                    expected = {"token_ids", "offsets", "input_index", "aux", "topk_logprobs", "topk_ids", "loss_mask"}
-                    if names != expected:
-                        raise CapturedDataError(f"{where}: tensors {sorted(names)}; expected {sorted(expected)}")
-                    shapes = {name: list(f.get_slice(name).get_shape()) for name in expected}
-                    offsets = f.get_tensor("offsets")
-                    input_index = f.get_tensor("input_index").tolist()
-                    dtypes = {
-                        name: f.get_slice(name).get_dtype()
-                        for name in ("aux", "topk_logprobs", "topk_ids", "loss_mask")
-                    }
-                    mask_values = f.get_tensor("loss_mask").unique().tolist()
-            except CapturedDataError:
-                raise
-            except Exception as err:  # a truncated or damaged file: safetensors' own message says how
-                raise CapturedDataError(f"{where}: not a readable safetensors shard ({err})") from None
-            tokens, n = entry["tokens"], entry["sequences"]
-            want = {
-                "token_ids": [tokens],
-                "offsets": [n + 1],
-                "input_index": [n],
-                "aux": [tokens, k, hidden],
-                "topk_logprobs": [tokens, top_k],
-                "topk_ids": [tokens, top_k],
-                "loss_mask": [tokens],
-            }
-            for name, shape in want.items():
-                if shapes[name] != shape:
-                    raise CapturedDataError(
-                        f"{where}: `{name}` has shape {shapes[name]}; the manifest ({k} aux layers, hidden size "
-                        f"{hidden}, top-{top_k}, {n} sequences, {tokens} tokens) needs {shape}"
-                    )
-            want_dtypes = {
-                "aux": {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[manifest.dtype],
-                "topk_logprobs": "F32",
-                "topk_ids": "I32",
-                "loss_mask": "U8",
-            }
-            for name, found in dtypes.items():
-                if found != want_dtypes[name]:
-                    raise CapturedDataError(f"{where}: `{name}` is {found}; expected {want_dtypes[name]}")
-            if not set(mask_values) <= {0, 1}:
-                raise CapturedDataError(f"{where}: `loss_mask` holds {sorted(mask_values)}; expected only 0 and 1")
-            if input_index != entry["input_index"] or int(offsets[-1]) != tokens or bool((offsets.diff() < 1).any()):
-                raise CapturedDataError(f"{where}: its sequence index or offsets disagree with the manifest")
+            input_index, offsets = check_shard(path, entry, manifest)
             entries.extend((i, path, int(offsets[j]), int(offsets[j + 1])) for j, i in enumerate(input_index))
         entries.sort()
         if len({i for i, *_ in entries}) != len(entries):
@@ -277,6 +291,15 @@ class CapturedStates:
     def complete(self) -> bool:
         return len(self._index) == self.manifest.num_inputs
 
+    def _where(self, i: int) -> tuple[Path, int, int]:
+        """(shard, start, end) of the i-th sequence."""
+        return self._index[i]
+
+    def length(self, i: int) -> int:
+        """Tokens in the i-th sequence."""
+        _, start, end = self._where(i)
+        return end - start
+
     def _file(self, path: Path):
         from safetensors import safe_open
 
@@ -287,7 +310,7 @@ class CapturedStates:
     def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(token ids [S], aux [S, n·H], top-k log-probabilities [S, K], their token ids [S, K]) of the
         i-th captured sequence: position t's are the target's next-token distribution after x[..t]."""
-        path, start, end = self._index[i]
+        path, start, end = self._where(i)
         f = self._file(path)
         aux = f.get_slice("aux")[start:end]
         return (
@@ -299,7 +322,7 @@ class CapturedStates:
 
     def loss_mask(self, i: int) -> torch.Tensor:
         """[S] float: 1 where the i-th sequence's token is trained on (the manifest's ``loss_mask``)."""
-        path, start, end = self._index[i]
+        path, start, end = self._where(i)
         return self._file(path).get_slice("loss_mask")[start:end].float()
 
     def target_probs(self, i: int, vocab_size: int) -> torch.Tensor:

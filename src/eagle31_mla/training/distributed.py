@@ -43,7 +43,6 @@ from .trainer import (
     combine_depth_losses,
     loss_weight_sums,
     step_anchors,
-    step_batch,
     ttt_loss_terms,
     write_recipe,
 )
@@ -182,18 +181,29 @@ def train_distributed(
     )
     dist.barrier()
     start = _resume(work_dir, drafter, optimizer, schedule, config)
+    if start:
+        states.checkpointed(start, config, remove=rank == 0)  # what a run killed after its checkpoint left
     kill = os.environ.get(KILL_ENV)
     drafter.train()
-    lengths = [end - begin for _, begin, end in states.data._index]
     bar = tqdm(range(start, config.steps), desc="train drafter", disable=not progress or rank, initial=start)
     for step in bar:
         if kill and kill == f"{rank}:{step}":
             os._exit(1)  # test-only: this rank dies as a killed process does
-        indices = step_batch(len(states), config.batch_size, step, config.seed)
-        pad_to = max(lengths[int(i)] for i in indices)  # every rank pads to the step's longest sequence
+        stalled = torch.tensor([float(states.stalled(step, config))], device=device)
+        dist.all_reduce(stalled, op=dist.ReduceOp.MAX)  # every rank checkpoints if one waits on a full spool
+        if stalled.item():
+            _save(work_dir, step, drafter, optimizer, schedule, config, rank)
+            states.checkpointed(step, config, remove=rank == 0)
+        indices = states.step_indices(step, config)
+        pad_to = max(states.length(int(i)) for i in indices)  # every rank pads to the step's longest sequence
         mine = indices[rank::world]
+        # a stream's last step may leave a rank no sequence: it runs one with no loss (FSDP's collectives need it)
+        idle = len(mine) == 0
+        mine = indices[:1] if idle else mine
         chunks = [mine[i : i + micro_batch] for i in range(0, len(mine), micro_batch)]
         batches = [states.batch(chunk, drafter.config.aux_layer_ids, pad_to=pad_to) for chunk in chunks]
+        if idle:
+            batches = [(ids, aux, probs, torch.zeros_like(mask)) for ids, aux, probs, mask in batches]
         anchors = [step_anchors(drafter, b[2], b[3], config, step, chunk) for b, chunk in zip(batches, chunks)]
         # the whole step's loss weights per depth (every micro-batch of every rank), known before any forward
         totals = sum(
@@ -228,8 +238,12 @@ def train_distributed(
         config.log.append(entry)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             _save(work_dir, step + 1, drafter, optimizer, schedule, config, rank)
+            states.checkpointed(step + 1, config, remove=rank == 0)
     _export(drafter, out_dir, config, rank)
     if rank == 0:
         (out_dir / "training_log.json").write_text(json.dumps({"world_size": world, **asdict(config)}, indent=1))
+    # every rank tears its connections down once all are done: a rank that left while another still held the
+    # group open aborted at exit, once, in gloo's teardown ("terminate called without an active exception")
+    dist.barrier()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()

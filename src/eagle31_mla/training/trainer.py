@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -481,7 +482,24 @@ def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> tor
     return order[index * batch_size : (index + 1) * batch_size]
 
 
-class LiveTarget:
+class _Batches:
+    """What the training loops ask of their data besides batches: the sequences of each step (by default a
+    shuffle of every sequence per epoch, :func:`step_batch`), and the hooks a stream through a spool needs
+    (:class:`eagle31_mla.training.spool.FollowTarget`)."""
+
+    def step_indices(self, step: int, config: TrainingConfig) -> torch.Tensor:
+        return step_batch(len(self), config.batch_size, step, config.seed)
+
+    def stalled(self, step: int, config: TrainingConfig) -> bool:
+        """Whether a checkpoint now would let the data for ``step`` arrive (it frees the spool)."""
+        return False
+
+    def checkpointed(self, step: int, config: TrainingConfig, remove: bool = True) -> None:
+        """Called on every rank once a checkpoint after ``step`` steps is complete on every rank (``remove`` on
+        one rank only: it may remove what the checkpoint covers)."""
+
+
+class LiveTarget(_Batches):
     """Training batches from a Transformers target run on each batch: the target on the trainer's device.
 
     ``sequences``: [N, S] token ids, or sequences of different lengths (conversations) with their
@@ -515,7 +533,7 @@ class LiveTarget:
         return batch, aux, probs, mask
 
 
-class CapturedTarget:
+class CapturedTarget(_Batches):
     """Training batches from a capture folder (``eagle31-mla capture``): no target at training time.
 
     Sequences of different lengths are padded at the end and masked out of the loss, as are the tokens the
@@ -529,6 +547,9 @@ class CapturedTarget:
 
     def prepare(self) -> None:
         pass
+
+    def length(self, i: int) -> int:
+        return self.data.length(i)
 
     def batch(self, indices: torch.Tensor, aux_layer_ids, pad_to: int | None = None):
         if list(aux_layer_ids.one_based) != self.data.manifest.aux_layer_ids:
@@ -594,18 +615,24 @@ def train_on(
     start = 0
     if state_path.is_file():
         saved = torch.load(state_path, map_location="cpu", weights_only=True)
-        trained = Eagle31MLAForCausalLM.from_pretrained(work_dir, dtype=drafter.dtype).state_dict()
-        drafter.load_state_dict(trained)
+        if "model" in saved:  # the weights of the same step (the published files may be a later, interrupted save)
+            drafter.load_state_dict(saved["model"])
+        else:  # a checkpoint from before the trainer state held them
+            drafter.load_state_dict(Eagle31MLAForCausalLM.from_pretrained(work_dir, dtype=drafter.dtype).state_dict())
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         start, config.log = saved["step"], json.loads(saved["log"])
         logger.info("resuming from step %d in %s", start, work_dir)
+        states.checkpointed(start, config)
     states.prepare()
     drafter.train()
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(start, end), desc="train drafter", disable=not progress, initial=start, total=config.steps)
     for step in bar:
-        indices = step_batch(len(states), config.batch_size, step, config.seed)
+        if states.stalled(step, config):
+            save_checkpoint(drafter, optimizer, schedule, step, config, work_dir)
+            states.checkpointed(step, config)
+        indices = states.step_indices(step, config)
         batch, aux, probs, loss_mask = states.batch(indices, drafter.config.aux_layer_ids)
         anchors = step_anchors(drafter, probs, loss_mask, config, step, indices)
         with _compute(config.compute_dtype, states.device):
@@ -634,6 +661,7 @@ def train_on(
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in acc))
         if (step + 1) % config.save_every == 0 or step + 1 == end:
             save_checkpoint(drafter, optimizer, schedule, step + 1, config, work_dir)
+            states.checkpointed(step + 1, config)
     if config.export_dtype and end == config.steps:
         export_drafter(drafter, out_dir, getattr(torch, config.export_dtype), config)
     drafter.eval()
@@ -682,17 +710,20 @@ def export_drafter(drafter: Eagle31MLAForCausalLM, out_dir: Path, dtype: torch.d
 
 
 def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
+    """The published layout, then the trainer state (weights, optimizer, schedule, step) written under a
+    temporary name and renamed: a run killed while saving resumes from the previous step's whole state."""
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out_dir)
-    torch.save(
-        {
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "step": step,
-            "log": json.dumps(config.log),
-        },
-        out_dir / "trainer_state.pt",
-    )
+    state = {
+        "model": drafter.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "step": step,
+        "log": json.dumps(config.log),
+    }
+    temporary = out_dir / ".trainer_state.pt.tmp"
+    torch.save(state, temporary)
+    os.replace(temporary, out_dir / "trainer_state.pt")
     write_recipe(out_dir, config)
 
 

@@ -39,8 +39,8 @@ from .captured import (
     inputs_digest,
     read_manifest,
     write_manifest,
-    write_shard,
 )
+from .spool import SpoolSettings, write_shards
 
 __all__ = ["capture_with_vllm", "top_k_table", "SPOOL"]
 
@@ -133,7 +133,7 @@ def _open_manifest(out: Path, fresh: CaptureManifest) -> CaptureManifest:
         write_manifest(out, fresh)
         return fresh
     found = read_manifest(out)
-    for key in ("target", "aux_layer_ids", "dtype", "top_k", "inputs_sha256", "num_inputs", "loss_mask"):
+    for key in ("target", "aux_layer_ids", "dtype", "top_k", "inputs_sha256", "num_inputs", "loss_mask", "spool"):
         if getattr(found, key) != getattr(fresh, key):
             raise CapturedDataError(
                 f"{out} holds a capture with another {key} ({getattr(found, key)!r}, now {getattr(fresh, key)!r}); "
@@ -157,11 +157,14 @@ def capture_with_vllm(
     max_shards: int | None = None,
     loss_masks: Sequence[Sequence[int]] | None = None,
     loss_mask_kind: str = "all",
+    spool: SpoolSettings | None = None,
 ) -> CaptureManifest:
     """Capture ``sequences`` (token ids) through ``target`` in vLLM into ``out``; resume what ``out`` holds.
     ``loss_masks`` (one per sequence, e.g. a conversation's assistant tokens) are stored with them, labelled
     ``loss_mask_kind`` in the manifest; without them every token is trained on.
 
+    ``spool``: ``out`` is a part of a spool (:mod:`eagle31_mla.training.spool`): each shard waits until it fits
+    in the part's share beside the shards the trainer has not taken.
     ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
     from tqdm.auto import tqdm
 
@@ -191,11 +194,10 @@ def capture_with_vllm(
             engine=f"vllm {_vllm_version()}",
             draft=draft,
             loss_mask=loss_mask_kind,
+            spool=None if spool is None else spool.to_json(),
         ),
     )
-    done = manifest.done
-    pending = [i for i in range(len(sequences)) if i not in done]
-    if not pending:
+    if not [i for i in range(len(sequences)) if i not in manifest.done]:
         return manifest
 
     from vllm import LLM, SamplingParams
@@ -205,7 +207,7 @@ def capture_with_vllm(
     )
 
     slots = list(ids.one_based)  # ascending: vLLM's slot order
-    spool = out / SPOOL
+    connector_dir = out / SPOOL
     engine_args = {"max_logprobs": top_k, **(engine_args or {})}
     llm = LLM(
         model=target,
@@ -214,50 +216,53 @@ def capture_with_vllm(
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": slots}},
         },
-        kv_transfer_config=_connector_config(spool),
+        kv_transfer_config=_connector_config(connector_dir),
         **engine_args,
     )
     to = getattr(torch, dtype)
-    bar = tqdm(total=len(sequences), initial=len(done), desc="capture", unit="seq", disable=not progress)
-    started, tokens, written = time.monotonic(), 0, 0
+
+    def run_target(chunk: list[int]) -> list[tuple]:
+        outputs = llm.generate(
+            [{"prompt_token_ids": list(map(int, sequences[i]))} for i in chunk],
+            SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, logprobs=top_k),
+            use_tqdm=False,
+        )
+        _drain(llm)
+        items = []
+        for i, output in zip(chunk, outputs):
+            path = (output.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                raise RuntimeError(f"vLLM returned no hidden-states file for input sequence {i}")
+            data = load_hidden_states(path)  # waits for the connector's write (its file lock)
+            cleanup_hidden_states(path)
+            states, token_ids = data["hidden_states"], data["token_ids"]
+            if token_ids.tolist() != list(map(int, sequences[i])) or states.shape[1] != len(slots):
+                raise RuntimeError(
+                    f"vLLM's hidden-states file for input sequence {i} holds {list(states.shape)} for "
+                    f"{token_ids.numel()} tokens; expected {len(sequences[i])} tokens x {len(slots)} layers {slots}"
+                )
+            # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
+            logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
+            mask = torch.ones(token_ids.numel()) if loss_masks is None else torch.tensor(loss_masks[i])
+            items.append((i, token_ids, states.to(to), logprobs, logprob_ids, mask))
+        return items
+
+    bar = tqdm(total=len(sequences), initial=len(manifest.done), desc="capture", unit="seq", disable=not progress)
+    started, tokens = time.monotonic(), 0
     try:
-        for start in range(0, len(pending), sequences_per_shard):
-            chunk = pending[start : start + sequences_per_shard]
-            outputs = llm.generate(
-                [{"prompt_token_ids": list(map(int, sequences[i]))} for i in chunk],
-                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, logprobs=top_k),
-                use_tqdm=False,
-            )
-            _drain(llm)
-            items = []
-            for i, output in zip(chunk, outputs):
-                path = (output.kv_transfer_params or {}).get("hidden_states_path")
-                if path is None:
-                    raise RuntimeError(f"vLLM returned no hidden-states file for input sequence {i}")
-                data = load_hidden_states(path)  # waits for the connector's write (its file lock)
-                cleanup_hidden_states(path)
-                states, token_ids = data["hidden_states"], data["token_ids"]
-                if token_ids.tolist() != list(map(int, sequences[i])) or states.shape[1] != len(slots):
-                    raise RuntimeError(
-                        f"vLLM's hidden-states file for input sequence {i} holds {list(states.shape)} for "
-                        f"{token_ids.numel()} tokens; expected {len(sequences[i])} tokens x {len(slots)} layers {slots}"
-                    )
-                # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
-                logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
-                mask = torch.ones(token_ids.numel()) if loss_masks is None else torch.tensor(loss_masks[i])
-                items.append((i, token_ids, states.to(to), logprobs, logprob_ids, mask))
-                tokens += token_ids.numel()
-            manifest.shards.append(write_shard(out, len(manifest.shards), items))
-            write_manifest(out, manifest)
-            bar.update(len(chunk))
+        for written, (count, shard_tokens) in enumerate(
+            write_shards(out, manifest, sequences, run_target, sequences_per_shard=sequences_per_shard, say=tqdm.write),
+            1,
+        ):
+            tokens += shard_tokens
+            bar.update(count)
             bar.set_postfix(tokens_per_s=f"{tokens / max(time.monotonic() - started, 1e-9):.0f}")
-            written += 1
             if max_shards is not None and written >= max_shards:
                 break
     finally:
         bar.close()
         _release()
-    if spool.is_dir() and not any(spool.iterdir()):
-        spool.rmdir()
+    if connector_dir.is_dir() and not any(connector_dir.iterdir()):
+        connector_dir.rmdir()
     logger.info("captured %d tokens in %.1f s", tokens, time.monotonic() - started)
     return manifest

@@ -1,0 +1,432 @@
+"""Online training through a spool: ``capture --spool DIR --max-spool-gb N`` and ``train --data DIR --follow``
+at the same time, the capture's shards streamed to the trainer through a capped folder, as TorchSpec trains
+(inference and training at once) without its services: a shared folder is the whole protocol.
+
+The spool holds one capture folder per capture process, ``part-I-of-N`` (the same format as ``capture --out``:
+safetensors shards written atomically, then the manifest naming them). Part I captures input sequences
+I-1, I-1+N, ... of the one input. Its manifest's ``spool`` entry says its part, the whole input's size, its
+share of the cap (N GB / parts) and how large its shards are.
+
+* The capture writes a shard only when the part's shards present, plus this one, fit in its share; otherwise it
+  waits (and says so) until the trainer takes some. A shard is sized before the target runs on it.
+* The trainer reads the shards in one fixed order, whatever the timing: shard 0 of part 1, shard 0 of part 2,
+  ..., shard 1 of part 1, ... (a part whose manifest is complete drops out). Step k trains on the next
+  ``batch_size`` sequences of that stream. The order is a function of the spool's content, so a resumed
+  trainer sees the batches an uninterrupted one does, and ``--follow`` on a stored capture (``capture --out``)
+  trains the same drafter as on its spool.
+* The trainer removes a shard only after every rank has trained on all its sequences and a checkpoint covering
+  them is written; when the step it needs is not captured yet and trained shards are still held, it writes a
+  checkpoint first, so a full spool always drains. With ``--epochs > 1`` it keeps every shard to the end, and
+  refuses to start when the capture cannot fit in the spool's cap.
+* Killing either side at any moment loses nothing: the capture resumes from its manifest (an unlisted shard it
+  was writing is its own and is replaced), the trainer from its last checkpoint (the shards after it were not
+  removed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .captured import (
+    MANIFEST,
+    CapturedDataError,
+    CapturedStates,
+    CaptureManifest,
+    check_shard,
+    read_manifest,
+    shard_bytes,
+    write_manifest,
+    write_shard,
+)
+from .trainer import CapturedTarget, TrainingConfig
+
+__all__ = [
+    "PART_FOLDER",
+    "SpoolSettings",
+    "SpoolGate",
+    "FollowedCapture",
+    "FollowTarget",
+    "part_folder",
+    "part_sequences",
+    "is_spool",
+    "plan_part",
+    "stream_steps",
+    "write_shards",
+]
+
+logger = logging.getLogger(__name__)
+
+PART_FOLDER = "part-{}-of-{}"
+_PART = re.compile(r"part-([0-9]+)-of-([0-9]+)")
+_SHARD = re.compile(r"shard-([0-9]+)\.safetensors")
+#: Seconds between looks at the spool while waiting (both sides).
+POLL_S = float(os.environ.get("EAGLE31_SPOOL_POLL_S", "0.2"))
+
+
+def part_folder(spool: str | Path, part: int, parts: int) -> Path:
+    return Path(spool) / PART_FOLDER.format(part, parts)
+
+
+def part_sequences(count: int, part: int, parts: int) -> list[int]:
+    """The input indices part ``part`` (one-based) of ``parts`` captures."""
+    return list(range(part - 1, count, parts))
+
+
+@dataclass(frozen=True)
+class SpoolSettings:
+    """What a capture process writes into its part's manifest (``spool``)."""
+
+    part: int  # one-based
+    parts: int
+    inputs: int  # sequences in the whole input (all parts)
+    max_bytes: int  # this part's share of the cap
+    shard_bytes: int  # at least the bytes of this part's largest shard
+    bytes: int  # at least the bytes of all this part's shards
+    sequences_per_shard: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def is_spool(folder: Path) -> bool:
+    """A folder ``train --follow`` can wait on: empty (the capture has not started), or holding parts."""
+    entries = list(folder.iterdir())
+    return not entries or any(_PART.fullmatch(p.name) and p.is_dir() for p in entries)
+
+
+def plan_part(
+    lengths: list[int],
+    *,
+    part: int,
+    parts: int,
+    inputs: int,
+    max_bytes: int,
+    sequences_per_shard: int,
+    num_aux: int,
+    hidden_size: int,
+    dtype: torch.dtype,
+    top_k: int,
+) -> SpoolSettings:
+    """A part's spool settings from its sequences' lengths (known before the target runs); refused when one of
+    its shards cannot fit in its share of the cap (``max_bytes`` / ``parts``)."""
+    share = max_bytes // parts
+    sizes = [
+        shard_bytes(sum(chunk), len(chunk), num_aux, hidden_size, dtype, top_k)
+        for chunk in (lengths[i : i + sequences_per_shard] for i in range(0, len(lengths), sequences_per_shard))
+    ]
+    largest = max(sizes, default=0)
+    if largest > share:
+        raise CapturedDataError(
+            f"argument --max-spool-gb: a shard of {sequences_per_shard} sequences takes up to {largest / 1e6:.4g} MB, "
+            f"more than this part's share of the spool ({share / 1e6:.4g} MB of {max_bytes / 1e6:.4g} MB for "
+            f"{parts} parts): raise --max-spool-gb or lower --sequences-per-shard"
+        )
+    return SpoolSettings(part, parts, inputs, share, largest, sum(sizes), sequences_per_shard)
+
+
+def write_shards(
+    out: Path,
+    manifest: CaptureManifest,
+    sequences,
+    run_target: Callable[[list[int]], list[tuple]],
+    *,
+    sequences_per_shard: int,
+    say: Callable[[str], None] = print,
+) -> Iterator[tuple[int, int]]:
+    """Capture the sequences ``out``'s manifest does not list yet, ``sequences_per_shard`` at a time: each shard
+    is written (atomically), then the manifest naming it. ``run_target(indices)`` gives the shard's sequences
+    (:func:`~eagle31_mla.training.captured.write_shard`'s tuples). For a spool part (``manifest.spool``), each
+    shard first waits for room. Yields (sequences, tokens) per shard written."""
+    gate = None
+    if manifest.spool is not None:
+        gate = SpoolGate(out, manifest, say)
+        gate.clean()
+    pending = [i for i in range(len(sequences)) if i not in manifest.done]
+    num_aux, hidden, dtype = len(manifest.aux_layer_ids), manifest.target["hidden_size"], getattr(torch, manifest.dtype)
+    for start in range(0, len(pending), sequences_per_shard):
+        chunk = pending[start : start + sequences_per_shard]
+        tokens = sum(len(sequences[i]) for i in chunk)
+        if gate is not None:  # back-pressure: the shard is sized before the target runs on it
+            gate.wait_for_room(shard_bytes(tokens, len(chunk), num_aux, hidden, dtype, manifest.top_k))
+        manifest.shards.append(write_shard(out, len(manifest.shards), run_target(chunk)))
+        write_manifest(out, manifest)
+        yield len(chunk), tokens
+
+
+def _listed_bytes(folder: Path, manifest: CaptureManifest) -> int:
+    total = 0
+    for entry in manifest.shards:
+        try:
+            total += (folder / entry["file"]).stat().st_size
+        except FileNotFoundError:
+            pass  # taken by the trainer
+    return total
+
+
+class SpoolGate:
+    """The capture's side: one part's share of the cap, and waiting for room (back-pressure)."""
+
+    def __init__(self, folder: Path, manifest: CaptureManifest, say: Callable[[str], None] = print):
+        self.folder, self.manifest, self.say = folder, manifest, say
+        self.max_bytes = manifest.spool["max_bytes"]
+
+    def clean(self) -> None:
+        """Remove what an interrupted run of this capture left in its part folder: temporary files, and a shard
+        written but not yet listed (the resumed run writes it again, under the same name)."""
+        listed = {entry["file"] for entry in self.manifest.shards}
+        for path in self.folder.iterdir():
+            unlisted_shard = _SHARD.fullmatch(path.name) and path.name not in listed
+            if path.is_file() and (unlisted_shard or (path.name.startswith(".") and path.name.endswith(".tmp"))):
+                path.unlink(missing_ok=True)
+
+    def wait_for_room(self, need: int) -> None:
+        """Return once a shard of ``need`` bytes fits beside the part's shards the trainer has not taken."""
+        said = False
+        while (used := _listed_bytes(self.folder, self.manifest)) + need > self.max_bytes:
+            if not said:
+                self.say(
+                    f"spool full ({used / 1e6:.3f} of {self.max_bytes / 1e6:.3f} MB for "
+                    f"{self.folder.name}): waiting for the trainer to take shards"
+                )
+                said = True
+            time.sleep(POLL_S)
+
+
+@dataclass
+class _Shard:
+    folder: Path
+    entry: dict[str, Any]
+    start: int  # its first sequence's position in the stream
+    offsets: list[int] | None = None  # token offsets, once opened and checked
+    removed: bool = False
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.entry["file"]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.entry["sequences"]
+
+
+class FollowedCapture(CapturedStates):
+    """The trainer's side: the sequences of a spool (or of a stored capture folder) in the stream order, read
+    as they are written. Sequence i is the stream's i-th; :meth:`wait_for` blocks until it is captured."""
+
+    def __init__(self, folder: str | Path, *, say: Callable[[str], None] = print):
+        self.folder, self.say = Path(folder), say
+        self.parts = self._wait_for_parts()
+        self.manifest = self._manifests()[0]
+        self.spool = self.manifest.spool is not None
+        self.total = self.manifest.spool["inputs"] if self.spool else self.manifest.num_inputs
+        self.dtype = getattr(torch, self.manifest.dtype)
+        self._shards: list[_Shard] = []
+        self._next = [0] * len(self.parts)  # per part: the number of its next shard in the stream
+        self._turn = 0  # the part whose shard comes next
+        self._open: dict[Path, Any] = {}
+
+    # ---- the spool's parts and their manifests ----
+
+    def _wait_for_parts(self) -> list[Path]:
+        said = False
+        while True:
+            if (self.folder / MANIFEST).is_file():
+                return [self.folder]  # a stored capture (or one part given directly)
+            found = [p for p in self.folder.iterdir() if _PART.fullmatch(p.name) and (p / MANIFEST).is_file()]
+            if found:
+                parts = int(_PART.fullmatch(found[0].name).group(2))
+                folders = [part_folder(self.folder, i, parts) for i in range(1, parts + 1)]
+                odd = [p.name for p in found if p not in folders]
+                if odd:
+                    raise CapturedDataError(f"{self.folder}: parts of different splits ({', '.join(sorted(odd))})")
+                if all((p / MANIFEST).is_file() for p in folders):
+                    return folders
+            if not said:
+                self.say(f"waiting for the capture to start writing {self.folder}")
+                said = True
+            time.sleep(POLL_S)
+
+    def _manifests(self) -> list[CaptureManifest]:
+        manifests = [read_manifest(p) for p in self.parts]
+        first = manifests[0]
+        for p, m in zip(self.parts, manifests):
+            for key in ("target", "aux_layer_ids", "dtype", "top_k", "loss_mask"):
+                if getattr(m, key) != getattr(first, key):
+                    raise CapturedDataError(
+                        f"{p}: another {key} ({getattr(m, key)!r}) than {self.parts[0].name} ({getattr(first, key)!r})"
+                    )
+            if len(self.parts) > 1:
+                spool = m.spool or {}
+                if (spool.get("part"), spool.get("parts"), spool.get("inputs")) != (
+                    self.parts.index(p) + 1,
+                    len(self.parts),
+                    first.spool["inputs"],
+                ):
+                    raise CapturedDataError(f"{p}: its manifest's spool entry disagrees with its folder's part")
+        return manifests
+
+    def check_plan(self, batch_size: int, epochs: int) -> None:
+        """Refuse a run the spool's cap cannot carry: with ``epochs`` > 1 every shard is kept to the end; and
+        each part's share must hold the shards one step reads while the next ones are written."""
+        if not self.spool:
+            return
+        manifests = self._manifests()
+        parts = len(manifests)
+        per_shard = min(m.spool["sequences_per_shard"] for m in manifests)
+        window = math.ceil(batch_size / per_shard) + 1  # shards one step's batch can touch, in stream order
+        need = window if parts == 1 else math.ceil(window / parts) + 1
+        for p, m in zip(self.parts, manifests):
+            s = m.spool
+            if epochs > 1 and s["bytes"] > s["max_bytes"]:
+                raise CapturedDataError(
+                    f"argument --epochs: {epochs} epochs keep every shard until the last one, but {p.name} needs "
+                    f"{s['bytes'] / 1e9:.4g} GB and its share of the spool is {s['max_bytes'] / 1e9:.4g} GB; "
+                    "capture with a larger --max-spool-gb, or store the capture (capture --out) and train on it"
+                )
+            if s["max_bytes"] < need * s["shard_bytes"]:
+                raise CapturedDataError(
+                    f"argument --batch-size: a step of {batch_size} sequences reads up to {need} shards of "
+                    f"{p.name} ({s['shard_bytes'] / 1e6:.4g} MB each), more than its share of the spool "
+                    f"({s['max_bytes'] / 1e6:.4g} MB): lower --batch-size, or capture with a larger "
+                    "--max-spool-gb or a smaller --sequences-per-shard"
+                )
+
+    # ---- the stream ----
+
+    def __len__(self) -> int:
+        return self.total
+
+    @property
+    def captured(self) -> int:
+        """Sequences of the stream listed so far."""
+        return self._shards[-1].end if self._shards else 0
+
+    def _extend(self) -> bool:
+        """Add the shards now listed, in the stream order; False when the next one is not listed yet."""
+        manifests = self._manifests()
+        progressed = False
+        while self.captured < self.total:
+            part = self._turn
+            m = manifests[part]
+            n = self._next[part]
+            if n < len(m.shards):
+                self._shards.append(_Shard(self.parts[part], m.shards[n], self.captured))
+                self._next[part] += 1
+                progressed = True
+            elif not len(m.done) == m.num_inputs:
+                return progressed  # the next shard in the order is still being captured
+            elif all(self._next[i] >= len(x.shards) and len(x.done) == x.num_inputs for i, x in enumerate(manifests)):
+                raise CapturedDataError(
+                    f"{self.folder}: every part's manifest is complete, but they hold {self.captured} of the "
+                    f"{self.total} sequences"
+                )
+            self._turn = (self._turn + 1) % len(self.parts)
+        return True
+
+    def ready(self, count: int) -> bool:
+        """Whether the stream's first ``count`` sequences are captured (looks at the spool once)."""
+        if self.captured < count:
+            self._extend()
+        return self.captured >= min(count, self.total)
+
+    def wait_for(self, count: int) -> None:
+        said = False
+        while not self.ready(count):
+            if not said:
+                self.say(f"waiting for the capture: {self.captured} of the {min(count, self.total)} sequences needed")
+                said = True
+            time.sleep(POLL_S)
+
+    def _where(self, i: int) -> tuple[Path, int, int]:
+        lo, hi = 0, len(self._shards)
+        while hi - lo > 1:  # the shard holding position i
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._shards[mid].start <= i else (lo, mid)
+        shard = self._shards[lo]
+        if not shard.start <= i < shard.end:
+            raise IndexError(f"sequence {i} of the stream is not captured yet")
+        if shard.offsets is None:
+            if shard.removed or not shard.path.is_file():
+                raise CapturedDataError(
+                    f"{shard.path}: needed for training but removed (another trainer on this spool?)"
+                )
+            _, offsets = check_shard(shard.path, shard.entry, read_manifest(shard.folder))
+            shard.offsets = offsets.tolist()
+        j = i - shard.start
+        return shard.path, shard.offsets[j], shard.offsets[j + 1]
+
+    def release(self, trained: int, remove: bool = True) -> list[Path]:
+        """Close the shards whose sequences all lie before stream position ``trained``, and (``remove``, one rank)
+        remove them from the spool: call once every rank has trained on them and a checkpoint covering them is
+        written. A stored capture keeps its files. (An open file's disk space is freed only when every process
+        has closed it: every rank closes.)"""
+        removed = []
+        for shard in self._shards:
+            if shard.end > trained:
+                break
+            self._open.pop(shard.path, None)
+            if self.spool and remove and not shard.removed:
+                shard.path.unlink(missing_ok=True)
+                shard.removed = True
+                removed.append(shard.path)
+        return removed
+
+    def releasable(self, trained: int) -> bool:
+        return self.spool and any(not s.removed and s.end <= trained for s in self._shards)
+
+
+def stream_steps(sequences: int, epochs: int, batch_size: int) -> int:
+    """Steps of a followed capture: every sequence ``epochs`` times, ``batch_size`` per step (the last step takes
+    the rest)."""
+    return math.ceil(sequences * epochs / batch_size)
+
+
+class FollowTarget(CapturedTarget):
+    """Training batches from a followed capture: step k takes the stream's positions [k·B, (k+1)·B) of
+    ``epochs`` passes, the first in the order written, each later one in a shuffle of it (by the seed and the
+    epoch, as :func:`~eagle31_mla.training.trainer.step_batch` shuffles)."""
+
+    def __init__(self, data: FollowedCapture, vocab_size: int, device="cpu", epochs: int = 1):
+        super().__init__(data, vocab_size, device)
+        self.epochs = epochs
+
+    def _window(self, step: int, config: TrainingConfig) -> range:
+        return range(step * config.batch_size, min((step + 1) * config.batch_size, len(self.data) * self.epochs))
+
+    def step_indices(self, step: int, config: TrainingConfig) -> torch.Tensor:
+        window, n = self._window(step, config), len(self.data)
+        self.data.wait_for(n if window.stop > n else window.stop)  # later epochs: everything is captured
+        order = []
+        for q in window:
+            epoch, p = divmod(q, n)
+            if epoch:
+                p = int(torch.randperm(n, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))[p])
+            order.append(p)
+        return torch.tensor(order, dtype=torch.long)
+
+    def stalled(self, step: int, config: TrainingConfig) -> bool:
+        window = self._window(step, config)
+        return not self.data.ready(min(window.stop, len(self.data))) and self._releasable(step, config)
+
+    def _trained(self, step: int, config: TrainingConfig) -> int:
+        """Stream positions every later step is done with (their shards can go)."""
+        done, n = min(step * config.batch_size, len(self.data) * self.epochs), len(self.data)
+        return done if self.epochs == 1 else (n if done == n * self.epochs else 0)
+
+    def _releasable(self, step: int, config: TrainingConfig) -> bool:
+        return self.data.releasable(self._trained(step, config))
+
+    def checkpointed(self, step: int, config: TrainingConfig, remove: bool = True) -> None:
+        self.data.ready(self._trained(step, config))  # a resumed trainer learns the shards before its step
+        for path in self.data.release(self._trained(step, config), remove):
+            logger.info("trained and checkpointed: removed %s", path)

@@ -1,0 +1,388 @@
+"""Online training through a spool (eagle31_mla.training.spool), without an engine: the capture side is
+tests/support/spool_writer.py (the demo target's states from Transformers, written by the library's
+``write_shards``, the loop `eagle31-mla capture` runs around vLLM); the trainer is the real CLI, alone and under
+torchrun. The vLLM capture through a spool is in tests/engines/test_vllm_capture.py.
+
+What is proven: the stream's order is the spool's content, not its timing; a full spool stops the capture until
+the trainer takes shards, and never holds more than its cap; the trainer removes only trained and checkpointed
+shards; what a cap cannot carry is refused before anything runs; capture and training at once (two capture
+processes) train the drafter that capture-then-train does; and killing either side at any moment, then rerunning
+the same commands, ends with the uninterrupted run's weights exactly (the order and every step are the same
+functions of the spool's content, and resuming from a checkpoint is exact)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle31_mla import Eagle31MLAForCausalLM
+from eagle31_mla.cli import main
+from eagle31_mla.demo import DEMO_DIR
+from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CaptureManifest, read_manifest, write_manifest
+from eagle31_mla.training.spool import (
+    FollowedCapture,
+    FollowTarget,
+    part_folder,
+    plan_part,
+    stream_steps,
+    write_shards,
+)
+from eagle31_mla.training.trainer import TrainingConfig
+from tests.support.paths import ROOT
+from tests.support.spool_writer import input_sequences
+
+TARGET = str(DEMO_DIR / "target")
+FAST_POLL = {"EAGLE31_SPOOL_POLL_S": "0.02"}
+TRAIN = ["--target", TARGET, "--draft-config", str(DEMO_DIR / "draft"), "--batch-size", "4", "--depth", "2"]
+TRAIN += ["--lr", "0.05", "--save-every", "2", "--seed", "1", "--quiet"]
+SHARD = 3 * 128 * 4 + 64 * 8 + 9  # bytes per token of the writer's shards (float32 aux, top-64)
+
+
+# ---- the protocol, in one process --------------------------------------------------------------------------
+
+
+def manifest_for(sequences, spool=None) -> CaptureManifest:
+    return CaptureManifest(
+        target={"name": "t", "architectures": [], "num_hidden_layers": 4, "hidden_size": 8, "vocab_size": 16},
+        aux_layer_ids=[1, 2],
+        dtype="float32",
+        top_k=4,
+        inputs_sha256="x",
+        num_inputs=len(sequences),
+        engine="test",
+        spool=spool,
+    )
+
+
+def fake_states(sequences):
+    """run_target for write_shards: token ids as given, aux states holding the sequence's input index."""
+
+    def run(chunk):
+        return [
+            (
+                i,
+                torch.tensor(sequences[i]),
+                torch.full((len(sequences[i]), 2, 8), float(i)),
+                torch.zeros(len(sequences[i]), 4),
+                torch.zeros(len(sequences[i]), 4, dtype=torch.int32),
+            )
+            for i in chunk
+        ]
+
+    return run
+
+
+def plan(lengths, *, parts=1, part=1, inputs=None, max_bytes=10**9, per_shard=2):
+    """plan_part for the fake states' shapes (2 aux layers of 8, top-4, float32)."""
+    inputs = len(lengths) * parts if inputs is None else inputs
+    return plan_part(
+        lengths,
+        part=part,
+        parts=parts,
+        inputs=inputs,
+        max_bytes=max_bytes,
+        sequences_per_shard=per_shard,
+        num_aux=2,
+        hidden_size=8,
+        dtype=torch.float32,
+        top_k=4,
+    )
+
+
+def write_part(spool: Path, sequences, part: int, parts: int, max_bytes: int, per_shard: int = 2, limit=None):
+    """Part ``part`` of ``parts`` of ``sequences`` into ``spool``; ``limit`` shards at most (then it stops)."""
+    mine = sequences[part - 1 :: parts]
+    settings = plan(
+        [len(s) for s in mine], part=part, parts=parts, inputs=len(sequences), max_bytes=max_bytes, per_shard=per_shard
+    )
+    folder = part_folder(spool, part, parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / MANIFEST).is_file():
+        manifest = read_manifest(folder)
+    else:  # as the capture does, before its engine starts
+        manifest = manifest_for(mine, settings.to_json())
+        write_manifest(folder, manifest)
+    writer = write_shards(folder, manifest, mine, fake_states(mine), sequences_per_shard=per_shard, say=lambda _: None)
+    for _ in itertools.islice(writer, limit):  # limit None: all
+        pass
+    return folder
+
+
+def stream_inputs(data: FollowedCapture, count: int, parts: int) -> list[int]:
+    """The input index of the stream's first ``count`` sequences (the aux states hold it, see fake_states)."""
+    part_of = [data._shards[next(j for j, s in enumerate(data._shards) if s.start <= i < s.end)] for i in range(count)]
+    local = [int(data.sequence(i)[1][0, 0]) for i in range(count)]
+    return [x * parts + int(s.folder.name.split("-")[1]) - 1 for x, s in zip(local, part_of)]
+
+
+def test_the_stream_order_is_the_spools_content_not_its_timing(tmp_path):
+    """Two parts, shards of 2: part 1 holds inputs 0, 2, 4, ...; the stream takes shard 0 of each part, then
+    shard 1 of each, ... A part that has written ahead waits for the other's shard: what is ready depends only
+    on what is written, in that order."""
+    sequences = [[3 + i] * (5 + i % 3) for i in range(9)]  # 9 inputs: part 1 has 5, part 2 has 4
+    spool = tmp_path / "spool"
+    write_part(spool, sequences, 1, 2, 10**9, limit=2)  # part 1 ahead: shards 0, 1 (inputs 0, 2 and 4, 6)
+    write_part(spool, sequences, 2, 2, 10**9, limit=0)  # part 2 has only its manifest
+    data = FollowedCapture(spool, say=lambda _: None)
+    assert len(data) == 9 and data.ready(2) and not data.ready(3)  # part 2's shard 0 comes third
+    write_part(spool, sequences, 2, 2, 10**9)  # part 2 complete (shards 0, 1)
+    assert data.ready(8) and not data.ready(9)  # part 1's last shard (input 8) is not written
+    write_part(spool, sequences, 1, 2, 10**9)
+    assert data.ready(9)
+    assert stream_inputs(data, 9, 2) == [0, 2, 1, 3, 4, 6, 5, 7, 8]
+    assert [data.sequence(i)[0].tolist() for i in range(2)] == [sequences[0], sequences[2]]
+
+
+def test_a_full_spool_stops_the_capture_until_the_trainer_takes_shards(tmp_path):
+    """A cap of two shards: the capture writes two and waits, holding the cap; once the trainer releases the
+    first shard (trained and checkpointed), the capture writes the next. The sizes it plans are upper bounds
+    of the files written."""
+    sequences = [[5] * 200 for _ in range(8)]  # shards of 42 KB: the header's allowance (4 KB) is small beside them
+    one = plan([200, 200]).shard_bytes
+    spool = tmp_path / "spool"
+    writer = threading.Thread(target=write_part, args=(spool, sequences, 1, 1, 2 * one + 10))
+    writer.start()
+    folder = part_folder(spool, 1, 1)
+    deadline = time.monotonic() + 30
+    while len(list(folder.glob("shard-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # the writer has had time to write a third shard, were it not waiting
+    shards = sorted(folder.glob("shard-*"))
+    assert len(shards) == 2 and writer.is_alive()
+    assert all(one >= p.stat().st_size > one - 4096 - 64 for p in shards)  # the plan bounds each file from above
+    data = FollowedCapture(spool, say=lambda _: None)
+    assert data.ready(4) and data.release(3) == [shards[0]]  # shard 1 (positions 2, 3) is not wholly trained
+    deadline = time.monotonic() + 30
+    while not (folder / "shard-00002.safetensors").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (folder / "shard-00002.safetensors").exists() and not shards[0].exists()
+    data.release(8)  # frees the spool
+    data.wait_for(8)
+    data.release(8)
+    writer.join(30)
+    assert not writer.is_alive() and not list(folder.glob("shard-*")) and (folder / MANIFEST).is_file()
+
+
+def test_more_epochs_keep_every_shard_to_the_end(tmp_path):
+    """--epochs 2: the first pass in the order written, the second a shuffle of it; every sequence trained
+    twice; nothing is removed before the last step's checkpoint, everything after it."""
+    sequences = [[4] * 6 for _ in range(7)]
+    spool = tmp_path / "spool"
+    write_part(spool, sequences, 1, 1, 10**9)
+    data = FollowedCapture(spool, say=lambda _: None)
+    states, config = FollowTarget(data, 16, epochs=2), TrainingConfig(batch_size=3, seed=0)
+    steps = stream_steps(len(data), 2, 3)
+    order = [int(i) for step in range(steps) for i in states.step_indices(step, config)]
+    assert steps == 5 and order[:7] == list(range(7)) and sorted(order[7:]) == list(range(7))
+    assert order[7:] != list(range(7))
+    folder = part_folder(spool, 1, 1)
+    for step in range(1, steps):
+        states.checkpointed(step, config)
+        assert len(list(folder.glob("shard-*"))) == 4, step
+    states.checkpointed(steps, config)
+    assert not list(folder.glob("shard-*"))
+
+
+def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path, capsys):
+    """A shard larger than a part's share; --epochs 2 on a capture larger than the cap; a step reading more
+    shards than the share holds; and the options that only mean something together."""
+    with pytest.raises(CapturedDataError, match=r"argument --max-spool-gb: a shard of 4 sequences .* 2 parts"):
+        plan([10] * 8, parts=2, max_bytes=2000, per_shard=4)
+    sequences = [[4] * 6 for _ in range(12)]
+    spool = tmp_path / "spool"
+    size = plan([6, 6]).shard_bytes
+    write_part(spool, sequences, 1, 1, 3 * size, limit=1)  # room for 3 of its 6 shards
+    data = FollowedCapture(spool, say=lambda _: None)
+    data.check_plan(4, 1)  # 4 sequences touch at most 3 shards of 2
+    with pytest.raises(CapturedDataError, match="argument --epochs: 2 epochs keep every shard"):
+        data.check_plan(4, 2)
+    with pytest.raises(CapturedDataError, match="argument --batch-size: a step of 6 sequences reads up to 4 shards"):
+        data.check_plan(6, 1)
+    out = str(tmp_path / "out")
+    model = ["--target", TARGET]
+    cases = [
+        (["capture", *model, "--text", __file__, "--spool", out], "argument --max-spool-gb: expected the spool's cap"),
+        (["capture", *model, "--text", __file__, "--out", out, "--part", "1/2"], "argument --part: applies to --spool"),
+        (["capture", *model, "--text", __file__, "--out", out, "--max-spool-gb", "1"], "applies to --spool only"),
+        (
+            ["capture", *model, "--text", __file__, "--spool", out, "--part", "3/2", "--max-spool-gb", "1"],
+            "argument --part: expected I/N with 1 <= I <= N",
+        ),
+        (["train", *model, "--text", __file__, "--out", out, "--follow"], "argument --follow: applies to --data only"),
+        (
+            ["train", *model, "--data", str(spool), "--out", out],
+            "holds no manifest.json; a spool is read with --follow",
+        ),
+        (
+            ["train", *model, "--data", str(spool), "--out", out, "--epochs", "2"],
+            "argument --epochs: applies to --follow",
+        ),
+        (
+            ["train", *model, "--data", str(spool), "--out", out, "--follow", "--steps", "3"],
+            "argument --steps: with --follow",
+        ),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+# ---- real processes ----------------------------------------------------------------------------------------
+
+
+def writer(out: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tests.support.spool_writer", str(out), *extra]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **FAST_POLL},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def trainer(data: Path, out: Path, *extra: str, ranks: int = 0, env=None) -> subprocess.Popen:
+    """`eagle31-mla train --data DATA --follow` (under torchrun with ``ranks`` ranks)."""
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "eagle31_mla.train"]
+    command = [sys.executable, *(launch if ranks else ["-m", "eagle31_mla.cli", "train"])]
+    command += [*TRAIN, "--data", str(data), "--out", str(out), "--follow", *extra]
+    environment = {**os.environ, **FAST_POLL, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> str:
+    """Its output (stdout, then stderr), once it has ended well."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-3000:]
+    return out + err
+
+
+def kill(process: subprocess.Popen) -> None:
+    """SIGKILL to the process and everything it started (torchrun's ranks): nothing runs a handler."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
+
+
+def weights(folder) -> dict[str, torch.Tensor]:
+    return dict(Eagle31MLAForCausalLM.from_pretrained(folder).named_parameters())
+
+
+def spool_bytes(spool: Path) -> int:
+    return sum(p.stat().st_size for p in spool.glob("part-*/shard-*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory) -> Path:
+    """The capture stored whole first (no spool): what capture-then-train trains on."""
+    folder = tmp_path_factory.mktemp("stored") / "capture"
+    finish(writer(folder))
+    return folder
+
+
+def cap_below_the_capture(parts: int) -> int:
+    """Room for 3 shards of 2 of the longest sequences per part: a step of 4 sequences (up to 3 shards of one
+    part, 2 of each of two) fits; the whole capture (21 sequences of 10-24 tokens) does not."""
+    total = sum(len(s) for s in input_sequences()) * SHARD
+    cap = parts * 3 * (48 * SHARD + 2 * 16 + 8 + 4096)
+    assert cap < total
+    return cap
+
+
+@pytest.mark.slow
+def test_two_captures_and_a_trainer_at_once_train_what_capture_then_train_does(tmp_path, stored):
+    """Two capture processes (parts 1/2 and 2/2, one slower) and `train --follow` at once, through a spool capped
+    below the capture's size: the capture waits for room (and says so), the spool never holds more than the cap,
+    and the drafter is capture-then-train's: the same two parts stored whole first, then `train --follow`
+    (bit for bit: the same batches in the same order, the same ops). A stored capture (`capture --out`) trains
+    in another order (the input order): a different drafter, the control."""
+    spool, cap = tmp_path / "spool", cap_below_the_capture(2)
+    parts = [
+        writer(spool, "--spool-bytes", str(cap), "--part", f"{p}/2", "--shard-delay", d)
+        for p, d in ((1, "0"), (2, "0.1"))
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(spool.glob("part-*/shard-*"))) < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)  # both captures fill their shares (3 shards each) and wait
+    train = trainer(spool, tmp_path / "online")
+    peak = 0
+    while train.poll() is None:
+        peak = max(peak, spool_bytes(spool))
+        time.sleep(0.01)
+    finish(train)
+    outputs = [finish(p) for p in parts]
+    assert peak <= cap and any("spool full" in err for err in outputs), (peak, cap)
+    assert not list(spool.glob("part-*/shard-*"))  # every shard trained, checkpointed, removed
+    assert all((spool / f"part-{p}-of-2" / MANIFEST).is_file() for p in (1, 2))  # the capture's record stays
+
+    whole = tmp_path / "whole"  # capture-then-train: the same two parts, written whole, then trained on
+    for p in (1, 2):
+        finish(writer(whole, "--spool-bytes", str(10**9), "--part", f"{p}/2"))
+    finish(trainer(whole, tmp_path / "after"))
+    online, after = weights(tmp_path / "online"), weights(tmp_path / "after")
+    log = json.loads((tmp_path / "online" / "training.json").read_text())
+    assert log["steps"] == stream_steps(21, 1, 4) == 6
+    for name, p in after.items():
+        assert torch.equal(online[name], p), name
+    finish(trainer(stored, tmp_path / "input-order"))
+    other = weights(tmp_path / "input-order")
+    assert any(not torch.equal(other[name], p) for name, p in after.items())
+
+
+@pytest.mark.slow
+def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupted_weights(tmp_path, stored):
+    """A capture process and a 2-rank torchrun trainer through a capped spool. The capture is killed (SIGKILL) at
+    random moments twice and rerun; the trainer's rank 1 dies at step 3, then the rerun trainer is killed at a
+    random moment, and rerun again. The end: the weights of the trainer run once, uninterrupted, on the stored
+    capture (bit for bit), every shard removed. The last step has one sequence: rank 1 runs it without a loss."""
+    from eagle31_mla.training.distributed import KILL_ENV
+
+    rng = random.Random(os.getpid())
+    spool, cap, out = tmp_path / "spool", cap_below_the_capture(1), tmp_path / "out"
+    spool.mkdir()
+    capture = ["--spool-bytes", str(cap), "--shard-delay", "0.05"]
+    first = trainer(spool, out, ranks=2, env={KILL_ENV: "1:3"})
+    for _ in range(2):  # the capture killed at a random moment: starting, computing, writing or waiting
+        process = writer(spool, *capture)
+        time.sleep(rng.uniform(2.0, 6.0))
+        kill(process)
+    capturing = writer(spool, *capture)
+    first.communicate(timeout=300)
+    assert first.returncode != 0  # rank 1 died at step 3
+    second = trainer(spool, out, ranks=2)
+    time.sleep(rng.uniform(5.0, 12.0))
+    kill(second)
+    finish(trainer(spool, out, ranks=2))
+    finish(capturing)
+    uninterrupted = tmp_path / "uninterrupted"
+    finish(trainer(stored, uninterrupted, ranks=2))
+    finished, reference = weights(out), weights(uninterrupted)
+    for name, p in reference.items():
+        assert torch.equal(finished[name], p), name
+    assert not list(spool.glob("part-*/shard-*"))
+    log = json.loads((out / "training_log.json").read_text())
+    assert [entry["step"] for entry in log["log"]] == list(range(1, 7)) and log["world_size"] == 2
