@@ -12,6 +12,7 @@ functions of the spool's content, and resuming from a checkpoint is exact)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -242,50 +244,75 @@ def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path, cap
 # ---- real processes ----------------------------------------------------------------------------------------
 
 
+def launch(command: list[str], env: dict) -> subprocess.Popen:
+    """A process whose output goes to a file (``process.log``): a pipe would be held open by whatever outlives
+    it (torchrun's ranks run in sessions of their own)."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="spool-test-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    process.log = log.name
+    log.close()
+    return process
+
+
 def writer(out: Path, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tests.support.spool_writer", str(out), *extra]
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**os.environ, **FAST_POLL},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return launch([sys.executable, "-m", "tests.support.spool_writer", str(out), *extra], FAST_POLL)
 
 
 def trainer(data: Path, out: Path, *extra: str, ranks: int = 0, env=None) -> subprocess.Popen:
     """`eagle31-mla train --data DATA --follow` (under torchrun with ``ranks`` ranks)."""
-    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "eagle31_mla.train"]
-    command = [sys.executable, *(launch if ranks else ["-m", "eagle31_mla.cli", "train"])]
+    launch_ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    command = [
+        sys.executable,
+        *([*launch_ranks, "-m", "eagle31_mla.train"] if ranks else ["-m", "eagle31_mla.cli", "train"]),
+    ]
     command += [*TRAIN, "--data", str(data), "--out", str(out), "--follow", *extra]
-    environment = {**os.environ, **FAST_POLL, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return launch(command, {**FAST_POLL, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def output(process: subprocess.Popen) -> str:
+    return Path(process.log).read_text()
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> str:
-    """Its output (stdout, then stderr), once it has ended well."""
-    out, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err[-3000:]
-    return out + err
+    """Its output, once it has ended well."""
+    process.wait(timeout=timeout)
+    assert process.returncode == 0, output(process)[-3000:]
+    return output(process)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process ``pid`` started, and theirs (from /proc: torchrun's ranks are in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def kill(process: subprocess.Popen) -> None:
-    """SIGKILL to the process and everything it started (torchrun's ranks): nothing runs a handler."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.communicate()
+    """SIGKILL to the process and everything it started, as a job's end kills a job: nothing runs a handler."""
+    tree = [process.pid, *descendants(process.pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while (
+        any(
+            Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+            for pid in tree[1:]
+        )
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)  # the orphans die (and are reaped by init) before anything reruns
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
@@ -371,7 +398,7 @@ def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupte
         time.sleep(rng.uniform(2.0, 6.0))
         kill(process)
     capturing = writer(spool, *capture)
-    first.communicate(timeout=300)
+    first.wait(timeout=300)
     assert first.returncode != 0  # rank 1 died at step 3
     second = trainer(spool, out, ranks=2)
     time.sleep(rng.uniform(5.0, 12.0))
