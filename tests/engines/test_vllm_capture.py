@@ -168,10 +168,10 @@ def test_drafter_from_files_is_drafter_for_target(hf_target):
 
 
 #: `eagle31-mla capture` for the demo drafter (its aux layers 1, 2, 3) over the demo's kind of text, in 32-token
-#: sequences, two per shard (less --out / --spool)
+#: sequences (50 of them), four per shard (less --out / --spool)
 CLI_CAPTURE = ["capture", "--target", TARGET, "--draft", str(DEMO_DIR / "draft"), "--seq-len", "32"]
 CLI_CAPTURE += ["--dtype", "float32"]
-CLI_CAPTURE += ["--top-k", "32", "--sequences-per-shard", "2", "--engine-args", json.dumps(ENGINE), "--quiet"]
+CLI_CAPTURE += ["--top-k", "32", "--sequences-per-shard", "4", "--engine-args", json.dumps(ENGINE), "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def corpus(tmp_path_factory) -> Path:
     from eagle31_mla.testing import demo_corpus
 
     text = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    text.write_text("\n".join(demo_corpus(seed=7, n=40)[0]) + "\n")
+    text.write_text("\n".join(demo_corpus(seed=7, n=16)[0]) + "\n")
     return text
 
 
@@ -237,7 +237,7 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
     if not VLLM_IS_PINNED:
         engine_version_skip("vllm", "the spool is engine-free; this release's capture is proven by the tests above")
     stored, _ = cli_capture
-    cap = 3 * shard_bytes(2 * 32, 2, 3, 128, torch.float32, 32)  # the capture holds more shards than 3
+    cap = 3 * shard_bytes(4 * 32, 4, 3, 128, torch.float32, 32)  # the capture holds more shards than 3
     assert len(CapturedStates(stored).manifest.shards) > 6
     spool = tmp_path / "spool"
     env = {**os.environ, **SINGLE_PROCESS_ENGINE, "EAGLE31_SPOOL_POLL_S": "0.05"}
