@@ -473,21 +473,15 @@ class CaptureFolder(_Path):
 
     def check(self, text: str) -> str:
         from ..training.captured import MANIFEST
+        from ..training.spool import is_spool
 
         if not text.strip():
             raise Refused
         self.base(text)
         folder = Path(text).expanduser()
-        if not (folder / MANIFEST).is_file() and not _is_spool(folder):
+        if not (folder / MANIFEST).is_file() and not is_spool(folder):
             raise Refused(f"no {MANIFEST} there, and not a spool (`capture --spool`)")
         return text
-
-
-def _is_spool(folder: Path) -> bool:
-    """An empty folder (a spool the capture has not written yet) or one holding part-I-of-N folders."""
-    from ..training.spool import is_spool
-
-    return is_spool(folder)
 
 
 # click.Path's own checks, declared: exists, file_okay / dir_okay (a folder where a file is expected, or the

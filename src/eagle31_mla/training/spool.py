@@ -360,7 +360,7 @@ class FollowedCapture(CapturedStates):
                 raise CapturedDataError(
                     f"{shard.path}: needed for training but removed (another trainer on this spool?)"
                 )
-            _, offsets = check_shard(shard.path, shard.entry, read_manifest(shard.folder))
+            _, offsets = check_shard(shard.path, shard.entry, self.manifest)  # the parts agree on what it checks
             shard.offsets = offsets.tolist()
         j = i - shard.start
         return shard.path, shard.offsets[j], shard.offsets[j + 1]
@@ -406,13 +406,11 @@ class FollowTarget(CapturedTarget):
     def step_indices(self, step: int, config: TrainingConfig) -> torch.Tensor:
         window, n = self._window(step, config), len(self.data)
         self.data.wait_for(n if window.stop > n else window.stop)  # later epochs: everything is captured
-        order = []
-        for q in window:
-            epoch, p = divmod(q, n)
-            if epoch:
-                p = int(torch.randperm(n, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))[p])
-            order.append(p)
-        return torch.tensor(order, dtype=torch.long)
+        shuffles = {  # each later epoch's order, drawn once per step
+            epoch: torch.randperm(n, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+            for epoch in {q // n for q in window} - {0}
+        }
+        return torch.tensor([shuffles[q // n][q % n] if q >= n else q for q in window], dtype=torch.long)
 
     def stalled(self, step: int, config: TrainingConfig) -> bool:
         window = self._window(step, config)
