@@ -13,7 +13,7 @@ _EXPORTS = {
     "KIMI_K3_AUX_LAYER_IDS": "model.aux_layers",
     "ConfigError": "model.configuration_eagle31_mla",
     "Eagle31MLAConfig": "model.configuration_eagle31_mla",
-    "CheckpointError": "model.checkpoint_eagle31_mla",
+    "CheckpointError": "model.modeling_eagle31_mla",
     "DraftInputError": "model.modeling_eagle31_mla",
     "check_sampling_settings": "model.modeling_eagle31_mla",
     "resolve_dtype": "model.configuration_eagle31_mla",

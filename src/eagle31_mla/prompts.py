@@ -62,11 +62,10 @@ def _draft_input_error(message: str) -> Exception:
     return DraftInputError(message)
 
 
-def _shown(value) -> str:
-    """A refused value as the library's messages show it."""
-    from .model.modeling_eagle31_mla import describe_value
-
-    return describe_value(value)
+def shown(value) -> str:
+    """A refused value as the library's messages show it: its repr when short, else its type."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,7 +101,7 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
         items = [items]
     elif not isinstance(items, (list, tuple, set, frozenset, range)):
         if strict:
-            refuse(f"is {_shown(value)}")
+            refuse(f"is {shown(value)}")
         return ()
 
     def fits(i) -> bool:
@@ -111,7 +110,7 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
     if strict:
         for i in items:
             if not fits(i):
-                refuse(f"holds {_shown(i)}")
+                refuse(f"holds {shown(i)}")
     return tuple(int(i) for i in items if fits(i))
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from ..model.checkpoint_eagle31_mla import is_hub_repo_id  # stdlib only at import
+from ..locations import is_hub_repo_id
 from .common import one_line, shown
 
 

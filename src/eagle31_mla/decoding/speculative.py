@@ -64,14 +64,15 @@ from typing import Any
 
 import torch
 
-from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
-from ..model.sampling_eagle31_mla import sample_from_logits, sampling_probs
-from ..model.validation_eagle31_mla import (
+from ..model.modeling_eagle31_mla import (
     DraftInputError,
-    check_sampling_backend,
+    Eagle31MLAForCausalLM,
+    LatentKVCache,
     check_sampling_settings,
-    describe_value,
+    sample_from_logits,
+    sampling_probs,
 )
+from ..prompts import shown as describe_value
 from ..prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
 from ..serving.engines import max_tree_draft_tokens
 from .target import CachedTarget, TargetAuxCapture
@@ -633,7 +634,9 @@ def _check_generator(generator, target) -> None:
 
 def _require_sampling_backend(backend, target, drafter) -> None:
     """``backend`` one of "torch" / "flashinfer"; for "flashinfer", FlashInfer must run where both models are."""
-    if check_sampling_backend(backend) == "flashinfer":
+    if backend not in ("torch", "flashinfer"):
+        raise DraftInputError(f"`sampling_backend` is {backend!r}; expected one of ('torch', 'flashinfer')")
+    if backend == "flashinfer":
         from ..model.flashinfer_backend import require
 
         for model in (target, drafter):

@@ -74,7 +74,7 @@ def roster_differences(
 def dtype_name(dtype: Any) -> str:
     """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name
     (``BF16`` -> ``bfloat16``)."""
-    from ..model.checkpoint_eagle31_mla import SAFETENSORS_DTYPE_NAMES
+    from safetensors.torch import _TYPES  # safetensors' own table: "BF16" -> torch.bfloat16
 
     name = str(dtype).removeprefix("torch.")
-    return SAFETENSORS_DTYPE_NAMES.get(name, name)
+    return str(_TYPES[name]).removeprefix("torch.") if name in _TYPES else name

@@ -1,24 +1,25 @@
 """The EAGLE-3.1 MLA drafter for Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`) in PyTorch/Transformers.
 
-One DeepSeek-style Multi-head Latent Attention decoder layer drafts tokens for Kimi-K3 from three of
-its residual-stream states. EAGLE-3.1 adds two switches to EAGLE-3: ``fc_norm`` (an RMSNorm per
-captured state before ``fc``) and ``norm_output`` (the next draft step is fed ``norm(h)``, not ``h``).
-MLA keeps the draft KV cache small: per token only the normalised latent ``c_kv`` (512) and the
-rotated shared rope key ``k_pe`` (64) are stored, 1,152 bytes in bf16.
+One DeepSeek-style Multi-head Latent Attention decoder layer drafts tokens for Kimi-K3 from three of its
+residual-stream states. EAGLE-3.1 adds two switches to EAGLE-3: ``fc_norm`` (an RMSNorm per captured state before
+``fc``) and ``norm_output`` (the next draft step is fed ``norm(h)``, not ``h``). MLA keeps the draft KV cache
+small: per token only the normalised latent ``c_kv`` (512) and the rotated shared rope key ``k_pe`` (64).
 
-Module names are the published tensor names, so the checkpoint loads with no renaming; other
-layouts (``midlayer.*``, a ``model.`` prefix, pruned vocabularies) are read by
-:mod:`checkpoint_eagle31_mla`, which finds, checks and loads the files.
+Module names are the published tensor names; other layouts load through Transformers' key mapping
+(:data:`KEY_MAPPING`). Loading is Transformers' ``from_pretrained``; added here is only what it lacks: a missing,
+unexpected or misshaped tensor is an error (Transformers would initialise it randomly and warn).
 
-Symbols in shape comments: B batch, T new tokens, S cached + new tokens, H hidden, Ht target hidden,
-n aux states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_head_dim, V v_head_dim.
+Symbols in shape comments: B batch, T new tokens, S cached + new tokens, H hidden, Ht target hidden, n aux
+states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_head_dim, V v_head_dim.
 """
 
 from __future__ import annotations
 
-import logging
-import numbers
+import importlib
+import math
 import os
+import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,48 +29,39 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
-from .checkpoint_eagle31_mla import load_checkpoint_state, resolve_model_folder
-from .configuration_eagle31_mla import Eagle31MLAConfig, resolve_dtype, rope_frequencies
-from .sampling_eagle31_mla import flashinfer_backend, sample_from_logits
-from .validation_eagle31_mla import (
-    SAMPLING_BACKENDS,
-    DraftInputError,
-    check_cache_arguments,
-    check_config_file,
-    check_draft_arguments,
-    check_forward_inputs,
-    check_loading_arguments,
-    check_sampling_backend,
-    check_sampling_settings,
-    describe_value,
-)
+from .configuration_eagle31_mla import Eagle31MLAConfig, rope_frequencies
 
-__all__ = [
-    "Eagle31MLAForCausalLM",
-    "Eagle31MLAOutput",
-    "DraftOutput",
-    "LatentKVCache",
-    "DraftInputError",
-    "SAMPLING_BACKENDS",
-    "check_sampling_backend",
-    "check_sampling_settings",
-    "cpu_has_native_bf16",
-    "latent_attention_dtype",
-    "normalise_aux_chunks",
-]
+__all__ = ["Eagle31MLAForCausalLM", "Eagle31MLAOutput", "DraftOutput", "LatentKVCache", "DraftInputError"]
+__all__ += ["KEY_MAPPING", "SAMPLING_BACKENDS", "check_sampling_settings", "sampling_probs", "sample_from_logits"]
+__all__ += ["cpu_has_native_bf16", "latent_attention_dtype", "normalise_aux_chunks", "t2d_from_d2t", "CheckpointError"]
+__all__ += ["canonical_tensor_name"]
 
-logger = logging.getLogger(__name__)
+#: Other layouts of the same tensors, as Transformers' ``key_mapping`` (checkpoint-name regex -> published name):
+#: NeMo's ``model.`` prefix on everything but ``lm_head``, training's ``midlayer.`` for ``layers.0.``.
+KEY_MAPPING = {r"^model\.": "", r"^midlayer\.": "layers.0."}
+
+
+def canonical_tensor_name(name: str) -> str:
+    """The published name of a tensor named in any layout of :data:`KEY_MAPPING` (the engine plugins' loaders)."""
+    for pattern, replacement in KEY_MAPPING.items():
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+class DraftInputError(ValueError, TypeError):
+    """A call argument this library refuses, raised before any compute: the message names the argument and what
+    was expected. Both a ValueError and a TypeError, so either ``except`` catches it."""
 
 
 # ---- Building blocks --------------------------------------------------------------------------
 
 
 class Eagle31MLALinear(nn.Linear):
-    """nn.Linear whose one-token product on CPU uses the matrix-vector kernel, which streams the
-    weight 1.3-1.7x faster there than the matrix-matrix path (a draft step is such products)."""
+    """nn.Linear whose one-token product on CPU uses the matrix-vector kernel, which streams the weight
+    1.3-1.7x faster there than the matrix-matrix path (a draft step is such products)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and self.bias is None and x.numel() == x.shape[-1]:
+        if x.device.type == "cpu" and self.bias is None and x.numel() == x.shape[-1] and x.dtype == self.weight.dtype:
             return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)
 
@@ -90,25 +82,21 @@ class Eagle31MLARMSNorm(nn.Module):
 
 
 class Eagle31MLARotaryEmbedding(nn.Module):
-    """RoPE frequencies for the rope slice: plain, or YaRN through Transformers' helper."""
+    """RoPE angles for the rope slice: plain, or YaRN through Transformers' helper. The frequencies are a function
+    of the config, computed once per device and kept off the state dict (nothing to load or initialise)."""
 
     def __init__(self, config: Eagle31MLAConfig):
         super().__init__()
         self.config = config
-        inv_freq, self.attention_scaling = self._inv_freq(config, device=None)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    @staticmethod
-    def _inv_freq(config: Eagle31MLAConfig, device) -> tuple[torch.Tensor, float]:
-        return rope_frequencies(config, device)  # the computation the config checked at construction
-
-    def reset_inv_freq(self, device: torch.device | str) -> None:
-        """Recompute the frequencies after the module was built on the meta device."""
-        self.inv_freq = self._inv_freq(self.config, torch.device(device))[0]
+        self._frequencies: dict[torch.device, tuple[torch.Tensor, float]] = {}
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = position_ids[..., None].float() * self.inv_freq.float()  # [B, T, R/2]
-        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        device = position_ids.device
+        if device not in self._frequencies:
+            self._frequencies[device] = rope_frequencies(self.config, device)
+        inv_freq, scaling = self._frequencies[device]
+        angles = position_ids[..., None].float() * inv_freq.float()  # [B, T, R/2]
+        return angles.cos() * scaling, angles.sin() * scaling
 
 
 def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,7 +118,7 @@ def _detect_cpu_native_bf16() -> bool:
     env = os.environ.get("EAGLE31_CPU_NATIVE_BF16")
     if env is not None:
         if env not in ("0", "1"):
-            raise DraftInputError(f"EAGLE31_CPU_NATIVE_BF16={env!r}; expected 0 (no native bf16) or 1 (native bf16)")
+            raise ValueError(f"EAGLE31_CPU_NATIVE_BF16={env!r}; expected 0 (no native bf16) or 1 (native bf16)")
         return env == "1"
     bf16_flags = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # x86 AVX-512 / AMX; Arm FEAT_BF16 / SVE
     get_capabilities = getattr(getattr(torch, "cpu", None), "get_capabilities", None)  # torch >= 2.8
@@ -169,33 +157,22 @@ class LatentKVCache:
     """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R].
 
     Both live side by side in one buffer [B, capacity, C+R], so the absorbed attention reads its keys
-    ([c_kv | k_pe]) and values (c_kv) as views, with no per-step copy. Storage is preallocated and
-    grows by doubling; ``crop`` rolls back rejected draft tokens.
+    ([c_kv | k_pe]) and values (c_kv) as views, with no per-step copy. Storage grows by doubling; ``crop`` rolls
+    back rejected draft tokens. A cache is bound to the drafter that writes it first: its c_kv was normalised with
+    that drafter's weights and its k_pe rotated under its rope schedule, so no other drafter may extend it.
     """
 
-    #: The largest size a constructor argument may give (a batch, a width, a capacity in tokens).
-    MAX_SIZE = 2**31 - 1
-
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        device = check_cache_arguments(batch_size, kv_lora_rank, rope_dim, capacity, dtype, device, self.MAX_SIZE)
-        self.kv_lora_rank = int(kv_lora_rank)
-        self.rope_dim = int(rope_dim)
-        self.latent = torch.empty(
-            int(batch_size), int(capacity), self.kv_lora_rank + self.rope_dim, dtype=dtype, device=device
-        )  # [B, cap, C+R]
+        self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
+        self.latent = torch.empty(batch_size, max(capacity, 1), kv_lora_rank + rope_dim, dtype=dtype, device=device)
         self.length = 0
-        self._owner = None  # weakref to the drafter that wrote it first (see bind)
-        self._owner_config = None
+        self._owner = None  # weakref to the drafter that wrote it first
 
     @classmethod
     def for_model(cls, model_or_config, batch_size: int, *, dtype, device, capacity: int = 256):
-        """A cache for a drafter's config; given the drafter itself, the cache is bound to it (see :meth:`bind`)."""
+        """A cache for a drafter's config; given the drafter itself, the cache is bound to it."""
         model = model_or_config if isinstance(model_or_config, nn.Module) else None
         config = model.config if model is not None else model_or_config
-        if not all(isinstance(getattr(config, k, None), int) for k in ("kv_lora_rank", "qk_rope_head_dim")):
-            raise DraftInputError(
-                f"LatentKVCache.for_model takes an Eagle31MLAConfig or drafter, got {describe_value(model_or_config)}"
-            )
         cache = cls(
             batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity
         )
@@ -204,18 +181,10 @@ class LatentKVCache:
         return cache
 
     def bind(self, model: nn.Module) -> None:
-        """Tie this cache to ``model``, the drafter whose keys it holds: its c_kv was normalised with that
-        drafter's weights and its k_pe rotated under that drafter's rope schedule, so no other drafter may
-        read or extend it (even one of the same dims). A fresh cache binds to the first drafter that uses it."""
-        import weakref
-
         self._owner = weakref.ref(model)
-        self._owner_config = model.config
 
-    def bound_to(self) -> tuple[object, object] | None:
-        """``(drafter or None if it is gone, its config)`` when bound, None for a fresh cache."""
-        owner = getattr(self, "_owner", None)
-        return None if owner is None else (owner(), getattr(self, "_owner_config", None))
+    def bound_to(self) -> nn.Module | None:
+        return None if self._owner is None else self._owner()
 
     @property
     def c_kv(self) -> torch.Tensor:
@@ -228,34 +197,24 @@ class LatentKVCache:
     def get_seq_length(self) -> int:
         return self.length
 
-    def _grow(self, needed: int) -> None:
-        capacity = self.latent.shape[1]
-        if needed <= capacity:
-            return
-        capacity = max(capacity, 1)  # doubling from 0 would never end
-        while capacity < needed:
-            capacity *= 2
-        grown = self.latent.new_empty(self.latent.shape[0], capacity, self.latent.shape[2])
-        grown[:, : self.length] = self.latent[:, : self.length]
-        self.latent = grown
-
     def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
         """Append T tokens; returns the whole cached latent [B, S, C+R] (a view)."""
         start, end = self.length, self.length + c_kv.shape[1]
-        self._grow(end)
+        if end > self.latent.shape[1]:
+            capacity = self.latent.shape[1]
+            while capacity < end:
+                capacity *= 2
+            grown = self.latent.new_empty(self.latent.shape[0], capacity, self.latent.shape[2])
+            grown[:, :start] = self.latent[:, :start]
+            self.latent = grown
         self.latent[:, start:end, : self.kv_lora_rank] = c_kv
         self.latent[:, start:end, self.kv_lora_rank :] = k_pe
         self.length = end
         return self.latent[:, :end]
 
     def crop(self, length: int) -> None:
-        if not isinstance(length, numbers.Integral) or isinstance(length, bool):
-            raise DraftInputError(f"`length` is a {type(length).__name__}; expected an int number of tokens to keep")
         if not 0 <= length <= self.length:
-            raise DraftInputError(
-                f"`length` is {length}; expected an int in [0, {self.length}] (the cache holds {self.length} tokens; "
-                "crop keeps the first `length` of them and cannot add any)"
-            )
+            raise DraftInputError(f"`length` is {length}; expected an int in [0, {self.length}] (the cached tokens)")
         self.length = length
 
     def nbytes_per_token(self) -> int:
@@ -418,16 +377,77 @@ class Eagle31MLADecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
 
 
+# ---- Sampling: the distribution decoding draws from, shared by ``draft`` and the reference loop ----------------
+
+#: Who samples: "torch" (the rule below and ``torch.multinomial``) or "flashinfer" (FlashInfer's top-p and draws
+#: on CUDA: ``eagle31_mla.model.flashinfer_backend``, the library's ``[gpu]`` extra, not in the Hub remote code).
+SAMPLING_BACKENDS = ("torch", "flashinfer")
+
+
+def check_sampling_settings(temperature, top_p, backend: str = "torch") -> tuple[float, float]:
+    """The one rule for sampling settings, checked once at each public entry (``draft``, ``speculative_generate``,
+    ``measure_acceptance``, the CLI): ``temperature`` finite and >= 0 (0 = greedy), ``top_p`` in (0, 1]."""
+    real = (int, float)
+    if not isinstance(temperature, real) or isinstance(temperature, bool) or not 0 <= temperature < math.inf:
+        raise DraftInputError(f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)")
+    if not isinstance(top_p, real) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        raise DraftInputError(f"`top_p` is {top_p!r}; expected a number in (0, 1] (1 = no truncation)")
+    if backend not in SAMPLING_BACKENDS:
+        raise DraftInputError(f"`sampling_backend` is {backend!r}; expected one of {SAMPLING_BACKENDS}")
+    return float(temperature), float(top_p)
+
+
+def flashinfer_backend():
+    """``eagle31_mla.model.flashinfer_backend``, imported on first use: the installed library carries it, the Hub
+    remote code (this file next to a checkpoint) does not."""
+    try:
+        return importlib.import_module(".flashinfer_backend", __package__)
+    except ImportError:
+        raise RuntimeError(
+            'the FlashInfer path is part of the eagle31-mla library (pip install "eagle31-mla[gpu]"), not of this '
+            f"copy of the modeling code ({__name__}); load the drafter with eagle31_mla.Eagle31MLAForCausalLM"
+        ) from None
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float, backend: str = "torch") -> torch.Tensor:
+    """[.., V] logits -> [.., V] fp32 probabilities: one-hot argmax for temperature 0 (ties to the lowest id);
+    else temperature softmax truncated to the smallest prefix reaching ``top_p``, renormalised."""
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    if temperature >= 1e-3:
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+    else:  # logits / temperature could overflow fp32 (inf - inf = NaN): shift by the max, divide in fp64
+        shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+        probs = torch.softmax(shifted / temperature, dim=-1).float()
+    if top_p < 1 and backend == "flashinfer":
+        return flashinfer_backend().top_p_renorm(probs, top_p)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest prefix reaching top_p
+        keep[..., 0] = True  # never empty
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from_logits(logits, temperature: float, top_p: float, generator, backend: str = "torch"):
+    """A token per row of ``logits`` [B, V] and the distribution it was drawn from: ([B], [B, V])."""
+    probs = sampling_probs(logits, temperature, top_p, backend)
+    if temperature == 0:
+        return probs.argmax(-1), probs
+    if backend == "flashinfer":
+        return flashinfer_backend().sample(probs, generator), probs
+    return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
+
+
 # ---- The drafter ------------------------------------------------------------------------------
 
 
 @dataclass
 class Eagle31MLAOutput:
-    """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H] is the state the next draft step is
-    fed (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache.
-
-    A plain dataclass on purpose: Transformers' ``ModelOutput`` renames ``past_key_values`` to
-    ``cache`` from 5.2x on, and this class must behave the same on every supported version."""
+    """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H], the state the next draft step is fed
+    (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache. A plain dataclass:
+    Transformers' ``ModelOutput`` renames ``past_key_values`` from 5.2x on."""
 
     logits: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
@@ -436,9 +456,9 @@ class Eagle31MLAOutput:
 
 @dataclass
 class DraftOutput:
-    """``tokens`` [B, k] drafted target-vocabulary ids; ``probs`` [B, k, draft_vocab] the distribution
-    each was drawn from (one-hot when greedy); ``past_key_values`` the cache, holding the context plus
-    the first k-1 drafted tokens (crop it to the accepted length after verification)."""
+    """``tokens`` [B, k] drafted target ids; ``probs`` [B, k, draft_vocab] the distribution each was drawn from
+    (one-hot when greedy); ``past_key_values`` the cache, holding the context plus the first k-1 drafted tokens
+    (crop it to the accepted length after verification)."""
 
     tokens: torch.Tensor | None = None
     probs: torch.Tensor | None = None
@@ -446,21 +466,62 @@ class DraftOutput:
     hidden_states: torch.Tensor | None = None
 
 
+def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The [vocab_size] bool mask of the target ids ``d2t`` maps to (target_id = draft_id + d2t[draft_id])."""
+    t2d = torch.zeros(vocab_size, dtype=torch.bool, device=d2t.device)
+    t2d[torch.arange(d2t.numel(), device=d2t.device) + d2t] = True
+    return t2d
+
+
+class CheckpointError(ValueError):
+    """A checkpoint whose tensors do not fit the config: every offending tensor is named."""
+
+
 class Eagle31MLAPreTrainedModel(PreTrainedModel):
     config_class = Eagle31MLAConfig
     config: Eagle31MLAConfig
     base_model_prefix = ""
     _no_split_modules = ["Eagle31MLADecoderLayer"]
-    # No `_supports_sdpa` / flash claims: MLA attention here is the drafter's own (naive for a prompt, absorbed
-    # over the latent cache for decode, picked by `absorb`), so Transformers' `attn_implementation` switch has
-    # nothing to choose; it reports "eager" (the model's own code). `from_pretrained` also takes "flashinfer"
-    # (decode steps through FlashInfer, stored as `config._attn_implementation`) and refuses anything else.
 
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, Eagle31MLARMSNorm):
             module.weight.fill_(1.0)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Transformers' ``from_pretrained``, every keyword passed through untouched. Added, as Transformers lacks
+        them: :data:`KEY_MAPPING` as the default ``key_mapping``; a missing, unexpected or misshaped tensor is a
+        :class:`CheckpointError` naming it (never a random weight); a pruned vocabulary's ``t2d``, a function of
+        ``d2t``, derived when the file omits it; ``attn_implementation="flashinfer"`` (decode through FlashInfer)."""
+        kwargs.setdefault("key_mapping", KEY_MAPPING)
+        flashinfer = kwargs.get("attn_implementation") == "flashinfer"
+        if flashinfer:
+            kwargs.pop("attn_implementation")
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = set(info.get("missing_keys") or ())
+        if "t2d" in missing and getattr(model, "d2t", None) is not None and "d2t" not in missing:
+            model.t2d = t2d_from_d2t(model.d2t, model.config.vocab_size)
+            missing.discard("t2d")
+        problems = [f"missing tensor {name!r}" for name in sorted(missing)]
+        problems += [f"unexpected tensor {name!r}" for name in sorted(info.get("unexpected_keys") or ())]
+        problems += [
+            f"tensor {m[0] if isinstance(m, tuple) else m!r} has the wrong shape"
+            for m in info.get("mismatched_keys") or ()
+        ]
+        if problems:
+            raise CheckpointError(
+                f"{args[0] if args else ''}: the checkpoint does not match its config: " + "; ".join(problems)
+            )
+        if flashinfer:
+            device = model.fc.weight.device
+            flashinfer_backend().require(
+                device, model.dtype, kv_lora_rank=model.config.kv_lora_rank, rope_dim=model.config.qk_rope_head_dim
+            )
+            model.config._attn_implementation = "flashinfer"
+        return (model, info) if wants_info else model
 
 
 class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
@@ -483,8 +544,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             self.d2t = None
         self.post_init()
 
-    # -- EAGLE inputs -------------------------------------------------------------------------------
-
     def combine_hidden_states(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
         """[.., n·Ht] captured target states (ascending layer order) -> [.., H] drafter state."""
         if self.config.fc_norm:
@@ -493,24 +552,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
 
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
-    # -- argument checks (validation_eagle31_mla) ---------------------------------------------------
-    cache_class = LatentKVCache  # the only cache forward reads and extends
-    #: forward's switches: name -> (accepts None, what is expected). A new switch goes here and into
-    #: tests/unit/test_runtime_corpus.py, which fails for a forward argument with no bad values.
-    FLAG_ARGUMENTS = {
-        "use_cache": (True, "None or a bool (None: the config's use_cache, or True when a cache is passed)"),
-        "absorb": (True, "None or a bool (None: absorbed attention when earlier tokens are cached)"),
-        "check_values": (False, "a bool"),
-    }
-    #: keywords Transformers callers may pass that change nothing here: name -> the values accepted.
-    IGNORED_KEYWORDS = {
-        "return_dict": (None, True),
-        "output_attentions": (None, False),
-        "output_hidden_states": (None, False),
-    }
-
-    # -- forward ------------------------------------------------------------------------------------
 
     def forward(
         self,
@@ -523,39 +564,41 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         use_cache: bool | None = None,
         absorb: bool | None = None,
         logits_to_keep: int = 0,
-        check_values: bool = True,
-        **kwargs,
+        **kwargs,  # Transformers' own keywords (return_dict, ...): nothing to change here
     ) -> Eagle31MLAOutput:
-        """One draft step over T tokens. ``absorb`` picks the latent (weight-absorbed) attention; by
-        default it is used when earlier tokens are cached (decode), the naive path for a prompt.
-        ``logits_to_keep`` = N > 0 computes logits for the last N positions only (drafting needs the
-        last one; the 163,840-row lm_head dominates a prompt's compute); 0 keeps all (training).
-        ``check_values=False`` skips the value checks (one host sync), for steps a drafting loop feeds
-        with the drafter's own outputs; types, shapes, dtypes, devices and the cache are always checked
-        (see ``check_forward_inputs``). Tensors only: numpy arrays and lists are refused, not converted."""
-        check_forward_inputs(
-            self,
-            input_ids,
-            aux_hidden_states,
-            hidden_states,
-            position_ids,
-            values=check_values,
-            past_key_values=past_key_values,
-            attention_mask=attention_mask,
-            use_cache=use_cache,
-            absorb=absorb,
-            logits_to_keep=logits_to_keep,
-            extra=kwargs,
-        )
+        """One draft step over T tokens. ``absorb`` picks the latent (weight-absorbed) attention; by default it is
+        used when earlier tokens are cached (decode), the naive path for a prompt. ``logits_to_keep`` = N > 0
+        computes logits for the last N positions only; 0 keeps all (training). Checked here is only what would
+        otherwise be silently wrong and costs no host sync: the state's shape, and a cache of another drafter
+        or batch."""
         B, T = input_ids.shape
+        if (aux_hidden_states is None) == (hidden_states is None):
+            raise DraftInputError("pass exactly one of `aux_hidden_states` (first step) or `hidden_states` (later)")
+        config = self.config
+        name, state = (
+            ("aux_hidden_states", aux_hidden_states) if hidden_states is None else ("hidden_states", hidden_states)
+        )
+        width = (
+            config.num_aux_hidden_states * config.target_hidden_size if hidden_states is None else config.hidden_size
+        )
+        if tuple(state.shape) != (B, T, width):
+            raise DraftInputError(f"`{name}` has shape {tuple(state.shape)}; expected {(B, T, width)}")
+        if past_key_values is not None:
+            owner = past_key_values.bound_to()
+            if owner is not None and owner is not self:
+                raise DraftInputError("`past_key_values` was written by another drafter; expected this drafter's")
+            if past_key_values.latent.shape[0] != B:
+                raise DraftInputError(
+                    f"`past_key_values` holds {past_key_values.latent.shape[0]} sequences; expected {B} (the batch)"
+                )
         if use_cache is None:
-            use_cache = True if past_key_values is not None else self.config.use_cache
+            use_cache = True if past_key_values is not None else config.use_cache
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if use_cache and past_key_values is None:
             past_key_values = LatentKVCache.for_model(
                 self, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
             )
-        elif past_key_values is not None and hasattr(past_key_values, "bind") and past_key_values.bound_to() is None:
+        elif past_key_values is not None and past_key_values.bound_to() is None:
             past_key_values.bind(self)  # a fresh (user-built) cache binds to the first drafter that uses it
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
@@ -570,15 +613,14 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         normed = self.norm(h)  # [B, T, H]
         return Eagle31MLAOutput(
             logits=self.lm_head(normed[:, -logits_to_keep:]),  # [B, T or logits_to_keep, draft_vocab]
-            hidden_states=normed if self.config.norm_output else h,
+            hidden_states=normed if config.norm_output else h,
             past_key_values=past_key_values if use_cache else None,
         )
 
     @staticmethod
     def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
-        """[B, 1, T, S] bool (True = attend), or None when every token sees everything cached (a
-        one-token step with no padding), which lets attention take its unmasked fast path. The mask's
-        shape and dtype were checked by ``check_forward_inputs``."""
+        """[B, 1, T, S] bool (True = attend), or None when a one-token step with no padding sees everything
+        cached (attention's unmasked fast path)."""
         S = past + T
         if attention_mask is None and T == 1:
             return None
@@ -586,10 +628,10 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if attention_mask is None:
             return causal[None, None].expand(B, 1, T, S)
         if attention_mask.dim() == 2:
+            if attention_mask.shape != (B, S):
+                raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)}")
             return causal[None, None] & attention_mask.bool()[:, None, None, :]
         return attention_mask
-
-    # -- drafting -----------------------------------------------------------------------------------
 
     @torch.no_grad()
     def draft(
@@ -605,27 +647,15 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         sampling_backend: str = "torch",
     ) -> DraftOutput:
-        """Draft ``num_tokens`` chained tokens after the context: the first from the context's last
-        position, each later one from the previous token's embedding and the previous step's state,
-        one position further, attending to everything cached. Every argument is checked before
-        anything is computed or cached (sampling settings by :func:`check_sampling_settings`).
-        ``sampling_backend`` "flashinfer" draws with FlashInfer on CUDA (:func:`sample_from_logits`)."""
-        check_draft_arguments(self, num_tokens, temperature, top_p, generator, aux_hidden_states, sampling_backend)
+        """Draft ``num_tokens`` chained tokens after the context: the first from the context's last position, each
+        later one from the previous token's embedding and the previous step's state, one position further. The
+        arguments are checked here, once, before anything is cached; the steps trust them."""
+        temperature, top_p = check_sampling_settings(temperature, top_p, sampling_backend)
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise DraftInputError(f"`num_tokens` is {num_tokens!r}; expected an int >= 1")
         if sampling_backend == "flashinfer":
             flashinfer_backend().require(self.fc.weight.device)
-        check_forward_inputs(
-            self,
-            input_ids,
-            aux_hidden_states,
-            None,
-            position_ids,
-            past_key_values=past_key_values,
-            use_cache=True,
-            logits_to_keep=1,
-        )
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        # Later steps are fed the drafter's own outputs and skip forward's value checks; only their
-        # positions can still go wrong, so check the furthest one here, before anything is cached.
         if position_ids is not None:
             position = position_ids[:, -1:]
             last = int(position.max()) + num_tokens - 1
@@ -634,9 +664,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             last = past + input_ids.shape[1] - 1 + num_tokens - 1
         if last >= self.config.max_position_embeddings:
             raise DraftInputError(
-                f"`position_ids` reach {last}, beyond max_position_embeddings "
-                f"{self.config.max_position_embeddings} (drafting {num_tokens} tokens after the context); "
-                "expected a shorter context or fewer tokens"
+                f"`position_ids` reach {last}, beyond max_position_embeddings {self.config.max_position_embeddings} "
+                f"(drafting {num_tokens} tokens after the context); expected a shorter context or fewer tokens"
             )
         out = self(
             input_ids,
@@ -645,13 +674,11 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             past_key_values=past_key_values,
             use_cache=True,
             logits_to_keep=1,
-            check_values=False,
         )
         cache = out.past_key_values
         logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
         tokens, probs = [], []
         for step in range(num_tokens):
-            # [B], [B, V]: the token and the distribution it was drawn from
             draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator, sampling_backend)
             tokens.append(self.draft_to_target_ids(draft_id))
             probs.append(p)
@@ -659,23 +686,16 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                 break
             position = position + 1
             out = self(
-                tokens[-1][:, None],
-                hidden_states=state,
-                position_ids=position,
-                past_key_values=cache,
-                use_cache=True,
-                check_values=False,
+                tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache, use_cache=True
             )
             logits, state = out.logits, out.hidden_states
         return DraftOutput(
             tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state
         )
 
-    # -- loading ------------------------------------------------------------------------------------
-
     @classmethod
     def on_meta_device(cls, config: Eagle31MLAConfig, dtype: torch.dtype | None = None) -> Eagle31MLAForCausalLM:
-        """The model's structure with no storage: for rosters and for loading without a second copy."""
+        """The model's structure with no storage: for rosters and shape checks."""
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype or config.dtype or torch.float32)
         try:
@@ -683,62 +703,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                 return cls(config)
         finally:
             torch.set_default_dtype(previous)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *model_args,
-        config: Eagle31MLAConfig | None = None,
-        revision: str | None = None,
-        dtype: torch.dtype | str | None = None,
-        torch_dtype: torch.dtype | str | None = None,
-        device: torch.device | str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        local_files_only: bool | None = None,
-        token: str | bool | None = None,
-        allow_pickle: bool = False,
-        **kwargs,
-    ) -> Eagle31MLAForCausalLM:
-        """Load from a local folder or a Hub repo id (through huggingface_hub: its cache, ``revision``,
-        offline mode). Every tensor is checked against the config before anything is loaded; a missing,
-        unexpected or misshaped tensor is an error, never a random weight.
-
-        Safetensors only by default: pickle (``.bin``/``.pt``) can run arbitrary code when loaded.
-        ``allow_pickle=True`` reads a local folder's pickle weights with ``torch.load(weights_only=True)``
-        (tensors only; anything else in the file is refused), converts them to safetensors in a temporary
-        folder, and loads that through the same checks."""
-        attn_implementation, device, wanted = check_loading_arguments(
-            cls.__name__, model_args, kwargs, device, dtype, torch_dtype
-        )
-        folder = resolve_model_folder(
-            pretrained_model_name_or_path,
-            revision=revision,
-            cache_dir=cache_dir,
-            local_files_only=local_files_only,
-            token=token,
-            allow_pickle=allow_pickle,
-        )
-        if config is None:
-            check_config_file(folder)
-            config = Eagle31MLAConfig.from_pretrained(folder)
-        chosen = wanted["dtype"] if dtype is not None else wanted["torch_dtype"]
-        dtype = chosen or resolve_dtype(config.dtype, "config dtype") or torch.float32
-        device = torch.device(device or "cpu")
-        if attn_implementation == "flashinfer":  # refused here, before minutes of loading, if it cannot run
-            flashinfer_backend().require(
-                device, dtype, kv_lora_rank=config.kv_lora_rank, rope_dim=config.qk_rope_head_dim
-            )
-
-        model = cls.on_meta_device(config, dtype)
-        state = load_checkpoint_state(folder, model, dtype=dtype, device=device, allow_pickle=allow_pickle)
-        model.load_state_dict(state, strict=True, assign=True)
-        model.rotary_emb.reset_inv_freq(device)
-        if attn_implementation == "flashinfer":
-            model.config._attn_implementation = "flashinfer"  # where Transformers keeps it; not written to config.json
-        model.config.name_or_path = str(pretrained_model_name_or_path)
-        model.eval()
-        return model
 
 
 # Folders written by save_pretrained carry auto_map and these files, so they load with only

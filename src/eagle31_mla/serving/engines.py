@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
-from ..model.checkpoint_eagle31_mla import looks_like_a_local_path  # torch-free: config-only commands stay light
+from ..locations import looks_like_a_local_path
 from ..prompts import eos_token_ids
 from .engine_facts import (
     KIMI_K3_MODEL_TYPE,

@@ -424,11 +424,11 @@ def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tens
     not the model: a Kimi-K3 does not fit where its drafter trains). A tied head is the embeddings."""
     from safetensors import safe_open
 
-    from ..model.checkpoint_eagle31_mla import checkpoint_files, resolve_model_folder
+    from ..locations import model_folder, safetensors_files
 
-    folder = resolve_model_folder(target_path)
+    folder = model_folder(target_path)
     found: dict[str, tuple[Path, str]] = {}
-    for file in checkpoint_files(folder):
+    for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if "vision" in name or "mtp" in name:

@@ -1,0 +1,62 @@
+"""A model named by a local folder or a Hub repo id: the one rule every command reads it by."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["looks_like_a_local_path", "is_hub_repo_id"]
+
+
+def looks_like_a_local_path(name_or_path: str | os.PathLike) -> bool:
+    """A path object, or a string starting with / . ~ or holding more than one "/" (Hub ids are "org/name")."""
+    name = os.fspath(name_or_path)
+    return not isinstance(name_or_path, str) or name.startswith(("/", ".", "~")) or name.count("/") > 1
+
+
+def is_hub_repo_id(text: str) -> bool:
+    """``text`` can name a Hub repo: not a local path, and spelt as huggingface_hub's own check allows."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(text, str) or looks_like_a_local_path(text):
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def model_folder(name_or_path: str | os.PathLike, **hub_options):
+    """A local folder as it is, else the Hub snapshot huggingface_hub downloads (its cache, offline mode,
+    ``revision``, ``token``, ... passed through)."""
+    from pathlib import Path
+
+    path = Path(name_or_path)
+    if path.is_dir() or looks_like_a_local_path(name_or_path):
+        if not path.is_dir():
+            raise FileNotFoundError(f"{os.fspath(name_or_path)}: no such folder")
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"],
+                                  **hub_options))
+
+
+def safetensors_files(folder) -> list:
+    """The weight files of a model folder: the shards its ``model.safetensors.index.json`` names (each inside the
+    folder), or ``model.safetensors``."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / name for name in names]
+        outside = [name for name in names if folder.resolve() not in (folder / name).resolve().parents]
+        if outside:
+            raise ValueError(f"{index} names shards outside its folder: {outside}; expected file names inside it")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
