@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import PretrainedConfig
 
 from .aux_layers import (
@@ -173,16 +174,23 @@ class Eagle31MLAConfig(PretrainedConfig):
         kwargs.pop("mla_use_nope", None)
         for derived in ("qk_head_dim", "head_dim", "num_aux_hidden_states"):
             kwargs.pop(derived, None)  # written by other exports; recomputed below
+        if self.rope_parameters is not None and kwargs.get("rope_scaling") is not None:
+            raise ConfigError(
+                "config gives both `rope_parameters` and `rope_scaling`; expected one (they may disagree)"
+            )
+        theta, nested = kwargs.get("rope_theta"), (self.rope_parameters or kwargs.get("rope_scaling"))
+        if theta is not None and isinstance(nested, dict) and nested.get("rope_theta") not in (None, theta):
+            raise ConfigError(f"`rope_theta` {theta} disagrees with the rope dict's {nested['rope_theta']}; keep one")
         if self.rope_parameters is None and kwargs.get("rope_scaling") is None:
             self.rope_parameters = dict(KIMI_K3_ROPE_PARAMETERS)
             if kwargs.get("rope_theta") is not None:
                 self.rope_parameters["rope_theta"] = kwargs.pop("rope_theta")
         ids_given = {k: kwargs.get(k) for k in ("target_layer_ids",) if kwargs.get(k) is not None}
-        if self.dtype is None and kwargs.get("torch_dtype") is None:
-            self.dtype = torch.bfloat16  # the published checkpoint's
-        super().__post_init__(**kwargs)  # Transformers: torch_dtype, rope_scaling + rope_theta -> rope_parameters
-        self.dtype = resolve_dtype(self.dtype, "dtype")
+        torch_dtype = kwargs.pop("torch_dtype", None)  # the legacy name
+        self.dtype = resolve_dtype(self.dtype if self.dtype is not None else torch_dtype) or torch.bfloat16
+        super().__post_init__(**kwargs)  # Transformers: rope_scaling + rope_theta -> rope_parameters
         rope = self.rope_parameters
+        rope.pop("type", None)  # the legacy name of `rope_type`, which Transformers copied
         if rope.get("rope_type") == "deepseek_yarn":  # vLLM's name for the same schedule
             rope["rope_type"] = "yarn"
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
@@ -230,9 +238,10 @@ class Eagle31MLAConfig(PretrainedConfig):
     # -- aux layers ---------------------------------------------------------------------------------------------
 
     def _set_aux_layer_ids(self, extra: dict) -> None:
-        if (self.eagle_config or {}).get("use_aux_hidden_state") is False:
+        if (self.eagle_config or {}).get("use_aux_hidden_state", True) is not True:
             raise ConfigError(
-                "`eagle_config.use_aux_hidden_state` is false (EAGLE-1 style); this drafter's `fc` takes the "
+                f"`eagle_config.use_aux_hidden_state` is {self.eagle_config['use_aux_hidden_state']!r} (EAGLE-1 style: "
+                "false); this drafter's `fc` takes the "
                 "concatenated aux states: expected true, or leave it out"
             )
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
@@ -334,6 +343,10 @@ class Eagle31MLAConfig(PretrainedConfig):
         foreign = sorted(set(rope) - _ROPE_KEYS[kind] - {"type"})
         if foreign:
             raise ConfigError(f"`rope_parameters` holds {foreign}, not settings of {kind} rope; remove them")
+        for key, value in rope.items():
+            if key not in ("rope_type", "type", "truncate") and value is not None:
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                    raise ConfigError(f"`rope_parameters.{key}` is {value!r}; expected a finite number")
         if kind == "yarn":
             if rope.get("factor") is None or not 1 <= rope["factor"] <= 1e6:
                 raise ConfigError(f"`rope_parameters.factor` is {rope.get('factor')!r}; expected a number in [1, 1e6]")
@@ -358,3 +371,15 @@ class Eagle31MLAConfig(PretrainedConfig):
                 f"the rope settings {rope} give non-finite or non-positive frequencies or scales; expected a usable "
                 "schedule (Kimi-K3's: yarn, rope_theta 50000, factor 32, beta_fast 32 > beta_slow 1)"
             )
+
+
+def _validate(config: Eagle31MLAConfig, strict_validate=Eagle31MLAConfig.validate) -> None:
+    """strict's class validation, raising the validator's own ConfigError (strict wraps it in an error of its own
+    whose message is two lines)."""
+    try:
+        strict_validate(config)
+    except StrictDataclassClassValidationError as err:
+        raise err.__cause__ from None
+
+
+Eagle31MLAConfig.validate = _validate

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +35,19 @@ from .configuration_eagle31_mla import Eagle31MLAConfig, rope_frequencies
 
 __all__ = ["Eagle31MLAForCausalLM", "Eagle31MLAOutput", "DraftOutput", "LatentKVCache", "DraftInputError"]
 __all__ += ["KEY_MAPPING", "SAMPLING_BACKENDS", "check_sampling_settings", "sampling_probs", "sample_from_logits"]
-__all__ += ["cpu_has_native_bf16", "latent_attention_dtype", "normalise_aux_chunks", "t2d_from_d2t"]
+__all__ += ["cpu_has_native_bf16", "latent_attention_dtype", "normalise_aux_chunks", "t2d_from_d2t", "CheckpointError"]
+__all__ += ["canonical_tensor_name"]
 
 #: Other layouts of the same tensors, as Transformers' ``key_mapping`` (checkpoint-name regex -> published name):
 #: NeMo's ``model.`` prefix on everything but ``lm_head``, training's ``midlayer.`` for ``layers.0.``.
 KEY_MAPPING = {r"^model\.": "", r"^midlayer\.": "layers.0."}
+
+
+def canonical_tensor_name(name: str) -> str:
+    """The published name of a tensor named in any layout of :data:`KEY_MAPPING` (the engine plugins' loaders)."""
+    for pattern, replacement in KEY_MAPPING.items():
+        name = re.sub(pattern, replacement, name)
+    return name
 
 
 class DraftInputError(ValueError, TypeError):
@@ -466,7 +475,7 @@ def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
-class LoadingError(ValueError):
+class CheckpointError(ValueError):
     """A checkpoint whose tensors do not fit the config: every offending tensor is named."""
 
 
@@ -485,16 +494,27 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """Transformers' ``from_pretrained``, every keyword passed through untouched. Added, as Transformers lacks
-        them: :data:`KEY_MAPPING` as the default ``key_mapping``; a missing, unexpected or misshaped tensor is a
-        :class:`LoadingError` naming it (never a random weight); a pruned vocabulary's ``t2d``, a function of
-        ``d2t``, derived when the file omits it; ``attn_implementation="flashinfer"`` (decode through FlashInfer)."""
+        them: :data:`KEY_MAPPING` as the default ``key_mapping``; safetensors only unless ``use_safetensors=False``
+        (pickle can run code); a missing or unexpected tensor is a :class:`CheckpointError` naming it, never a random
+        weight (a misshaped one is Transformers' own error); a pruned vocabulary's ``t2d``, a function of ``d2t``,
+        derived when the file omits it; ``attn_implementation="flashinfer"`` (decode through FlashInfer)."""
         kwargs.setdefault("key_mapping", KEY_MAPPING)
+        kwargs.setdefault("use_safetensors", True)  # pickle can run code: opt in with use_safetensors=False
         flashinfer = kwargs.get("attn_implementation") == "flashinfer"
-        if flashinfer:
+        if flashinfer:  # refused before minutes of loading where it cannot run
             kwargs.pop("attn_implementation")
+            device = kwargs.get("device_map")
+            flashinfer_backend().require(torch.device(device if isinstance(device, (str, torch.device)) else "cuda"))
         wants_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         missing = set(info.get("missing_keys") or ())
+        d2t = getattr(model, "d2t", None)
+        if d2t is not None and "d2t" not in missing:
+            targets = torch.arange(d2t.numel(), device=d2t.device) + d2t
+            if d2t.numel() and not 0 <= int(targets.min()) <= int(targets.max()) < model.config.vocab_size:
+                raise CheckpointError(
+                    f"tensor 'd2t' maps draft ids outside [0, {model.config.vocab_size}) (vocab_size)"
+                )
         if "t2d" in missing and getattr(model, "d2t", None) is not None and "d2t" not in missing:
             model.t2d = t2d_from_d2t(model.d2t, model.config.vocab_size)
             missing.discard("t2d")
@@ -505,7 +525,7 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
             for m in info.get("mismatched_keys") or ()
         ]
         if problems:
-            raise LoadingError(
+            raise CheckpointError(
                 f"{args[0] if args else ''}: the checkpoint does not match its config: " + "; ".join(problems)
             )
         if flashinfer:
@@ -564,6 +584,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         computes logits for the last N positions only; 0 keeps all (training). Checked here is only what would
         otherwise be silently wrong and costs no host sync: the state's shape, and a cache of another drafter
         or batch."""
+        if input_ids.dim() != 2:
+            raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected [B, T]")
         B, T = input_ids.shape
         if (aux_hidden_states is None) == (hidden_states is None):
             raise DraftInputError("pass exactly one of `aux_hidden_states` (first step) or `hidden_states` (later)")
@@ -577,10 +599,15 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         if tuple(state.shape) != (B, T, width):
             raise DraftInputError(f"`{name}` has shape {tuple(state.shape)}; expected {(B, T, width)}")
         if past_key_values is not None:
+            if not isinstance(past_key_values, LatentKVCache) or use_cache is False:
+                raise DraftInputError(
+                    f"`past_key_values` is a {type(past_key_values).__name__} with use_cache={use_cache}; expected "
+                    "this drafter's LatentKVCache with use_cache True or None (or no cache)"
+                )
             owner = past_key_values.bound_to()
             if owner is not None and owner is not self:
                 raise DraftInputError("`past_key_values` was written by another drafter; expected this drafter's")
-            if past_key_values.latent.shape[0] != B:
+            if past_key_values.latent is not None and past_key_values.latent.shape[0] != B:
                 raise DraftInputError(
                     f"`past_key_values` holds {past_key_values.latent.shape[0]} sequences; expected {B} (the batch)"
                 )
@@ -624,6 +651,11 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             if attention_mask.shape != (B, S):
                 raise DraftInputError(f"`attention_mask` has shape {tuple(attention_mask.shape)}; expected {(B, S)}")
             return causal[None, None] & attention_mask.bool()[:, None, None, :]
+        if attention_mask.shape != (B, 1, T, S) or attention_mask.dtype != torch.bool:
+            raise DraftInputError(
+                f"`attention_mask` has shape {tuple(attention_mask.shape)} and dtype {attention_mask.dtype}; expected "
+                f"a 2-D {(B, S)} 0/1 mask or a 4-D bool mask of shape {(B, 1, T, S)} (True = attend)"
+            )
         return attention_mask
 
     @torch.no_grad()

@@ -38,8 +38,9 @@ def model_folder(name_or_path: str | os.PathLike, **hub_options):
         return path
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"],
-                                  **hub_options))
+    return Path(
+        snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"], **hub_options)
+    )
 
 
 def safetensors_files(folder) -> list:

@@ -505,26 +505,38 @@ STUBBORN = r"""
 import signal, subprocess, sys, time
 ignore = "import signal; [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)]"
 exec(ignore)
-child = subprocess.Popen([sys.executable, "-c", ignore + "; import time; time.sleep(120)"])
+sleeper = [sys.executable, "-c", ignore + "; import time; time.sleep(120)"]
+child = subprocess.Popen(sleeper)
+def late(*_):  # started after the stop began, in a session of its own
+    print(subprocess.Popen(sleeper, start_new_session=True).pid, flush=True)
+signal.signal(signal.SIGINT, late)
 print(child.pid, flush=True)
 time.sleep(120)
 """
 
 
 def test_stop_escalates_to_sigkill_and_leaves_no_process(tmp_path):
-    """A server (here a stand-in) that ignores SIGINT and SIGTERM, with a child that does too: the stop ends in
-    SIGKILL of the whole process group, reports what was still running, and nothing is left afterwards."""
+    """A server (here a stand-in) that ignores SIGINT and SIGTERM, with a child that does too and, once the stop has
+    begun, another one in a session of its own (a vLLM worker may start after the stop began, and may call
+    setsid): the stop ends in SIGKILL of every one, reports what was still running, and nothing is left afterwards."""
     import time
 
     import psutil
+
+    def dead(pid: int) -> bool:  # gone, or a zombie that init has yet to reap
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     server = VllmServer(TARGET, tmp_path, name="stubborn")
     server.proc = subprocess.Popen(
         [sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    child = psutil.Process(int(server.proc.stdout.readline()))
+    child = int(server.proc.stdout.readline())
     time.sleep(0.5)  # both have set their handlers
     report = server.stop(sigint_s=1, sigterm_s=1, sigkill_s=10)
     assert report.signal == "SIGKILL" and report.returncode == -9, report
     assert not report.left and len(report.processes) == 2, report
-    assert not child.is_running() and server.proc.poll() is not None
+    late = int(server.proc.stdout.readline())
+    assert dead(child) and dead(late) and server.proc.poll() is not None

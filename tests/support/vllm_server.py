@@ -32,8 +32,8 @@ inherited from the environment.
 
 Waits are bounded: :meth:`VllmServer.start` polls ``/health`` until a deadline and fails with the log
 tail if the server exits or the deadline passes; :meth:`VllmServer.stop` sends SIGINT (Ctrl-C), then
-SIGTERM, then SIGKILL to the whole process group, and reports which one it took, the processes left
-and whether the port is free.
+SIGTERM, then SIGKILL to every process the server started, found again until none is left, and reports
+which one it took, the processes left and whether the port is free.
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ class VllmServer:
     port: int = 0
     proc: subprocess.Popen | None = None
     stop_report: StopReport | None = None
+    _seen: set[psutil.Process] = field(default_factory=set, init=False, repr=False)
 
     # ---- the command ----------------------------------------------------------------------------
 
@@ -236,6 +237,7 @@ class VllmServer:
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while True:
+            self.processes()  # each one seen is remembered (see stop)
             code = self.proc.poll()
             if code is not None:
                 raise self._fail(f"exited with status {code} before it was ready")
@@ -256,14 +258,27 @@ class VllmServer:
             )
 
     def processes(self) -> list[psutil.Process]:
-        """The server's leader and all its descendants, now."""
+        """The server's processes alive now: the leader and its descendants, the other processes in their
+        sessions (the server's own, and any a worker starts with setsid: one whose parent died is reparented
+        out of the tree but stays in its session) and every one seen here before; never one in this session."""
         if self.proc is None:
             return []
+        found: dict[int, psutil.Process] = {}
         try:
             leader = psutil.Process(self.proc.pid)
-            return [leader, *leader.children(recursive=True)]
+            found.update((p.pid, p) for p in [leader, *leader.children(recursive=True)])
         except psutil.NoSuchProcess:
-            return []
+            pass
+        for p in self._seen:
+            if _alive(p):
+                found.setdefault(p.pid, p)
+        sessions = ({self.proc.pid} | {_session(pid) for pid in found}) - {os.getsid(0), None}
+        for p in psutil.process_iter():
+            if p.pid not in found and _session(p.pid) in sessions:
+                found[p.pid] = p
+        alive = [p for p in found.values() if p.pid != os.getpid() and _alive(p)]
+        self._seen = set(alive)
+        return alive
 
     def listening_pids(self) -> set[int]:
         return {
@@ -273,69 +288,56 @@ class VllmServer:
         }
 
     def stop(self, *, sigint_s: float = 30.0, sigterm_s: float = 15.0, sigkill_s: float = 10.0) -> StopReport:
-        """SIGINT to the server (what Ctrl-C sends), then SIGTERM, then SIGKILL to its process group and every
-        process it had started, each after its wait. Idempotent: returns the first stop's report."""
+        """SIGINT to every process of the server (as Ctrl-C sends it to a terminal's foreground group), then
+        SIGTERM, then SIGKILL, each after its wait. Idempotent: returns the first stop's report.
+
+        The processes are found again after each signal and until none is left, not once before the stop: vLLM
+        starts its engine core and worker while the server starts up, so a stop during a start comes before
+        some of them exist; a worker may leave the server's process group and session (setsid); and one whose
+        parent died is reparented out of the server's tree (:meth:`processes` remembers each one it saw)."""
         if self.stop_report is not None:
             return self.stop_report
         procs = self.processes()
         described = [_describe(p) for p in procs]
         start = time.monotonic()
         used = ""
-        if self.proc is not None and self.proc.poll() is None:
-            for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s)):
+        if procs:
+            for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s), (signal.SIGKILL, sigkill_s)):
                 used = sig.name
-                try:
-                    self.proc.send_signal(sig)
-                except ProcessLookupError:
-                    pass
-                if self._wait_gone(procs, wait_s):
+                if self._signal_until_gone(sig, wait_s):
                     break
-            else:
-                used = "SIGKILL"
-                self._kill(procs, sigkill_s)
-        returncode = self.proc.wait(timeout=sigkill_s) if self.proc is not None else None
-        known = {p.pid for p in procs}
-        strays = [p for p in _group_members(self.proc.pid if self.proc else None) if p.pid not in known]
-        left = [p for p in procs if _alive(p)] + strays
+        left = self.processes()
         self.stop_report = StopReport(
             used,
             time.monotonic() - start,
-            returncode,
+            self.proc.poll() if self.proc is not None else None,
             described,
             [_describe(p) for p in left],
             port_is_free(self.port) if self.port else True,
         )
         if left:  # reported; not left running after the test
-            self._kill(left, sigkill_s)
+            self._signal_until_gone(signal.SIGKILL, sigkill_s)
         return self.stop_report
 
-    def _kill(self, procs: list[psutil.Process], timeout: float) -> None:
-        """SIGKILL to the server's process group and to each of ``procs`` (also any that left the group)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            self.proc.wait(timeout=timeout)  # the leader is reaped here (its exit status kept), the rest by psutil
-        except subprocess.TimeoutExpired:
-            pass
-        psutil.wait_procs([p for p in procs if p.pid != self.proc.pid], timeout=timeout)
-
-    def _wait_gone(self, procs: list[psutil.Process], timeout: float) -> bool:
-        """Wait for the leader (reaped here, keeping its exit status) and then the rest; True if all are gone."""
+    def _signal_until_gone(self, sig: signal.Signals, timeout: float) -> bool:
+        """``sig`` once to each of the server's processes, found again every 0.1 s so that one started or
+        reparented meanwhile gets it too; True when none is left, False if one still is after ``timeout``."""
         deadline = time.monotonic() + timeout
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        others = [p for p in procs if p.pid != self.proc.pid]
-        _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
-        return not [p for p in alive if _alive(p)]
+        signalled: set[psutil.Process] = set()
+        while True:
+            self.proc.poll()  # reaps the leader (its exit status kept); the others are their parents' or init's
+            procs = self.processes()
+            if not procs:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            for p in set(procs) - signalled:
+                try:
+                    p.send_signal(sig)
+                except psutil.Error:  # gone (or not ours to signal: then it is reported as left)
+                    pass
+            signalled.update(procs)
+            time.sleep(0.1)
 
     def __enter__(self) -> VllmServer:
         return self.start()
@@ -405,14 +407,8 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-def _group_members(pgid: int | None) -> list[psutil.Process]:
-    if pgid is None:
-        return []
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and _alive(p):
-                members.append(p)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return members
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None

@@ -1,4 +1,5 @@
-"""The checkpoint contract: the published roster, other layouts of the same tensors, and refusals."""
+"""The checkpoint contract: the published roster and other layouts of the same tensors, loaded exactly (what it
+refuses: tests/unit/test_bad_inputs.py)."""
 
 import json
 from pathlib import Path
@@ -197,116 +198,24 @@ def test_index_may_name_shards_in_a_subfolder(tmp_path):
     (tmp_path / "shards").mkdir()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "shards" / "all.safetensors"))
     (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")})
+        json.dumps({"metadata": {}, "weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")})
     )
     (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
     assert torch.equal(Eagle31MLAForCausalLM.from_pretrained(tmp_path).fc.weight, model.fc.weight)
 
 
-def test_large_finite_weights_are_not_mistaken_for_inf(tmp_path):
-    """The NaN/inf probe must not flag finite extremes (a sum-based probe would overflow here)."""
-    model = tiny_drafter(seed=6)
-    state = dict(model.state_dict())
-    state["layers.0.mlp.up_proj.weight"] = torch.full_like(state["layers.0.mlp.up_proj.weight"], 3e38)
-    folder = write_checkpoint(tmp_path, published_style_config(model), state)
-    loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
-    assert torch.isfinite(loaded.layers[0].mlp.up_proj.weight).all()
+def test_layouts_are_one_key_mapping():
+    """The other layouts are Transformers' key_mapping (the default of from_pretrained), and the engine plugins
+    rename through the same table."""
+    from eagle31_mla.model.modeling_eagle31_mla import KEY_MAPPING, canonical_tensor_name
 
-
-def test_non_finite_weights_are_refused_by_name_through_every_path(tmp_path):
-    from eagle31_mla import CheckpointError
-
-    model = tiny_drafter(seed=7)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    state["norm.weight"][3] = float("nan")
-    state["fc.weight"][0, :2] = float("-inf")
-    folder = write_checkpoint(tmp_path / "st", published_style_config(model), state)
-    with pytest.raises(CheckpointError) as err:
-        Eagle31MLAForCausalLM.from_pretrained(folder)
-    message = str(err.value)
-    assert "non-finite weights (2 tensor(s)); expected finite values" in message
-    assert "tensor 'norm.weight' in model.safetensors holds 1 NaN and 0 inf value(s)" in message
-    assert "tensor 'fc.weight' in model.safetensors holds 0 NaN and 2 inf value(s)" in message
-    with pytest.raises(CheckpointError, match="'norm.weight'"):  # in bf16 too
-        Eagle31MLAForCausalLM.from_pretrained(folder, dtype="bfloat16")
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
-    (pickled / "config.json").write_text((folder / "config.json").read_text())
-    torch.save(state, pickled / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"(?s)pickle weights\).*tensor 'norm.weight'"):
-        Eagle31MLAForCausalLM.from_pretrained(pickled, allow_pickle=True)
-
-
-def test_dtype_arguments_go_through_resolve_dtype(tmp_path):
-    from eagle31_mla import ConfigError
-
-    model = tiny_drafter()
-    folder = write_checkpoint(tmp_path, published_style_config(model), model.state_dict())
-    assert Eagle31MLAForCausalLM.from_pretrained(folder, dtype="auto").dtype == torch.float32
-    assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="half").dtype == torch.float16
-    for kwargs in ({"dtype": "fp16"}, {"torch_dtype": "int32"}, {"dtype": torch.int8}):
-        with pytest.raises(ConfigError, match="must be one of 'float32', 'bfloat16', 'float16', 'float64'"):
-            Eagle31MLAForCausalLM.from_pretrained(tmp_path / "not-even-looked-at", **kwargs)  # before any file is read
-
-
-def test_inspect_refuses_duplicate_keys_and_irregular_config_files(tmp_path):
-    """inspect reads config.json through the same checks: a key given twice, or a config.json that is a
-    FIFO (never opened: reading it would block) or a folder, is named in the report's errors."""
-    import os
-
-    from eagle31_mla.hub.inspection import inspect_drafter
-
-    dup = tmp_path / "dup"
-    dup.mkdir()
-    (dup / "config.json").write_text('{"vocab_size": 300, "vocab_size": 301}')
-    assert any(
-        "gives key 'vocab_size' twice" in e and "expected each key once" in e
-        for e in inspect_drafter(str(dup))["errors"]
-    )
-    fifo = tmp_path / "fifo"
-    fifo.mkdir()
-    os.mkfifo(fifo / "config.json")
-    assert any("is a FIFO (named pipe); expected a regular file" in e for e in inspect_drafter(str(fifo))["errors"])
-    folder = tmp_path / "folder"
-    (folder / "config.json").mkdir(parents=True)
-    assert any("is a folder; expected a regular file" in e for e in inspect_drafter(str(folder))["errors"])
-
-
-def test_a_folder_whose_path_is_not_utf8_is_named_as_such(tmp_path):
-    """safetensors needs a UTF-8 path: a folder named with byte \\xff (a surrogate in Python) is reported as a
-    path problem naming the folder, never as a damaged file ("download or save it again")."""
-    import os
-
-    from eagle31_mla import CheckpointError
-
-    model = tiny_drafter(seed=6)
-    folder = Path(os.fsdecode(bytes(tmp_path) + b"/dr\xff"))
-    try:
-        write_checkpoint(folder, published_style_config(model), model.state_dict())
-    except (OSError, UnicodeError):  # pragma: no cover - a file system that refuses non-UTF-8 names
-        pytest.skip("this file system refuses a non-UTF-8 folder name")
-    with pytest.raises(CheckpointError) as err:
-        Eagle31MLAForCausalLM.from_pretrained(folder)
-    message = str(err.value)
-    assert "is not valid UTF-8" in message and "safetensors needs a UTF-8 path" in message and "dr\\xff" in message
-    assert "download or save it again" not in message
-
-
-def test_layout_labels_come_from_the_rename_table():
-    """One table names each layout and renames it; `layout_of` picks the most specific one a set uses."""
-    from eagle31_mla.model.checkpoint_eagle31_mla import TENSOR_LAYOUTS, canonical_tensor_name, layout_of
-
-    assert list(TENSOR_LAYOUTS) == ["published", "model. prefix", "midlayer.*"]
-    assert layout_of(["norm.weight", "lm_head.weight"]) == "published"
-    assert layout_of(["model.norm.weight", "lm_head.weight"]) == "model. prefix"
-    assert layout_of(["midlayer.mlp.up_proj.weight", "model.norm.weight"]) == "midlayer.*"
-    assert layout_of("model.midlayer.mlp.up_proj.weight") == "model. prefix"
+    assert KEY_MAPPING == {r"^model\.": "", r"^midlayer\.": "layers.0."}
     assert canonical_tensor_name("model.midlayer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
-    assert "NeMo" in TENSOR_LAYOUTS["model. prefix"].description
+    assert canonical_tensor_name("lm_head.weight") == "lm_head.weight"
 
 
 def test_t2d_is_derived_from_d2t_in_one_place():
-    from eagle31_mla.model.checkpoint_eagle31_mla import t2d_from_d2t
+    from eagle31_mla.model.modeling_eagle31_mla import t2d_from_d2t
 
     d2t = torch.tensor([0, 2, 5])  # draft ids 0, 1, 2 -> target ids 0, 3, 7
     assert t2d_from_d2t(d2t, 9).nonzero().flatten().tolist() == [0, 3, 7]
@@ -322,12 +231,3 @@ def test_the_roster_compares_dtypes_in_either_spelling():
     assert roster_differences(PUBLISHED, num_parameters=PUBLISHED_NUM_PARAMETERS + 1) == [
         f"{PUBLISHED_NUM_PARAMETERS + 1:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}"
     ]
-
-
-def test_the_local_path_rule_has_one_home():
-    from eagle31_mla.model.checkpoint_eagle31_mla import is_hub_repo_id, looks_like_a_local_path
-
-    assert is_hub_repo_id("lightseekorg/kimi-k3-eagle3.1-mla") and is_hub_repo_id("gpt2")
-    for local in ("./x", "/abs", "~/x", "a/b/c", Path("org/name")):
-        assert looks_like_a_local_path(local) and not is_hub_repo_id(local)
-    assert not is_hub_repo_id("org/na me") and not looks_like_a_local_path("org/na me")

@@ -1,14 +1,12 @@
-"""Eagle31MLAConfig reads every config form of SPEC §2 and refuses what cannot be right."""
+"""Eagle31MLAConfig reads every config form of SPEC §2 exactly (what it refuses: tests/unit/test_bad_inputs.py)."""
 
 import json
-import logging
-import re
 
 import pytest
 import torch
 
 from eagle31_mla import ConfigError, Eagle31MLAConfig
-from eagle31_mla.model.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS
+from eagle31_mla.model.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS, describe_rope, resolve_dtype
 from tests.support.paths import GOLDEN
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -63,6 +61,10 @@ def published_k3_config(**changes) -> dict:
     return {k: v for k, v in config.items() if v is not DROP}
 
 
+#: The published config.json's legacy ``rope_scaling`` {"type": "yarn", ...} leaves its "type" key in
+#: rope_parameters (and so in every config.json written back): the file does not read as the default config.
+
+
 def read(tmp_path, config: dict) -> Eagle31MLAConfig:
     (tmp_path / "config.json").write_text(json.dumps(config))
     return Eagle31MLAConfig.from_pretrained(tmp_path)
@@ -93,9 +95,8 @@ def test_default_config_is_the_kimi_k3_drafter():
     assert c.softmax_scale == pytest.approx(192**-0.5 * (0.1 * torch.log(torch.tensor(32.0)).item() + 1) ** 2)
 
 
-def test_published_config_reads_as_the_default(tmp_path, caplog):
-    with caplog.at_level(logging.INFO):
-        c = read(tmp_path, published_k3_config())
+def test_published_config_reads_as_the_default(tmp_path):
+    c = read(tmp_path, published_k3_config())
     default = Eagle31MLAConfig()
     for key in (
         "hidden_size",
@@ -109,18 +110,13 @@ def test_published_config_reads_as_the_default(tmp_path, caplog):
         "draft_vocab_size",
     ):
         assert getattr(c, key) == getattr(default, key), key
-    assert any("mla_use_nope" in r.message and "ignored" in r.message for r in caplog.records)
-    assert not hasattr(c, "mla_use_nope")
+    assert not hasattr(c, "mla_use_nope")  # ignored, as every engine ignores it
+    assert c.to_dict() == default.to_dict()
 
 
 @pytest.mark.parametrize("model_type", ["kimi_k2", "deepseek_v2", "deepseek_v3"])
 def test_model_types(tmp_path, model_type):
     assert read(tmp_path, published_k3_config(model_type=model_type)).hidden_size == 7168
-
-
-def test_unrelated_model_type_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="model_type"):
-        read(tmp_path, published_k3_config(model_type="llama"))
 
 
 def test_rope_forms_agree(tmp_path):
@@ -179,220 +175,31 @@ def test_round_trip_through_save(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "changes, message",
+    "name, dtype",
     [
-        (dict(rope_scaling={"type": "longrope", "factor": 4.0}), "longrope"),
-        (dict(rope_scaling={"type": "yarn", "original_max_position_embeddings": 32768}), "factor"),
-        (dict(rope_parameters={"rope_type": "yarn", **K3_YARN}), "both `rope_parameters` and `rope_scaling`"),
-        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 1, 89]}), "duplicates"),
-        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [45, 1, 89]}), "not ascending"),
-        (dict(eagle_aux_hidden_state_layer_ids=[0, 46, 90], eagle_config=DROP), ">= 1"),
-        (
-            dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 95]}, target_num_hidden_layers=93),
-            "depth of 93",
-        ),
-        (
-            dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": False}),
-            "use_aux_hidden_state",
-        ),
-        (dict(eagle_config=DROP), "names no aux layers"),
-        (dict(num_aux_hidden_states=4), "num_aux_hidden_states"),
-        (dict(num_hidden_layers=2), "num_hidden_layers"),
-        (dict(num_key_value_heads=8), "num_key_value_heads"),
-        (dict(q_lora_rank=None), "q_lora_rank"),
-        (dict(draft_vocab_size=200000), "draft_vocab_size"),
-        (dict(hidden_size=0), "hidden_size"),
-        (dict(hidden_act="wiggle"), "hidden_act"),
-        (dict(tie_word_embeddings=True), "tie_word_embeddings"),
-        (dict(fc_norm="yes"), "fc_norm"),
+        ("float32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("half", torch.float16),
+        ("torch.float16", torch.float16),
     ],
-)
-def test_bad_configs_name_the_key(tmp_path, changes, message):
-    with pytest.raises(ConfigError, match=message):
-        read(tmp_path, published_k3_config(**changes))
-
-
-# ---- every field of the config's dataclasses, through the constructor (the malformed corpus covers config.json) ----
-
-from eagle31_mla.model.configuration_eagle31_mla import (  # noqa: E402
-    FLOAT_DTYPES,
-    MAX_INDEX,
-    check_config_dict,
-    read_config_file,
-    resolve_dtype,
-)
-from tests.support.config_fields import CONFIG_KEYS  # noqa: E402
-
-#: The keys the generated cases cover (the aux-layer ids have a rule of their own: tests/unit/test_aux_layers.py).
-CONFIG_FIELDS = [key for key in CONFIG_KEYS if key.kind is not None]
-
-
-def _constructor_kwargs(field, value) -> dict:
-    if field.in_eagle_config:
-        return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 46, 90], field.key: value}}
-    if not field.nested:
-        return {field.name: value}
-    rope = {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN, field.key: value}
-    return {"rope_parameters": rope}
-
-
-def test_the_published_values_fit_their_fields():
-    published = published_k3_config()
-    for field in CONFIG_FIELDS:
-        where = (
-            published.get("rope_scaling", {})
-            if field.nested
-            else published.get("eagle_config", {})
-            if field.in_eagle_config
-            else published
-        )
-        if field.key in where:
-            field.check(where[field.key])  # no error
-    Eagle31MLAConfig(**_constructor_kwargs(CONFIG_FIELDS[0], 163840))
-
-
-@pytest.mark.parametrize("field", CONFIG_FIELDS, ids=[f.name for f in CONFIG_FIELDS])
-@pytest.mark.parametrize(
-    "value", [float("nan"), float("inf"), "6", True, 10**400, [1]], ids=["nan", "inf", "str", "bool", "huge", "list"]
-)
-def test_every_field_refuses_a_wrong_value_by_name(field, value):
-    right = {"bool": (True,), "str": ("6",), "token_ids": ([1],)}.get(field.kind, ())
-    if any(value is r or value == r for r in right):
-        return  # a right value for this kind
-    with pytest.raises(ConfigError) as err:
-        Eagle31MLAConfig(**_constructor_kwargs(field, value))
-    shown = field.name if not field.nested else f"rope_parameters.{field.key}"
-    assert f"`{shown}`" in str(err.value) and " must be " in str(err.value)
-
-
-def test_sizes_fit_the_index_dtype():
-    assert Eagle31MLAConfig(max_position_embeddings=MAX_INDEX).max_position_embeddings == MAX_INDEX
-    with pytest.raises(
-        ConfigError, match=r"`max_position_embeddings` must be an int >= 1 and <= 2147483647, got 2147483648"
-    ):
-        Eagle31MLAConfig(max_position_embeddings=MAX_INDEX + 1)
-    with pytest.raises(ConfigError, match="`eos_token_id` must be an int >= 0"):
-        Eagle31MLAConfig(eos_token_id=[163586, -1])
-    assert Eagle31MLAConfig(eos_token_id=[163585, 163586]).eos_token_id == [163585, 163586]
-
-
-def test_yarn_beta_order():
-    with pytest.raises(
-        ConfigError, match=r"`rope_scaling.beta_fast` \(1.0\) must be greater than `rope_scaling.beta_slow`"
-    ):
-        Eagle31MLAConfig.from_dict(
-            published_k3_config(rope_scaling={"type": "yarn", **K3_YARN, "beta_fast": 1.0, "beta_slow": 32.0})
-        )
-
-
-@pytest.mark.parametrize(
-    "name, dtype", [*FLOAT_DTYPES.items(), ("torch.float16", torch.float16), ("BFloat16", torch.bfloat16)]
 )
 def test_dtype_names(tmp_path, name, dtype):
     assert resolve_dtype(name) == dtype
     assert read(tmp_path, published_k3_config(torch_dtype=name)).dtype == dtype
-
-
-@pytest.mark.parametrize(
-    "value, hint",
-    [
-        ("int32", "not a floating-point dtype"),
-        (torch.int32, "not a floating-point dtype"),
-        ("fp16", "write 'float16'"),
-        ("fp32", "write 'float32'"),
-        ("bf16", "write 'bfloat16'"),
-        ("float8_e4m3fn", "not supported for a drafter"),
-        ("wiggle", "not a torch dtype name"),
-        (16, ""),
-    ],
-)
-def test_dtype_names_refused_with_the_accepted_list(tmp_path, value, hint):
-    with pytest.raises(ConfigError) as err:
-        resolve_dtype(value, "--dtype")
-    assert str(err.value).startswith(
-        "`--dtype` must be one of 'float32', 'bfloat16', 'float16', 'float64'"
-    ) and hint in str(err.value)
-    if isinstance(value, str):
-        for key in ("torch_dtype", "dtype"):
-            with pytest.raises(ConfigError, match=f"`{key}` must be one of"):
-                read(tmp_path, published_k3_config(**{key: value}))
-    assert resolve_dtype("auto", allow_auto=True) is None and resolve_dtype(None) is None
-    with pytest.raises(ConfigError, match="'double', 'auto'"):
-        resolve_dtype("fp16", "dtype", allow_auto=True)
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("null", "holds null; expected a JSON object"),
-        ("[1, 2]", "must hold a JSON object (a dict of settings), got list"),
-        ('{"a":' * 10_000 + "1" + "}" * 10_000, "nests objects/lists too deeply to read; expected at most 32 levels"),
-        (
-            json.dumps(published_k3_config(extra=json.loads("[" * 33 + "]" * 33))),
-            "more than 32 levels deep (at `extra.0.0",
-        ),
-        ('{"hidden_size": ' + "7" * 5000 + "}", "is not valid JSON"),
-        ("{'hidden_size': 1}", "is not valid JSON"),
-    ],
-)
-def test_config_files_that_cannot_be_configs(tmp_path, text, message):
-    (tmp_path / "config.json").write_text(text)
-    with pytest.raises(ConfigError) as err:
-        Eagle31MLAConfig.from_pretrained(tmp_path)
-    assert message in str(err.value) and err.value.__cause__ is None
-    with pytest.raises(ConfigError, match=message.split(" (")[0].split(";")[0]):
-        read_config_file(tmp_path / "config.json")
-
-
-def test_nesting_is_checked_without_recursion():
-    deep = 1
-    for _ in range(100_000):  # far beyond the recursion limit: the walk is iterative
-        deep = {"a": deep}
-    with pytest.raises(ConfigError, match="more than 32 levels deep"):
-        check_config_dict({"x": deep})
-    with pytest.raises(ConfigError, match="more than 32 levels deep"):
-        Eagle31MLAConfig.from_dict({**published_k3_config(), "x": deep})
-    with pytest.raises(ConfigError, match="holds null"):
-        Eagle31MLAConfig.from_dict(None)
+    assert resolve_dtype("auto") is None and resolve_dtype(None) is None
 
 
 @pytest.mark.parametrize(
     "nulls", [{"rope_parameters": None}, {"rope_scaling": None}, {"rope_parameters": None, "rope_scaling": None}]
 )
 def test_null_rope_in_a_file_means_plain_rope_as_absent_does(tmp_path, nulls):
-    """In a file, null and absent mean the same: plain RoPE (never the constructor's Kimi-K3 YaRN, which
-    would be refused with values the file never wrote)."""
+    """In a file, null and absent mean the same: plain RoPE (never the constructor's Kimi-K3 YaRN)."""
     absent = read(tmp_path, published_k3_config(rope_scaling=DROP))
     (tmp_path / "null").mkdir()
     null = read(
         tmp_path / "null", published_k3_config(**{"rope_scaling": DROP, "max_position_embeddings": 4096, **nulls})
     )
     assert null.rope_parameters == absent.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
-
-
-def test_default_rope_error_says_it_was_the_default():
-    with pytest.raises(
-        ConfigError, match=r"\(32768\) exceeds `max_position_embeddings` \(4096\).*the constructor's default rope"
-    ):
-        Eagle31MLAConfig(max_position_embeddings=4096)
-
-
-@pytest.mark.parametrize(
-    "rope",
-    [
-        {"factor": 2.0},
-        {"type": "default", "factor": 2.0},
-        {"original_max_position_embeddings": 4096},
-        {"type": "default", "mscale_all_dim": 1.0},
-    ],
-)
-def test_scaling_keys_in_a_plain_rope_dict_are_refused(tmp_path, rope):
-    with pytest.raises(ConfigError, match=r"`rope_scaling\.\w+` is a yarn setting, .* set `type: yarn` to use it"):
-        read(tmp_path, published_k3_config(rope_scaling=rope))
-    with pytest.raises(
-        ConfigError, match=r"`rope_parameters\.\w+` is a yarn setting, .* set `rope_type: yarn` to use it"
-    ):
-        Eagle31MLAConfig(rope_parameters={"rope_type": "default", **{k: v for k, v in rope.items() if k != "type"}})
 
 
 @pytest.mark.parametrize(
@@ -404,129 +211,22 @@ def test_derived_dims_in_their_published_forms_load(tmp_path, derived):
     assert (config.head_dim, config.qk_head_dim) == (64, 192)
 
 
-@pytest.mark.parametrize(
-    "derived, message",
-    [
-        ({"head_dim": 7}, "`head_dim` is 7"),
-        ({"head_dim": 128}, "`head_dim` is 128"),
-        ({"qk_head_dim": 99}, "`qk_head_dim` is 99"),
-        ({"qk_head_dim": 64}, "`qk_head_dim` is 64"),
-    ],
-)
-def test_contradicting_derived_dims_are_refused(tmp_path, derived, message):
-    with pytest.raises(ConfigError, match=re.escape(message) + ".*expected"):
-        read(tmp_path, published_k3_config(**derived))
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"bos_token_id": 163840},
-        {"eos_token_id": [163586, 200000]},
-        {"pad_token_id": 163840},
-        {"vocab_size": 1000, "draft_vocab_size": 1000},
-    ],
-)
-def test_special_token_ids_beyond_the_vocabulary_are_refused(tmp_path, changes):
-    with pytest.raises(ConfigError, match=r"is beyond the vocabulary; expected every special token id in \[0, \d+\)"):
-        read(tmp_path, published_k3_config(**changes))
-
-
-def test_kimi_default_token_ids_are_dropped_for_a_smaller_vocabulary_when_not_given():
-    """The constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left
-    unset, not refused; given explicitly they are refused."""
+def test_kimi_default_token_ids_are_dropped_for_a_smaller_vocabulary():
+    """The constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left unset."""
     small = Eagle31MLAConfig(vocab_size=300, rope_parameters={"rope_type": "default"})
     assert (small.bos_token_id, small.eos_token_id, small.pad_token_id) == (None, None, 0)
     assert Eagle31MLAConfig().bos_token_id == 163584
-    with pytest.raises(ConfigError, match=r"`bos_token_id` is 163584: id 163584 is beyond the vocabulary"):
-        Eagle31MLAConfig(vocab_size=300, bos_token_id=163584, rope_parameters={"rope_type": "default"})
 
 
-def test_duplicate_keys_are_refused_by_name(tmp_path):
-    text = json.dumps(published_k3_config()).replace('{"architectures"', '{"vocab_size": 1000, "architectures"', 1)
-    (tmp_path / "config.json").write_text(text)
-    with pytest.raises(
-        ConfigError,
-        match=r"gives key 'vocab_size' twice in one object \(first 1000, then 163840\); expected each key once",
-    ):
-        Eagle31MLAConfig.from_pretrained(tmp_path)
-
-
-def test_dtype_and_torch_dtype_must_agree(tmp_path):
-    assert read(tmp_path, published_k3_config(dtype="bfloat16")).dtype == torch.bfloat16  # the same, twice: fine
-    with pytest.raises(
-        ConfigError, match=r"two dtypes: `dtype` 'float16' and `torch_dtype` 'bfloat16'; they must agree"
-    ):
-        read(tmp_path, published_k3_config(dtype="float16"))
-    with pytest.raises(
-        ConfigError, match=r"two dtypes: `dtype` 'float32' and `torch_dtype` 'bfloat16'; they must agree"
-    ):
-        Eagle31MLAConfig(dtype=torch.float32, torch_dtype="bfloat16")
-
-
-# ---- values that pass each field's own domain but would break the rope math together ----
-
-import math  # noqa: E402
-
-from eagle31_mla.model import configuration_eagle31_mla as config_module  # noqa: E402
-
-
-@pytest.mark.parametrize(
-    "key,value",
-    [
-        ("rope_theta", 1e-300),
-        ("rope_theta", 1.0),
-        ("mscale", 1e300),
-        ("attention_factor", 1e300),
-        ("beta_fast", 1e308),
-        ("beta_slow", 1e-320),
-        ("mscale_all_dim", 1e300),
-        ("factor", 1e300),
-    ],
-)
-def test_rope_values_that_break_the_math_are_refused_at_construction(key, value):
-    rope = {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN, key: value}
-    with pytest.raises(ConfigError, match=rf"`rope_parameters\.{key}` must be a finite number"):
-        Eagle31MLAConfig(rope_parameters=rope)
-
-
-@pytest.mark.parametrize("broken", ["nan", "zero", "raise", "scaling"])
-def test_the_rope_math_guard_refuses_any_unusable_result(monkeypatch, broken):
-    """Whatever the domains let through, the derived numbers are computed at construction (through the model's
-    own rope init) and an exception, a non-finite or a zero result is a ConfigError naming the rope settings."""
-    real = config_module.rope_frequencies
-
-    def fake(config, device=None):
-        inv_freq, scaling = real(config, device)
-        if broken == "raise":
-            raise ZeroDivisionError("float division by zero")
-        if broken == "scaling":
-            return inv_freq, math.inf
-        return inv_freq * (math.nan if broken == "nan" else 0.0), scaling
-
-    monkeypatch.setattr(config_module, "rope_frequencies", fake)
-    with pytest.raises(
-        ConfigError,
-        match=r"the rope settings \(`rope_type` 'yarn', .*do not give a usable RoPE.*expected rope settings",
-    ):
-        Eagle31MLAConfig()
-
-
-def test_the_published_tiny_and_golden_configs_pass_the_rope_guard():
+def test_the_tiny_and_golden_configs_read():
     from tests.support.tiny import tiny_config
 
-    Eagle31MLAConfig()
     tiny_config()
     tiny_config(rope_parameters={"rope_type": "default"})
-    for folder in sorted(GOLDEN.glob("*/")):
-        if (folder / "config.json").is_file():
-            Eagle31MLAConfig.from_pretrained(folder)
-
-
-@pytest.mark.parametrize("value", [0, 1, "false", "true", 0.0])
-def test_nested_eagle_config_bools_must_be_json_bools(value):
-    with pytest.raises(ConfigError, match=r"`eagle_config\.use_aux_hidden_state` must be true or false"):
-        Eagle31MLAConfig(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 46, 90], "use_aux_hidden_state": value})
+    folders = [f for f in sorted(GOLDEN.glob("*/")) if (f / "config.json").is_file()]
+    assert len(folders) == 2
+    for folder in folders:
+        Eagle31MLAConfig.from_pretrained(folder)
 
 
 def test_kimi_k3_preset_is_the_published_drafter():
@@ -537,18 +237,12 @@ def test_kimi_k3_preset_is_the_published_drafter():
     from eagle31_mla.model.aux_layers import KIMI_K3_AUX_LAYER_IDS
 
     preset = Eagle31MLAConfig.kimi_k3()
-    assert (
-        preset.to_dict() == Eagle31MLAConfig().to_dict() == Eagle31MLAConfig.from_dict(published_k3_config()).to_dict()
-    )
+    assert preset.to_dict() == Eagle31MLAConfig().to_dict()  # the published file: test_published_config_reads_...
     assert Eagle31MLAConfig.from_dict(preset.to_dict()).to_dict() == preset.to_dict()  # the same, passed on as a file
     state = Eagle31MLAForCausalLM.on_meta_device(preset).state_dict()
     shapes = {name: tuple(t.shape) for name, t in state.items()}
-    assert (
-        roster_differences(
-            shapes, dtypes={t.dtype for t in state.values()}, num_parameters=sum(t.numel() for t in state.values())
-        )
-        == []
-    )
+    dtypes, count = {t.dtype for t in state.values()}, sum(t.numel() for t in state.values())
+    assert roster_differences(shapes, dtypes=dtypes, num_parameters=count) == []
     assert preset.aux_layer_ids.one_based == KIMI_K3_AUX_LAYER_IDS.one_based
     assert preset.rope_parameters == KIMI_K3_ROPE_PARAMETERS
     assert Eagle31MLAConfig.kimi_k3(target_num_hidden_layers=93).target_num_hidden_layers == 93
@@ -584,16 +278,13 @@ def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_p
     assert differs == {"fc_norm", "norm_output", "rope_parameters"}
     assert "from_json_file" in Eagle31MLAConfig.__doc__ and "fc_norm" in Eagle31MLAConfig.__doc__
     no_ids = {k: v for k, v in file.items() if k != "eagle_config"}
-    with pytest.raises(ConfigError, match="aux"):  # a file must name its aux layers
+    with pytest.raises(ConfigError, match="names no aux layers"):  # a file must name its aux layers
         Eagle31MLAConfig.from_dict(no_ids)
     assert Eagle31MLAConfig(**no_ids).eagle_aux_hidden_state_layer_ids == [2, 46, 90]  # the constructor: Kimi-K3's
-    # a file that writes the four keys out (as every file this library saves does) reads the same both ways
-    full = Eagle31MLAConfig.from_dict(dict(file)).to_dict()
+    full = Eagle31MLAConfig.from_dict(dict(file)).to_dict()  # written out (as every saved file is): read alike
     assert Eagle31MLAConfig(**full).to_dict() == Eagle31MLAConfig.from_dict(full).to_dict()
 
 
 def test_describe_rope_is_the_one_wording():
-    from eagle31_mla.model.configuration_eagle31_mla import describe_rope
-
     assert describe_rope(Eagle31MLAConfig()) == "yarn, theta 50000, factor 32 over 32768 positions"
     assert describe_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}) == "default, theta 10000"

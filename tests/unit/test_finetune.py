@@ -206,3 +206,24 @@ def test_fine_tuning_the_demo_drafter_keeps_its_accept_length(tmp_path, capsys):
 
     before, after = accept_length(DEMO_DIR / "draft"), accept_length(out)
     assert after >= before - 0.05, (before, after)  # bf16 export rounding may move a token or two
+
+
+def test_train_init_fine_tunes_an_eagle3_drafter_with_the_bf16_recipe(tmp_path, capsys):
+    """An EAGLE-3 drafter (fc_norm and norm_output off, as TorchSpec exports): the recipe's bf16 autocast hands
+    each TTT step a bf16 state, which the drafter must take (it once refused it by dtype)."""
+    from eagle31_mla.cli import main
+    from eagle31_mla.testing import demo_corpus
+
+    demo = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
+    config = demo.config.__class__.from_dict({**demo.config.to_dict(), "fc_norm": False, "norm_output": False})
+    eagle3 = Eagle31MLAForCausalLM(config)
+    eagle3.load_state_dict({k: v for k, v in demo.state_dict().items() if not k.startswith("fc_norm.")})
+    eagle3.save_pretrained(tmp_path / "eagle3")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(demo_corpus(seed=5, n=8)[0]) + "\n")
+    argv = ["train", "--target", str(DEMO_DIR / "target"), "--init", str(tmp_path / "eagle3"), "--text", str(text)]
+    out = tmp_path / "tuned"
+    assert main([*argv, "--out", str(out), "--steps", "2", "--batch-size", "2", "--device", "cpu", "--quiet"]) == 0
+    tuned = Eagle31MLAForCausalLM.from_pretrained(out)
+    assert tuned.dtype == torch.bfloat16 and not tuned.config.norm_output and not tuned.config.fc_norm
+    assert all(torch.isfinite(p).all() for p in tuned.parameters())

@@ -47,53 +47,37 @@ def same_logits(a, b) -> bool:
     return torch.equal(a(ids, aux_hidden_states=aux).logits, b(ids, aux_hidden_states=aux).logits)
 
 
-# ---- pickle ------------------------------------------------------------------------------------
+# ---- pickle: safetensors only by default; `use_safetensors=False` is Transformers' own opt-in (weights_only) ----
 
 
 def test_pickle_is_refused_by_default(tmp_path):
     folder = pickle_folder(tmp_path, tiny_drafter())
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(OSError, match="model.safetensors"):
         Eagle31MLAForCausalLM.from_pretrained(folder)
-    message = str(err.value)
-    assert "pytorch_model.bin" in message and "can run arbitrary code" in message
-    assert "safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')" in message
-    assert "allow_pickle=True" in message
 
 
-@pytest.mark.parametrize("filename", ["pytorch_model.bin", "drafter.pt"])
-def test_pickle_loads_when_opted_in(tmp_path, filename):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_pickle_loads_when_opted_in(tmp_path, sharded):
     model = tiny_drafter(seed=4)
-    loaded = Eagle31MLAForCausalLM.from_pretrained(pickle_folder(tmp_path, model, filename=filename), allow_pickle=True)
-    assert same_logits(loaded, model)
-
-
-def test_sharded_pickle_with_index(tmp_path):
-    model = tiny_drafter(seed=5)
-    state = model.state_dict()
-    names = sorted(state)
-    shards = {"pytorch_model-00001-of-00002.bin": names[:9], "pytorch_model-00002-of-00002.bin": names[9:]}
-    pickle_folder(tmp_path, model, state={})  # config.json (and an empty pytorch_model.bin, ignored: the index wins)
-    (tmp_path / "pytorch_model.bin").unlink()
-    for file, keys in shards.items():
-        torch.save({k: state[k] for k in keys}, tmp_path / file)
-    index = {"weight_map": {k: f for f, keys in shards.items() for k in keys}}
-    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
-    (tmp_path / "training_args.bin").write_bytes(b"not read")
-    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True), model)
+    folder = pickle_folder(tmp_path, model)
+    if sharded:
+        (folder / "pytorch_model.bin").unlink()
+        state, names = model.state_dict(), sorted(model.state_dict())
+        shards = {"pytorch_model-00001-of-00002.bin": names[:9], "pytorch_model-00002-of-00002.bin": names[9:]}
+        for file, keys in shards.items():
+            torch.save({k: state[k] for k in keys}, folder / file)
+        index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False), model)
 
 
 def test_opted_in_pickle_goes_through_the_same_checks(tmp_path):
     model = tiny_drafter(seed=6)
     state = dict(model.state_dict())
     del state["norm.weight"]
-    state["layers.0.self_attn.kv_b_proj.weight"] = torch.zeros(144, 16)
     folder = pickle_folder(tmp_path, model, state=state)
-    with pytest.raises(CheckpointError) as err:
-        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
-    message = str(err.value)
-    assert f"checkpoint in {folder} (pickle weights) does not match its config (2 problem(s))" in message
-    assert "missing tensor 'norm.weight', expected shape [64]" in message
-    assert "'layers.0.self_attn.kv_b_proj.weight' has shape [144, 16], expected [144, 32]" in message
+    with pytest.raises(CheckpointError, match="missing tensor 'norm.weight'"):
+        Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False)
 
 
 def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
@@ -101,45 +85,20 @@ def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
     marker = tmp_path / "payload-ran"
     state = dict(model.state_dict(), **{"norm.weight": Payload(marker)})  # a trojan among real tensors
     folder = pickle_folder(tmp_path / "draft", model, state=state)
-    with pytest.raises(CheckpointError) as err:
-        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
+    with pytest.raises(Exception, match="(?i)weights.only|unpickl|GLOBAL"):
+        Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False)
     assert not marker.exists(), "the pickle's payload ran"
-    message = str(err.value)
-    assert "pytorch_model.bin was refused by torch.load(weights_only=True) (" in message
-    assert "GLOBAL posix.system" in message  # what the weights-only unpickler refused
-    assert "could run code when loaded; nothing in it was executed" in message
-    assert "weights_only` set to `False`" not in message  # torch's own advice to retry unsafely is not passed on
-    assert err.value.__cause__ is None and err.value.__suppress_context__
     # Control: the payload is live, and a plain (unsafe) unpickle would have run it.
     torch.load(folder / "pytorch_model.bin", weights_only=False)
     assert marker.exists()
 
 
-def test_pickle_that_is_not_a_state_dict(tmp_path):
-    model = tiny_drafter()
-    folder = pickle_folder(tmp_path, model, state=list(model.state_dict().values()))
-    with pytest.raises(
-        CheckpointError, match=r"pytorch_model.bin holds a list; expected a state dict \(tensor name -> tensor\)"
-    ):
-        Eagle31MLAForCausalLM.from_pretrained(folder, allow_pickle=True)
-
-
-def test_several_pickles_without_an_index(tmp_path):
-    model = tiny_drafter()
-    pickle_folder(tmp_path, model, filename="a.pt")
-    torch.save({}, tmp_path / "b.pt")
-    with pytest.raises(
-        CheckpointError, match=r"several pickle files \(a.pt, b.pt\) and no pytorch_model.bin.index.json"
-    ):
-        Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True)
-
-
 def test_safetensors_win_over_pickle(tmp_path):
-    """With both present the pickle is never opened, opted in or not."""
+    """With both present the pickle is never opened."""
     model = tiny_drafter(seed=7)
     model.save_pretrained(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"garbage: would fail if read")
-    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path, allow_pickle=True), model)
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path), model)
 
 
 def test_no_torch_load_without_weights_only_in_the_library():

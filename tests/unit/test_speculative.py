@@ -34,7 +34,7 @@ from eagle31_mla.decoding.speculative import (
     speculative_generate,
 )
 from eagle31_mla.decoding.target import TargetAuxCapture
-from eagle31_mla.model.sampling_eagle31_mla import (
+from eagle31_mla.model.modeling_eagle31_mla import (
     sample_from_logits,
     sampling_probs as target_probs,  # the reference loop's rule too
 )

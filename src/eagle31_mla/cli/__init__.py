@@ -17,6 +17,7 @@ import os
 import sys
 
 import click
+from huggingface_hub.errors import StrictDataclassError
 
 from . import acceptance, capture, convert, demo, doctor, inspect, roster, serve_command, train
 from .common import EXIT_CODES, TRACEBACK_ENV, Invocation, broken_pipe, error, name_of, shown
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a refused drafter (ConfigError, CheckpointError) or an unusable value
         refused = type(err).__name__ in ("ConfigError", "CheckpointError", "ConvertError")
         return error(err, 1 if refused else 2)
+    except StrictDataclassError as err:  # a config field of the wrong type (huggingface_hub's strict check)
+        return error(" ".join(str(err).split()), 1)
     except Exception as err:  # a bug, most likely: still one line, with the way to see more
         if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
             raise

@@ -283,7 +283,7 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
     device = resolve_device(args.device)
     from ..model.configuration_eagle31_mla import resolve_dtype
 
-    dtype = resolve_dtype(args.dtype, "--dtype", allow_auto=True) or "auto"
+    dtype = resolve_dtype(args.dtype, "--dtype") or "auto"
     try:  # what the user named must exist and load; a failure here is input, not a bug
         if args.chat_template:
             prompts = [
@@ -315,7 +315,7 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             .eval()
         )
         drafter = Eagle31MLAForCausalLM.from_pretrained(
-            args.draft, revision=args.draft_revision, dtype=dtype, device=device
+            args.draft, revision=args.draft_revision, dtype=dtype, device_map=device
         )
     except (OSError, ValueError) as err:
         return error(str(err))

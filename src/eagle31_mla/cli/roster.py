@@ -12,17 +12,11 @@ def roster(args: SimpleNamespace) -> int:
     """Build the default (Kimi-K3) drafter without allocating it and check it against the published roster."""
     import torch
 
-    from ..hub.roster import PUBLISHED_ROSTER, roster_differences
+    from ..hub.roster import PUBLISHED_ROSTER, meta_roster, roster_differences
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig, describe_rope
-    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     config = Eagle31MLAConfig()
-    model = Eagle31MLAForCausalLM.on_meta_device(config)
-    state = model.state_dict()
-    shapes = {name: tuple(t.shape) for name, t in state.items()}
-    num_params = sum(t.numel() for t in state.values())
-    dtypes = {str(t.dtype).removeprefix("torch.") for t in state.values()}
-
+    shapes, dtypes, num_params = meta_roster(config)
     print("EAGLE-3.1 MLA drafter for Kimi-K3 (default config, built on the meta device: nothing allocated)")
     print(
         f"  hidden {config.hidden_size}, {config.num_attention_heads} heads, q_lora {config.q_lora_rank}, "

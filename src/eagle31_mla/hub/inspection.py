@@ -1,216 +1,144 @@
 """``eagle31-mla inspect``: a drafter folder or Hub repo in plain words.
 
-The config as the library reads it (dims, EAGLE-3 or 3.1, rope, aux layers in both conventions,
-vocabulary pruning), the parameter count and KV bytes per token, whether the tensors match the config
-and the published roster (headers only: no tensor is read), and which engine releases serve it, as
+The config as Transformers reads it (dims, EAGLE-3 or 3.1, rope, aux layers in both conventions, vocabulary
+pruning), the parameter count and KV bytes per token, whether the tensors match the config and the published
+roster (safetensors headers only: no tensor is read), and which engine releases serve it, as
 :mod:`eagle31_mla.serving.doctor` finds against a Kimi-K3-architecture target of the drafter's own sizes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
-from ..serving.engines import KIMI_K3_TARGET, read_config_json, tokenspeed_flag_form
+from ..serving.engines import KIMI_K3_TARGET, InputError, tokenspeed_flag_form
 
-__all__ = ["inspect_drafter", "format_inspection", "serving_matrix"]
+__all__ = ["inspect_drafter", "format_inspection", "serving_matrix", "layout_of"]
 
-
-def _local_config_file(path_or_id: str) -> Path | None:
-    path = Path(path_or_id)
-    file = path / "config.json" if path.is_dir() else path
-    return file if file.exists() or file.is_symlink() else None
+_DIMS = "hidden_size target_hidden_size intermediate_size num_attention_heads q_lora_rank kv_lora_rank".split()
+_DIMS += "qk_nope_head_dim qk_rope_head_dim v_head_dim rms_norm_eps max_position_embeddings".split()
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
-def _read_config(path_or_id: str) -> tuple[dict, str]:
-    """The config dict and its file. :class:`ConfigError` for a config.json that is JSON but cannot be a
-    config (null, not an object, nested too deeply, a dangling link): the drafter is refused. Unreadable
-    input (no such folder, not JSON) stays an :class:`InputError`."""
-    from ..model.configuration_eagle31_mla import (
-        MAX_CONFIG_DEPTH,
-        ConfigError,
-        DuplicateKeyError,
-        check_config_dict,
-        loads_json,
-        not_a_regular_file,
-        read_config_file,
-    )
-    from ..serving.engines import InputError
+def _config_file(path_or_id: str) -> Path:
+    """A folder's config.json, a config.json given as a file, or a Hub repo's through Transformers' resolver
+    (only config.json is fetched; offline mode reads the cache)."""
+    from transformers.utils import cached_file
 
-    local = _local_config_file(path_or_id)
-    if local is not None:  # before any reader opens it: a FIFO would block, /dev/zero never end
-        kind = not_a_regular_file(local)
-        if kind:
-            raise ConfigError(f"{local} is {kind}; expected a regular file (the drafter's config.json)")
-        try:
-            loads_json(local.read_text(encoding="utf-8"))
-        except DuplicateKeyError as err:  # a JSON reader would keep the last value silently
-            raise ConfigError(f"{local} {err.describe()}") from None
-        except (OSError, ValueError, RecursionError):
-            pass  # reported below, as before
+    path = Path(path_or_id).expanduser()
+    if path.exists() or path.is_symlink():
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():  # never opened: a FIFO would block
+            raise InputError(f"{file}: not a file; expected a drafter's config.json")
+        return file
     try:
-        raw, file = read_config_json(path_or_id)
-    except InputError:
-        local = _local_config_file(path_or_id)
-        if local is not None and (local.is_symlink() and not local.exists() or _is_json(local)):
-            read_config_file(local)  # raises the ConfigError that names what is wrong
-        raise
-    except RecursionError:  # Python's JSON reader, from about 1,000 levels
-        raise ConfigError(
-            f"{path_or_id}: config.json nests objects/lists too deeply to read; expected at most "
-            f"{MAX_CONFIG_DEPTH} levels (a config nests 2)"
-        ) from None
-    return check_config_dict(raw, file), file
+        return Path(cached_file(str(path_or_id), "config.json"))
+    except (OSError, ValueError, TypeError) as err:  # unknown repo, offline and not cached, no network
+        raise InputError(f"{path_or_id}: cannot read its config.json ({str(err).splitlines()[0]})") from None
 
 
-def _is_json(file: Path) -> bool:
-    import json
+def layout_of(name: str) -> str:
+    """The layout a tensor name is in, from :data:`KEY_MAPPING`: ``published``, ``model. prefix``, ``midlayer.*``."""
+    from ..model.modeling_eagle31_mla import KEY_MAPPING
 
-    try:
-        json.loads(file.read_text(encoding="utf-8"))
-    except RecursionError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
+    for pattern, replacement in KEY_MAPPING.items():
+        if re.match(pattern, name):
+            prefix = pattern.removeprefix("^").replace("\\", "")
+            return f"{prefix}*" if replacement else f"{prefix} prefix"
+    return "published"
 
 
-def _locate(path_or_id: str) -> tuple[dict, Path | None, str]:
-    """config dict, the folder that may hold the safetensors (None if there is none), where it came from."""
-    config, file = _read_config(path_or_id)
-    folder = Path(file).parent
-    has_weights = any(
-        (folder / name).is_file() or (folder / name).is_symlink()  # a dangling link is reported
-        for name in ("model.safetensors", "model.safetensors.index.json")
-    )
-    return config, folder if has_weights else None, file
+def _check_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The safetensors headers (through ``safe_open``: no tensor is read), under their published names, against
+    the config's tensors and the published roster."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..locations import safetensors_files
+    from ..model.modeling_eagle31_mla import canonical_tensor_name
+    from .roster import roster_differences
+
+    shapes, dtypes, layouts = {}, set(), set()
+    try:  # an index names its shards; a lone model.safetensors is opened as is (a dangling link is named)
+        files = safetensors_files(folder) if (folder / _WEIGHTS[1]).exists() else [folder / _WEIGHTS[0]]
+        for file in files:
+            with safe_open(file, "pt") as f:
+                for name in f.keys():
+                    piece = f.get_slice(name)
+                    shapes[canonical_tensor_name(name)] = tuple(piece.get_shape())
+                    dtypes.add(piece.get_dtype())
+                    layouts.add(layout_of(name))
+    except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
+        return {"checked": False, "why": f"{type(err).__name__}: {err}", "error": True}
+    problems = [f"missing tensor {n!r}" for n in expected if n not in shapes and not (n == "t2d" and "d2t" in shapes)]
+    problems += [f"unexpected tensor {n!r}" for n in shapes if n not in expected]
+    problems += [
+        f"tensor {n!r} has shape {list(shapes[n])}, expected {list(s)}"
+        for n, s in expected.items()
+        if shapes.get(n, s) != s
+    ]
+    diff = roster_differences(shapes, dtypes=dtypes)
+    found = dict(checked=True, files=[f.name for f in files], count=len(shapes), dtypes=sorted(dtypes))
+    found.update(layout=sorted(layouts), matches_config=not problems, problems=problems)
+    return {**found, "matches_published_roster": not diff, "roster_differences": diff}
 
 
 def inspect_drafter(path_or_id: str) -> dict[str, Any]:
-    """Everything ``inspect`` reports, as a JSON-ready dict (``errors`` lists what the library refuses)."""
-    from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-    from ..model.configuration_eagle31_mla import ConfigError, Eagle31MLAConfig
+    """Everything ``inspect`` reports, as a JSON-ready dict (``errors`` lists what the library refuses).
+    :class:`InputError` for a config.json that cannot be found or read as a JSON object."""
+    import torch
+    from huggingface_hub.errors import StrictDataclassError
 
+    from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
+    from ..model.configuration_eagle31_mla import Eagle31MLAConfig
+    from .roster import PUBLISHED_NUM_PARAMETERS, meta_roster
+
+    file = _config_file(path_or_id)
     try:
-        raw, folder, source = _locate(path_or_id)
-    except ConfigError as err:  # config.json is JSON but no config: refused, one line
-        local = _local_config_file(path_or_id)
-        return {
-            "name": str(path_or_id),
-            "config_file": str(local) if local else str(path_or_id),
-            "errors": [f"config.json: {err}"],
-            "tensors": {"checked": False, "why": "the config is refused"},
-        }
-    info: dict[str, Any] = {"name": str(path_or_id), "config_file": source, "errors": []}
+        raw, _ = Eagle31MLAConfig.get_config_dict(str(file))  # Transformers' reader, as from_json_file reads it
+    except (OSError, ValueError, TypeError, RecursionError) as err:  # not JSON, null, nested past the reader
+        raise InputError(f"{file}: not a readable config.json ({type(err).__name__}: {err})") from None
+    info: dict[str, Any] = {"name": str(path_or_id), "config_file": str(file), "errors": []}
     try:
         ids, how = aux_layer_ids_from_config(raw)
         info["aux_layer_ids"] = {"one_based": list(ids.one_based), "zero_based": list(ids.zero_based), "how": how}
     except AuxLayerIdError as err:
-        ids = None
-        info["aux_layer_ids"] = None
+        ids, info["aux_layer_ids"] = None, None
         info["errors"].append(f"aux layers: {err}")
     try:
-        config = Eagle31MLAConfig.from_dict(dict(raw))
-    except (ConfigError, ValueError, TypeError, KeyError, RecursionError) as err:
-        if not any(str(err) in e for e in info["errors"]):
-            info["errors"].append(f"config.json: {err}")
-        info["tensors"] = {"checked": False, "why": "the config is refused"}
-        return info
+        config = Eagle31MLAConfig.from_dict(raw)
+    except (ValueError, TypeError, KeyError, AttributeError, StrictDataclassError) as err:
+        reason = str(err.__cause__ or err)  # huggingface_hub's strict check wraps the config's own message
+        if not any(reason in e for e in info["errors"]):
+            info["errors"].append(f"config.json: {reason}")
+        return {**info, "tensors": {"checked": False, "why": "the config is refused"}}
 
-    import torch
-
-    from ..model.checkpoint_eagle31_mla import (
-        CheckpointError,
-        checkpoint_files,
-        layout_of,
-        read_headers,
-        validate_checkpoint,
-    )
-    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
-    from .roster import PUBLISHED_NUM_PARAMETERS, roster_differences
-
-    dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.bfloat16
-    bytes_per_value = torch.finfo(dtype).bits // 8
-    model = Eagle31MLAForCausalLM.on_meta_device(config)
-    num_parameters = sum(p.numel() for p in model.parameters())
-    rope = dict(config.rope_parameters)
-    info.update(
-        {
-            "architectures": raw.get("architectures"),
-            "model_type": raw.get("model_type"),
-            "eagle": "3.1" if config.is_eagle31 else "3",
-            "fc_norm": config.fc_norm,
-            "norm_output": config.norm_output,
-            "dims": {
-                key: getattr(config, key)
-                for key in (
-                    "hidden_size",
-                    "target_hidden_size",
-                    "intermediate_size",
-                    "num_attention_heads",
-                    "q_lora_rank",
-                    "kv_lora_rank",
-                    "qk_nope_head_dim",
-                    "qk_rope_head_dim",
-                    "v_head_dim",
-                    "rms_norm_eps",
-                    "max_position_embeddings",
-                )
-            },
-            "rope": rope,
-            "vocabulary": {
-                "vocab_size": config.vocab_size,
-                "draft_vocab_size": config.draft_vocab_size,
-                "pruned": config.draft_vocab_size != config.vocab_size,
-            },
-            "special_tokens": {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id},
-            "dtype": str(dtype).removeprefix("torch."),
-            "parameters": num_parameters,
-            "kv_cache": {
-                "values_per_token": config.kv_cache_values_per_token,
-                "bytes_per_token": config.kv_cache_values_per_token * bytes_per_value,
-                "mha_bytes_per_token": config.num_attention_heads
-                * (config.qk_nope_head_dim + config.v_head_dim)
-                * bytes_per_value,
-            },
-        }
-    )
-
-    tensors: dict[str, Any] = {"checked": folder is not None}
-    if folder is None:
-        tensors["why"] = (
-            "no safetensors next to config.json (a Hub id reads only config.json unless its weights are cached)"
-        )
+    expected, _, num_parameters = meta_roster(config)
+    value_bytes = torch.finfo(config.dtype).bits // 8
+    kv = config.kv_cache_values_per_token
+    mha = config.num_attention_heads * (config.qk_nope_head_dim + config.v_head_dim)
+    vocab, draft_vocab = config.vocab_size, config.draft_vocab_size
+    info.update(architectures=raw.get("architectures"), model_type=raw.get("model_type"))
+    info.update(eagle="3.1" if config.is_eagle31 else "3", fc_norm=config.fc_norm, norm_output=config.norm_output)
+    info.update(dims={key: getattr(config, key) for key in _DIMS}, rope=dict(config.rope_parameters))
+    info["vocabulary"] = {"vocab_size": vocab, "draft_vocab_size": draft_vocab, "pruned": draft_vocab != vocab}
+    info["special_tokens"] = {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}
+    info.update(dtype=str(config.dtype).removeprefix("torch."), parameters=num_parameters)
+    info["kv_cache"] = {"values_per_token": kv, "bytes_per_token": kv * value_bytes}
+    info["kv_cache"]["mha_bytes_per_token"] = mha * value_bytes
+    if any((file.parent / name).is_symlink() or (file.parent / name).exists() for name in _WEIGHTS):
+        tensors = _check_tensors(file.parent, expected)
+        if tensors.pop("error", False):
+            info["errors"].append(f"tensors: {tensors['why']}")
+        elif not tensors["matches_config"]:
+            info["errors"].append(f"tensors: {len(tensors['problems'])} problem(s) against config.json")
     else:
-        try:
-            files = checkpoint_files(folder)
-            entries = read_headers(files)
-            shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
-            st_dtypes = sorted({st for (_, _, _, st) in entries.values()})
-            tensors.update(
-                files=[f.name for f in files],
-                count=len(entries),
-                dtypes=st_dtypes,
-                layout=sorted({layout_of(original) for (_, original, _, _) in entries.values()}),
-            )
-            try:
-                validate_checkpoint(folder, model)
-                tensors["matches_config"], tensors["problems"] = True, []
-            except CheckpointError as err:
-                tensors["matches_config"] = False
-                tensors["problems"] = [line.strip()[2:] for line in str(err).splitlines()[1:]]
-                info["errors"].append(f"tensors: {len(tensors['problems'])} problem(s) against config.json")
-            differences = roster_differences(shapes, dtypes=st_dtypes)
-            tensors["matches_published_roster"] = not differences
-            tensors["roster_differences"] = differences
-        except CheckpointError as err:
-            tensors.update(checked=False, why=str(err))
-            info["errors"].append(f"tensors: {err}")
-    tensors["published_parameters"] = PUBLISHED_NUM_PARAMETERS
-    info["tensors"] = tensors
+        why = "no safetensors next to config.json (a Hub id reads only config.json unless its weights are cached)"
+        tensors = {"checked": False, "why": why}
+    info["tensors"] = {**tensors, "published_parameters": PUBLISHED_NUM_PARAMETERS}
     if ids is not None:
         info["serving"] = serving_matrix(raw, config, ids)
     return info
@@ -221,15 +149,9 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
     against a Kimi-K3-architecture target sized like the drafter (no environment variables set)."""
     from ..serving.doctor import diagnose, engine_releases
 
-    target = replace(
-        KIMI_K3_TARGET,
-        name="a Kimi-K3 target",
-        num_layers=max(KIMI_K3_TARGET.num_layers, max(ids.one_based)),
-        hidden_size=config.target_hidden_size,
-        vocab_size=config.vocab_size,
-        bos_token_id=config.bos_token_id,
-        eos_token_ids=eos_token_ids(config.eos_token_id),
-    )
+    sizes = dict(hidden_size=config.target_hidden_size, vocab_size=config.vocab_size, bos_token_id=config.bos_token_id)
+    num_layers, eos = max(KIMI_K3_TARGET.num_layers, max(ids.one_based)), eos_token_ids(config.eos_token_id)
+    target = replace(KIMI_K3_TARGET, name="a Kimi-K3 target", num_layers=num_layers, eos_token_ids=eos, **sizes)
     rows: list[dict[str, Any]] = []
     for engine in ENGINES:
         for label, _ in engine_releases(engine):
@@ -243,87 +165,54 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
                 flag = tokenspeed_flag_form(target, ids) if engine == "tokenspeed" else None
                 if plugin.ok and flag and diagnose(raw, target, engine, label, environ={}, layers_to_capture=flag).ok:
                     status += f" (or --eagle3-layers-to-capture {','.join(map(str, flag))})"
-            if (
-                rows
-                and rows[-1]["engine"] == engine
-                and (rows[-1]["status"], rows[-1]["because"]) == (status, blocking)
-            ):
-                rows[-1]["versions"].append(label)
+            last = rows[-1] if rows else {}
+            if (last.get("engine"), last.get("status"), last.get("because")) == (engine, status, blocking):
+                last["versions"].append(label)
             else:
                 rows.append({"engine": engine, "versions": [label], "status": status, "because": blocking})
     return rows
-
-
-def _versions(labels: list[str]) -> str:
-    return labels[0] if len(labels) == 1 else f"{labels[0]}-{labels[-1]}"
 
 
 def format_inspection(info: dict[str, Any]) -> str:
     from ..model.configuration_eagle31_mla import describe_rope
 
     lines = [f"{info['name']}  ({info['config_file']})"]
-    ids = info.get("aux_layer_ids")
     if "dims" not in info:
-        lines += [f"  refused: {e}" for e in info["errors"]]
-        return "\n".join(lines)
-    d, rope, vocab, kv = info["dims"], info["rope"], info["vocabulary"], info["kv_cache"]
-    kind = (
-        "EAGLE-3.1 (fc_norm + norm_output)"
-        if info["eagle"] == "3.1"
-        else ("EAGLE-3" + (" + fc_norm" if info["fc_norm"] else "") + (" + norm_output" if info["norm_output"] else ""))
-    )
-    lines.append(
-        f"  drafter: {kind}, one MLA layer; architectures {info['architectures']}, model_type {info['model_type']}"
-    )
-    lines.append(
+        return "\n".join(lines + [f"  refused: {e}" for e in info["errors"]])
+    d, vocab, kv, ids, t = info["dims"], info["vocabulary"], info["kv_cache"], info["aux_layer_ids"], info["tensors"]
+    kind = "EAGLE-3.1 (fc_norm + norm_output)" if info["eagle"] == "3.1" else "EAGLE-3"
+    kind += "".join(f" + {k}" for k in ("fc_norm", "norm_output") if info["eagle"] == "3" and info[k])
+    lines += [
+        f"  drafter: {kind}, one MLA layer; architectures {info['architectures']}, model_type {info['model_type']}",
         f"  dims: hidden {d['hidden_size']} (target {d['target_hidden_size']}), {d['num_attention_heads']} heads, "
         f"q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']} + rope {d['qk_rope_head_dim']}, "
-        f"nope {d['qk_nope_head_dim']}, v {d['v_head_dim']}, MLP {d['intermediate_size']}, eps {d['rms_norm_eps']:g}"
-    )
-    lines.append(f"  rope: {describe_rope({'rope_parameters': rope})} (max {d['max_position_embeddings']} positions)")
-    lines.append(f"  aux layers: one-based {ids['one_based']} = zero-based {ids['zero_based']}  ({ids['how']})")
-    if vocab["pruned"]:
-        lines.append(
-            f"  vocabulary: draft {vocab['draft_vocab_size']} of the target's {vocab['vocab_size']} "
-            "(pruned: d2t maps draft ids to target ids)"
-        )
-    else:
-        lines.append(f"  vocabulary: {vocab['vocab_size']} (full, not pruned)")
-    special = info["special_tokens"]
-    lines.append(f"  special tokens: bos {special['bos']}, eos {special['eos']}, pad {special['pad']}")
-    lines.append(f"  parameters: {info['parameters']:,} ({info['dtype']})")
-    lines.append(
+        f"nope {d['qk_nope_head_dim']}, v {d['v_head_dim']}, MLP {d['intermediate_size']}, eps {d['rms_norm_eps']:g}",
+        f"  rope: {describe_rope({'rope_parameters': info['rope']})} (max {d['max_position_embeddings']} positions)",
+        f"  aux layers: one-based {ids['one_based']} = zero-based {ids['zero_based']}  ({ids['how']})",
+        f"  vocabulary: draft {vocab['draft_vocab_size']} of the target's {vocab['vocab_size']} (pruned: d2t maps "
+        "draft ids to target ids)"
+        if vocab["pruned"]
+        else f"  vocabulary: {vocab['vocab_size']} (full, not pruned)",
+        "  special tokens: bos {bos}, eos {eos}, pad {pad}".format(**info["special_tokens"]),
+        f"  parameters: {info['parameters']:,} ({info['dtype']})",
         f"  KV cache: {kv['values_per_token']} values = {kv['bytes_per_token']:,} bytes per token ({info['dtype']}); "
-        f"an MHA drafter with these heads would need {kv['mha_bytes_per_token']:,}"
-    )
-    t = info["tensors"]
+        f"an MHA drafter with these heads would need {kv['mha_bytes_per_token']:,}",
+    ]
     if not t["checked"]:
         lines.append(f"  tensors: not checked ({t['why']})")
     else:
-        match = (
-            "match the config" if t["matches_config"] else f"DO NOT match the config ({len(t['problems'])} problem(s))"
-        )
+        n, layout, dtypes = len(t["problems"]), ", ".join(t["layout"]), ", ".join(t["dtypes"])
+        match = f"DO NOT match the config ({n} problem(s))" if n else "match the config"
         files = t["files"][0] if len(t["files"]) == 1 else f"{len(t['files'])} shards"
-        lines.append(
-            f"  tensors: {t['count']} in {files} ({', '.join(t['layout'])} names; {', '.join(t['dtypes'])}), {match}"
-        )
+        lines.append(f"  tensors: {t['count']} in {files} ({layout} names; {dtypes}), {match}")
         lines += [f"    - {p}" for p in t["problems"]]
-        if t["matches_published_roster"]:
-            lines.append("  published roster (lightseekorg/kimi-k3-eagle3.1-mla): matches exactly")
-        else:
-            diff = t["roster_differences"]
-            lines.append(
-                f"  published roster (lightseekorg/kimi-k3-eagle3.1-mla): differs ({len(diff)}): "
-                + "; ".join(diff[:4])
-                + (" ..." if len(diff) > 4 else "")
-            )
+        diff = t["roster_differences"]
+        shown = f"differs ({len(diff)}): " + "; ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
+        lines.append(f"  published roster (lightseekorg/kimi-k3-eagle3.1-mla): {shown if diff else 'matches exactly'}")
     if info.get("serving"):
         lines.append("  serving (against a Kimi-K3-architecture target; `eagle31-mla doctor` checks yours):")
         for row in info["serving"]:
+            versions = row["versions"][0] + (f"-{row['versions'][-1]}" if len(row["versions"]) > 1 else "")
             why = f"  ({', '.join(row['because'])})" if row["because"] else ""
-            lines.append(
-                f"    {ENGINE_NAMES[row['engine']] + ' ' + _versions(row['versions']):<18} {row['status']}{why}"
-            )
-    for error in info["errors"]:
-        lines.append(f"  refused: {error}")
-    return "\n".join(lines)
+            lines.append(f"    {ENGINE_NAMES[row['engine']] + ' ' + versions:<18} {row['status']}{why}")
+    return "\n".join(lines + [f"  refused: {error}" for error in info["errors"]])

@@ -6,17 +6,10 @@ byte count (6,031,253,592 = 2 × 3,015,625,728 + 8 + 2,128-byte header) confirms
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-__all__ = [
-    "PUBLISHED_ROSTER",
-    "PUBLISHED_DTYPE",
-    "PUBLISHED_NUM_PARAMETERS",
-    "PUBLISHED_FILE_BYTES",
-    "roster_differences",
-    "dtype_name",
-]
+__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_DTYPE", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES"]
+__all__ += ["roster_differences", "dtype_name", "meta_roster"]
 
 PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
     "embed_tokens.weight": (163840, 7168),
@@ -45,16 +38,23 @@ PUBLISHED_NUM_PARAMETERS = 3_015_625_728
 PUBLISHED_FILE_BYTES = 6_031_253_592
 
 
+def meta_roster(config) -> tuple[dict[str, tuple[int, ...]], set[str], int]:
+    """Tensor name -> shape, the dtype names and the parameter count (buffers such as ``d2t`` not counted) of the
+    drafter ``config`` describes, from its structure on the meta device (nothing allocated)."""
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
+
+    model = Eagle31MLAForCausalLM.on_meta_device(config)
+    state = model.state_dict()
+    shapes = {name: tuple(t.shape) for name, t in state.items()}
+    return shapes, {dtype_name(t.dtype) for t in state.values()}, sum(p.numel() for p in model.parameters())
+
+
 def roster_differences(
-    shapes: Mapping[str, Sequence[int]],
-    roster: Mapping[str, tuple[int, ...]] = PUBLISHED_ROSTER,
-    *,
-    dtypes: Iterable[Any] | None = None,
-    num_parameters: int | None = None,
+    shapes: Mapping[str, Sequence[int]], roster: Mapping = PUBLISHED_ROSTER, *, dtypes=None, num_parameters=None
 ) -> list[str]:
     """Every way ``shapes`` (tensor name -> shape) departs from ``roster``; empty when identical. With
-    ``dtypes`` (the tensors' dtypes: torch dtypes, or names in torch or safetensors spelling, ``bfloat16``
-    = ``BF16``) and ``num_parameters``, those are compared with the published checkpoint's too."""
+    ``dtypes`` (torch dtypes, or names in torch or safetensors spelling: ``bfloat16`` = ``BF16``) and
+    ``num_parameters``, those are compared with the published checkpoint's too."""
     problems = [f"missing {name} {list(shape)}" for name, shape in roster.items() if name not in shapes]
     problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in roster]
     problems += [
@@ -64,16 +64,13 @@ def roster_differences(
     ]
     if num_parameters is not None and num_parameters != PUBLISHED_NUM_PARAMETERS:
         problems.append(f"{num_parameters:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}")
-    if dtypes is not None:
-        names = sorted({dtype_name(d) for d in dtypes})
-        if names != [PUBLISHED_DTYPE]:
-            problems.append(f"dtypes {names}, published {PUBLISHED_DTYPE}")
+    if dtypes is not None and (names := sorted({dtype_name(d) for d in dtypes})) != [PUBLISHED_DTYPE]:
+        problems.append(f"dtypes {names}, published {PUBLISHED_DTYPE}")
     return problems
 
 
-def dtype_name(dtype: Any) -> str:
-    """The torch name of a dtype given as a torch dtype, a torch name or a safetensors name
-    (``BF16`` -> ``bfloat16``)."""
+def dtype_name(dtype) -> str:
+    """A dtype's torch name, given a torch dtype, a torch name or a safetensors name (``BF16`` -> ``bfloat16``)."""
     from safetensors.torch import _TYPES  # safetensors' own table: "BF16" -> torch.bfloat16
 
     name = str(dtype).removeprefix("torch.")

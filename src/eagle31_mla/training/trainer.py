@@ -74,6 +74,7 @@ class ConcatKVCache(LatentKVCache):
     def __init__(self):
         self.latent = None
         self.kv_lora_rank = self.rope_dim = None  # read from the first update's widths
+        self._owner = None
 
     def get_seq_length(self) -> int:
         return 0 if self.latent is None else self.latent.shape[1]

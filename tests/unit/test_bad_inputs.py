@@ -1,0 +1,336 @@
+# ruff: noqa: E501 -- one bad input per line: the table is kept under `# fmt: off` so each row reads as a row
+"""The bad inputs users actually make, one row each, with the exact error they must get.
+
+One table (:data:`ROWS`): a case id, the call, the exception type, and the exact message (a plain string) or a
+precise regex of it (a compiled pattern, where the message holds a temporary path). A ``(wrapper, cause)`` type
+is one of the config's ``validate_*`` rules: its ``cause`` type with the message, raised as it is or wrapped by
+huggingface_hub's ``@strict`` in ``wrapper`` (then the wrapper's ``__cause__``). Rows marked ``LIBRARY`` are inputs the library does not yet refuse clearly (a
+silent wrong result or a raw error without the argument's name): they state the refusal it should give and are
+strict xfails, so a fix turns them into failures until the mark is removed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
+from safetensors.torch import load_file
+from transformers import DynamicCache
+
+from eagle31_mla import CheckpointError, ConfigError, DraftInputError, Eagle31MLAConfig, Eagle31MLAForCausalLM
+from tests.support.tiny import aux_inputs, published_style_config, tiny_config, tiny_drafter, write_checkpoint
+
+# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
+pytestmark = pytest.mark.transformers
+
+TYPE = StrictDataclassFieldValidationError  # strict's own check of a field's type
+RULE = (StrictDataclassClassValidationError, ConfigError)  # a validate_* rule's ConfigError, as strict may wrap it
+
+
+@cache
+def ctx():
+    """One tiny drafter (batch 2, 4 context tokens), its first step, and a pruned-vocabulary drafter."""
+    model = tiny_drafter(seed=21)
+    ids, aux = aux_inputs(model.config, 2, 4)
+    with torch.no_grad():
+        out = model(ids, aux_hidden_states=aux)
+    return model, ids, aux, out, tiny_drafter(seed=3, draft_vocab_size=100)
+
+
+def cached(model=None):
+    """A fresh cache holding the 4-token context (bound to ``model``, default the table's drafter)."""
+    m, ids, aux, _, _ = ctx()
+    with torch.no_grad():
+        return (model or m)(ids, aux_hidden_states=aux).past_key_values
+
+
+def step(**kw):
+    """A decode step after the context, on a fresh cache; ``kw`` replaces arguments."""
+    m, ids, _, out, _ = ctx()
+    return m(**{"input_ids": ids[:, :1], "hidden_states": out.hidden_states[:, -1:], "past_key_values": cached(), **kw})
+
+
+def first(**kw):
+    m, ids, aux, _, _ = ctx()
+    return m(**{"input_ids": ids, "aux_hidden_states": aux, **kw})
+
+
+def draft(**kw):
+    m, ids, aux, _, _ = ctx()
+    return m.draft(**{"input_ids": ids, "aux_hidden_states": aux, "num_tokens": 2, **kw})
+
+
+DROP = object()  # a key the file leaves out (None is JSON null)
+
+
+def config_file(tmp: Path, base: str = "full", **changes) -> Eagle31MLAConfig:
+    """The tiny drafter's published-style config.json with ``changes`` (DROP removes a key), read as a file."""
+    return Eagle31MLAConfig.from_pretrained(folder(tmp, base=base, config=changes, weights=False))
+
+
+def folder(tmp: Path, base="full", config=None, drop=(), put=None, weights=True) -> Path:
+    """A checkpoint folder of the tiny drafter (``base`` full or pruned), its config and tensors edited."""
+    model = ctx()[0] if base == "full" else ctx()[4]
+    cfg = copy.deepcopy(published_style_config(model))
+    for key, value in (config or {}).items():
+        cfg.pop(key) if value is DROP else cfg.__setitem__(key, value)
+    tensors = {k: v for k, v in model.state_dict().items() if k not in drop} | (put or {})
+    if not weights:
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.json").write_text(json.dumps(cfg))
+        return tmp
+    return write_checkpoint(tmp, cfg, tensors)
+
+
+def load(tmp, **kw) -> Eagle31MLAForCausalLM:
+    return Eagle31MLAForCausalLM.from_pretrained(folder(tmp, **kw))
+
+
+def config_text(tmp: Path, text: str) -> Eagle31MLAConfig:
+    """config.json holding ``text``, read."""
+    (tmp / "config.json").write_text(text)
+    return Eagle31MLAConfig.from_pretrained(tmp)
+
+
+def without(tmp: Path, name: str) -> Eagle31MLAForCausalLM:
+    """The good checkpoint with file ``name`` removed, loaded."""
+    (folder(tmp) / name).unlink()
+    return Eagle31MLAForCausalLM.from_pretrained(tmp)
+
+
+def at(tmp) -> str:
+    return re.escape(str(tmp))
+
+
+def strict_type(field: str, text: str) -> str:
+    return f"Validation error for field '{field}':\n    TypeError: {text}"
+
+
+IDS = "eagle_aux_hidden_state_layer_ids"
+#: strict's message for a value that fits no type of an optional field: (field, value, type, first error, got)
+UNION = "Field '{0}' with value {1} doesn't match any type in (<class '{2}'>, <class 'NoneType'>). Errors: Field '{0}' {3}; Field '{0}' expected NoneType, got {4}"
+AUX = "aux-layer ids (one-based completed layers): "
+ROPE = "give non-finite or non-positive frequencies or scales; expected a usable schedule (Kimi-K3's: yarn, rope_theta 50000, factor 32, beta_fast 32 > beta_slow 1)"  # noqa: E501
+YARN = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 256}
+LIBRARY = "LIBRARY"  # a row the library fails today: see the module docstring and the report
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    call: Callable[[Path], object]
+    error: type | tuple[type, type]
+    message: str | re.Pattern
+    status: str = ""  # LIBRARY: an xfail naming what the library does instead
+
+    def param(self):
+        marks = [pytest.mark.xfail(strict=True, reason=self.status[len(LIBRARY) + 2 :])] if self.status else []
+        return pytest.param(self, id=self.id, marks=marks)
+
+
+# fmt: off
+ROWS = [
+    # ---- a config field of the wrong type (huggingface_hub's @strict, through the constructor and through a file) ----
+    Row("type: int field given a string", lambda t: tiny_config(hidden_size="64"), TYPE, strict_type("hidden_size", "Field 'hidden_size' expected int, got str (value: '64')")),
+    Row("type: int field given a float (file)", lambda t: config_file(t, vocab_size=300.5), TYPE, strict_type("vocab_size", "Field 'vocab_size' expected int, got float (value: 300.5)")),
+    Row("type: bool field given a string (file)", lambda t: config_file(t, fc_norm="yes"), TYPE, strict_type("fc_norm", "Field 'fc_norm' expected bool, got str (value: 'yes')")),
+    Row("type: float field given a string", lambda t: tiny_config(rms_norm_eps="1e-5"), TYPE, strict_type("rms_norm_eps", "Field 'rms_norm_eps' expected float, got str (value: '1e-5')")),
+    Row("type: required size null (file)", lambda t: config_file(t, q_lora_rank=None), TYPE, strict_type("q_lora_rank", "Field 'q_lora_rank' expected int, got NoneType (value: None)")),
+    Row("type: rope_scaling a string (file)", lambda t: config_file(t, rope_scaling="yarn"), TYPE, strict_type("rope_parameters", UNION.format("rope_parameters", "'yarn'", "dict", "expected dict, got str (value: 'yarn')", "str (value: 'yarn')"))),
+    Row("type: eagle_config a list", lambda t: tiny_config(eagle_config=[2, 5, 9]), TYPE, strict_type("eagle_config", UNION.format("eagle_config", "[2, 5, 9]", "dict", "expected dict, got list (value: [2, 5, 9])", "list (value: [2, 5, 9])"))),
+    Row("type: aux ids a string", lambda t: tiny_config(eagle_aux_hidden_state_layer_ids="2,5,9"), TYPE, strict_type(IDS, UNION.format(IDS, "'2,5,9'", "list[int]", "expected a list, got str", "str (value: '2,5,9')").replace("<class 'list[int]'>", "list[int]"))),
+    Row("type: aux id a float", lambda t: tiny_config(eagle_aux_hidden_state_layer_ids=[2, 5.0, 9]), TYPE, strict_type(IDS, f"Field '{IDS}' with value [2, 5.0, 9] doesn't match any type in (list[int], <class 'NoneType'>). Errors: Invalid item at index 1 in list '{IDS}'; Field '{IDS}' expected NoneType, got list (value: [2, 5.0, 9])")),
+    Row("type: eos id list holding a string", lambda t: tiny_config(eos_token_id=[2, "3"]), TYPE, strict_type("eos_token_id", "Field 'eos_token_id' with value [2, '3'] doesn't match any type in (<class 'int'>, list[int], <class 'NoneType'>). Errors: Field 'eos_token_id' expected int, got list (value: [2, '3']); Invalid item at index 1 in list 'eos_token_id'; Field 'eos_token_id' expected NoneType, got list (value: [2, '3'])")),
+    Row("type: dtype misspelt", lambda t: tiny_config(dtype="fp16"), ConfigError, "`dtype` is 'fp16'; expected a floating-point torch dtype such as 'bfloat16'"),
+    Row("type: torch_dtype misspelt (file)", lambda t: config_file(t, torch_dtype="fp16"), ConfigError, "`dtype` is 'fp16'; expected a floating-point torch dtype such as 'bfloat16'"),
+    Row("type: torch_dtype not floating (file)", lambda t: config_file(t, torch_dtype="int32"), ConfigError, "`dtype` is 'int32'; expected a floating-point torch dtype such as 'bfloat16'"),
+    Row("type: use_aux_hidden_state a string", lambda t: tiny_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 9], "use_aux_hidden_state": "false"}), ConfigError, re.compile(r"`eagle_config\.use_aux_hidden_state` is 'false' \(EAGLE-1 style: false\).*expected true, or leave it out")),
+    # ---- a size or number out of range (validate_architecture) ----
+    Row("range: hidden_size 0", lambda t: tiny_config(hidden_size=0), RULE, "`hidden_size` is 0; expected an int >= 1 and <= 2147483647"),
+    Row("range: vocab_size 0 (file)", lambda t: config_file(t, vocab_size=0, draft_vocab_size=DROP), RULE, "`vocab_size` is 0; expected an int >= 1 and <= 2147483647"),
+    Row("range: beyond int32", lambda t: tiny_config(max_position_embeddings=2**31), RULE, "`max_position_embeddings` is 2147483648; expected an int >= 1 and <= 2147483647"),
+    Row("range: rms_norm_eps NaN (file, Transformers' special float)", lambda t: config_file(t, rms_norm_eps={"__float__": "NaN"}), RULE, "`rms_norm_eps` is nan; expected a number > 0 and < 1"),
+    Row("range: rms_norm_eps 0", lambda t: tiny_config(rms_norm_eps=0.0), RULE, "`rms_norm_eps` is 0.0; expected a number > 0 and < 1"),
+    Row("arch: num_hidden_layers 2 (file)", lambda t: config_file(t, num_hidden_layers=2), RULE, "`num_hidden_layers` is 2; this drafter has exactly 1 layer"),
+    Row("arch: kv heads != heads (file)", lambda t: config_file(t, num_key_value_heads=2), RULE, "`num_key_value_heads` (2) must equal `num_attention_heads` (4) for MLA"),
+    Row("arch: draft_vocab_size > vocab_size", lambda t: tiny_config(draft_vocab_size=400), RULE, "`draft_vocab_size` (400) exceeds `vocab_size` (300); expected <= vocab_size (the draft vocabulary is a subset of the target's)"),
+    Row("arch: tied embeddings (file)", lambda t: config_file(t, tie_word_embeddings=True), RULE, "`tie_word_embeddings` is true; expected false (the drafter has its own `lm_head`)"),
+    Row("arch: unknown activation", lambda t: tiny_config(hidden_act="wiggle"), RULE, "`hidden_act` 'wiggle' is not one of Transformers' ACT2FN names ('silu')"),
+    Row("arch: unrelated model_type (file)", lambda t: config_file(t, model_type="llama"), ConfigError, "`model_type` is 'llama'; expected one of ('kimi_k2', 'deepseek_v2', 'deepseek_v3')"),
+    # ---- special token ids beyond the vocabulary (validate_token_ids) ----
+    Row("token ids: bos = vocab_size (file)", lambda t: config_file(t, bos_token_id=300), RULE, "`bos_token_id` is 300; expected ids in [0, 300) (vocab_size)"),
+    Row("token ids: one eos of a list beyond", lambda t: tiny_config(eos_token_id=[2, 300]), RULE, "`eos_token_id` is [2, 300]; expected ids in [0, 300) (vocab_size)"),
+    Row("token ids: pad beyond a pruned config's vocab", lambda t: config_file(t, "pruned", pad_token_id=300), RULE, "`pad_token_id` is 300; expected ids in [0, 300) (vocab_size)"),
+    Row("token ids: negative pad", lambda t: tiny_config(pad_token_id=-1), RULE, "`pad_token_id` is -1; expected ids in [0, 300) (vocab_size)"),
+    # ---- rope: unsupported type, unusable numbers, contradictory dicts (validate_rope) ----
+    Row("rope: unsupported type (file)", lambda t: config_file(t, rope_scaling={"type": "longrope", "factor": 4.0}), RULE, "`rope_parameters.rope_type` is 'longrope'; expected one of ['default', 'yarn']"),
+    Row("rope: unsupported type dynamic", lambda t: tiny_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}), RULE, "`rope_parameters.rope_type` is 'dynamic'; expected one of ['default', 'yarn']"),
+    Row("rope: yarn without factor", lambda t: tiny_config(rope_parameters={k: v for k, v in YARN.items() if k != "factor"}), RULE, "`rope_parameters.factor` is None; expected a number in [1, 1e6]"),
+    Row("rope: yarn factor below 1 (file)", lambda t: config_file(t, rope_scaling={"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 256}), RULE, "`rope_parameters.factor` is 0.5; expected a number in [1, 1e6]"),
+    Row("rope: yarn key in a plain rope dict (file)", lambda t: config_file(t, rope_scaling={"factor": 2.0}), RULE, "`rope_parameters` holds ['factor'], not settings of default rope; remove them"),
+    Row("rope: another type's key in a yarn dict", lambda t: tiny_config(rope_parameters={**YARN, "low_freq_factor": 1.0}), RULE, "`rope_parameters` holds ['low_freq_factor'], not settings of yarn rope; remove them"),
+    Row("rope: beta_fast <= beta_slow", lambda t: tiny_config(rope_parameters={**YARN, "beta_fast": 1.0, "beta_slow": 32.0}), RULE, "`rope_parameters.beta_fast` (1.0) must be greater than `beta_slow` (32.0)"),
+    Row("rope: yarn window beyond max_position_embeddings", lambda t: tiny_config(rope_parameters={**YARN, "original_max_position_embeddings": 100000}), RULE, "yarn `original_max_position_embeddings` (100000) exceeds `max_position_embeddings` (4096); expected <= max_position_embeddings"),
+    Row("rope: the constructor's K3 yarn over a short max_position_embeddings", lambda t: Eagle31MLAConfig(max_position_embeddings=4096), RULE, "yarn `original_max_position_embeddings` (32768) exceeds `max_position_embeddings` (4096); expected <= max_position_embeddings"),
+    Row("rope: theta too small to be usable", lambda t: tiny_config(rope_parameters={**YARN, "rope_theta": 1e-300}), RULE, f"the rope settings {{'rope_type': 'yarn', 'rope_theta': 1e-300, 'factor': 32.0, 'original_max_position_embeddings': 256}} {ROPE}"),
+    Row("rope: negative theta", lambda t: tiny_config(rope_parameters={"rope_type": "default", "rope_theta": -5.0}), RULE, f"the rope settings {{'rope_type': 'default', 'rope_theta': -5.0}} {ROPE}"),
+    Row("rope: odd rope width", lambda t: tiny_config(qk_rope_head_dim=15), RULE, "`qk_rope_head_dim` is 15; expected an even number"),
+    Row("rope: contradictory type and rope_type (file)", lambda t: config_file(t, rope_scaling={"type": "yarn", "rope_type": "default", "factor": 32.0}), RULE, "`rope_parameters` holds ['factor'], not settings of default rope; remove them"),
+    Row("rope: both rope_parameters and rope_scaling (file)", lambda t: config_file(t, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), RULE, re.compile(r".*`rope_parameters`.*`rope_scaling`.*")),
+    Row("rope: rope_theta twice, different (file)", lambda t: config_file(t, rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}), RULE, re.compile(r".*`rope_theta`.*50000.*10000.*")),
+    # ---- aux-layer ids: missing, duplicate, unsorted, zero, contradictory, beyond the target, EAGLE-1 ----
+    Row("aux: none named (file)", lambda t: config_file(t, eagle_config=DROP), ConfigError, "config.json names no aux layers: expected `eagle_aux_hidden_state_layer_ids` at the top level or inside `eagle_config` (Kimi-K3: one-based [2, 46, 90] = zero-based [1, 45, 89]); engines would silently fall back to their own default"),
+    Row("aux: only vLLM's target_layer_ids (file)", lambda t: config_file(t, eagle_config=DROP, target_layer_ids=[2, 5, 9]), ConfigError, "config.json has a top-level `target_layer_ids` but no `eagle_aux_hidden_state_layer_ids`: vLLM's V2 runner adds 1 to `target_layer_ids`, so its meaning depends on the engine; write `eagle_aux_hidden_state_layer_ids` with `aux_layer_ids_convention` instead"),
+    Row("aux: duplicate", lambda t: tiny_config(eagle_aux_hidden_state_layer_ids=[2, 5, 5]), ConfigError, AUX + "[2, 5, 5] has duplicates; expected distinct ids (engines de-duplicate them, which silently changes the width of the tensor fed to `fc`)"),
+    Row("aux: unsorted (file)", lambda t: config_file(t, eagle_config={"eagle_aux_hidden_state_layer_ids": [9, 2, 5]}), ConfigError, AUX + "[9, 2, 5] is not ascending; engines concatenate aux states in ascending layer order, so `fc` was trained on [2, 5, 9]: write them in that order"),
+    Row("aux: zero one-based (file, top level)", lambda t: config_file(t, eagle_config=DROP, eagle_aux_hidden_state_layer_ids=[0, 2, 5]), ConfigError, AUX + "[0, 2, 5] contains 0; one-based ids must be >= 1 (0 is the embedding output, which no EAGLE-3 drafter is trained on and which crashes vLLM's DeepSeek target)"),
+    Row("aux: beyond the target depth", lambda t: tiny_config(target_num_hidden_layers=8), ConfigError, AUX + "[2, 5, 9] goes beyond the target's depth of 8 layers (one-based ids must be <= 8; zero-based <= 7)"),
+    Row("aux: top level and nested disagree", lambda t: tiny_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 8]}), ConfigError, "config.json is contradictory about aux layers: top-level [2, 5, 9] read one_based (top-level ids are one-based (vLLM's key)) gives one-based [2, 5, 9] = zero-based [1, 4, 8], but eagle_config [2, 5, 8] read one_based (unlabelled nested ids starting above 1 are the exported one-based form) gives one-based [2, 5, 8] = zero-based [1, 4, 7]; keep one, or label them with `aux_layer_ids_convention`"),
+    Row("aux: unknown convention", lambda t: tiny_config(aux_layer_ids_convention="two_based"), ConfigError, "aux_layer_ids_convention: expected one of ('one_based', 'zero_based'), got 'two_based'"),
+    Row("aux: EAGLE-1 use_aux_hidden_state false (file)", lambda t: config_file(t, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 9], "use_aux_hidden_state": False}), ConfigError, "`eagle_config.use_aux_hidden_state` is False (EAGLE-1 style: false); this drafter's `fc` takes the concatenated aux states: expected true, or leave it out"),
+    # ---- config.json that is not a config ----
+    Row("file: config.json is null", lambda t: config_text(t, "null"), ConfigError, "config.json holds a NoneType; expected a JSON object", f"{LIBRARY}: a raw TypeError from Transformers: argument of type 'NoneType' is not iterable"),
+    Row("file: config.json is a list", lambda t: config_text(t, "[1, 2]"), ConfigError, "config.json holds a list; expected a JSON object"),
+    Row("file: config.json is not JSON", lambda t: config_text(t, "{'hidden_size': 1}"), OSError, re.compile(r"It looks like the config file at '{t}/config\.json' is not a valid JSON file\.")),
+    Row("file: weights without config.json", lambda t: without(t, "config.json"), OSError, re.compile(r".*config\.json.*"), f"{LIBRARY}: ConfigError 'config.json names no aux layers', as if the file were there"),
+    # ---- checkpoints: missing, extra, misshaped tensors; EAGLE-3 vs 3.1; pruned vocabulary; pickle; no weights ----
+    Row("ckpt: missing tensor", lambda t: load(t, drop={"layers.0.self_attn.kv_a_layernorm.weight"}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'layers.0.self_attn.kv_a_layernorm.weight'")),
+    Row("ckpt: extra tensor (another architecture's gate)", lambda t: load(t, put={"layers.0.self_attn.g_proj.weight": torch.zeros(80, 128)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'layers.0.self_attn.g_proj.weight'")),
+    Row("ckpt: misshaped tensor (Transformers' own error)", lambda t: load(t, put={"layers.0.self_attn.kv_b_proj.weight": torch.zeros(144, 16)}), RuntimeError, "You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at the above report!"),
+    Row("ckpt: fc stored transposed", lambda t: load(t, put={"fc.weight": ctx()[0].fc.weight.detach().T}), RuntimeError, "You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at the above report!"),
+    Row("ckpt: four aux ids for an fc trained on three", lambda t: load(t, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 5, 9, 12]}}), RuntimeError, "You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at the above report!"),
+    Row("ckpt: EAGLE-3.1 config, no fc_norm weights", lambda t: load(t, drop={f"fc_norm.{i}.weight" for i in range(3)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'fc_norm.0.weight'; missing tensor 'fc_norm.1.weight'; missing tensor 'fc_norm.2.weight'")),
+    Row("ckpt: EAGLE-3.1 weights, fc_norm false", lambda t: load(t, config={"fc_norm": False}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'")),
+    Row("ckpt: EAGLE-3.1 weights, fc_norm absent (file = EAGLE-3)", lambda t: load(t, config={"fc_norm": DROP}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'")),
+    Row("ckpt: pruned config without d2t", lambda t: load(t, base="pruned", drop={"d2t", "t2d"}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'd2t'; missing tensor 't2d'")),
+    Row("ckpt: full-vocabulary config with d2t", lambda t: load(t, put={"d2t": torch.zeros(300, dtype=torch.long)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'd2t'")),
+    Row("ckpt: d2t maps beyond the vocabulary", lambda t: load(t, base="pruned", put={"d2t": torch.full((100,), 250)}), CheckpointError, re.compile(r".*'d2t'.*\[0, 300\).*")),
+    Row("ckpt: d2t maps beyond the vocabulary, no t2d", lambda t: load(t, base="pruned", drop={"t2d"}, put={"d2t": torch.full((100,), 250)}), CheckpointError, re.compile(r".*'d2t'.*\[0, 300\).*")),
+    Row("ckpt: no weight file", lambda t: without(t, "model.safetensors"), OSError, re.compile(r"Error no file named model\.safetensors(, or pytorch_model\.bin)? found in directory {t}\.")),
+    # ---- forward: only what would be silently wrong ----
+    Row("forward: both states", lambda t: first(hidden_states=torch.zeros(2, 4, 64)), DraftInputError, "pass exactly one of `aux_hidden_states` (first step) or `hidden_states` (later)"),
+    Row("forward: neither state", lambda t: ctx()[0](ctx()[1]), DraftInputError, "pass exactly one of `aux_hidden_states` (first step) or `hidden_states` (later)"),
+    Row("forward: aux states of two layers, not three", lambda t: first(aux_hidden_states=ctx()[2][..., :96]), DraftInputError, "`aux_hidden_states` has shape (2, 4, 96); expected (2, 4, 144)"),
+    Row("forward: aux states without the batch dim", lambda t: first(aux_hidden_states=ctx()[2][0]), DraftInputError, "`aux_hidden_states` has shape (4, 144); expected (2, 4, 144)"),
+    Row("forward: input_ids shorter than the states", lambda t: first(input_ids=ctx()[1][:, :3]), DraftInputError, "`aux_hidden_states` has shape (2, 4, 144); expected (2, 3, 144)"),
+    Row("forward: a target-width state fed back", lambda t: step(hidden_states=torch.zeros(2, 1, 48)), DraftInputError, "`hidden_states` has shape (2, 1, 48); expected (2, 1, 64)"),
+    Row("forward: the whole state fed back for one token", lambda t: step(hidden_states=ctx()[3].hidden_states), DraftInputError, "`hidden_states` has shape (2, 4, 64); expected (2, 1, 64)"),
+    Row("forward: a batch-2 cache, a batch-1 step", lambda t: step(input_ids=ctx()[1][:1, :1], hidden_states=ctx()[3].hidden_states[:1, -1:]), DraftInputError, "`past_key_values` holds 2 sequences; expected 1 (the batch)"),
+    Row("forward: another drafter's cache", lambda t: step(past_key_values=cached(ctx()[4])), DraftInputError, "`past_key_values` was written by another drafter; expected this drafter's"),
+    Row("forward: 2-D mask without the cached tokens", lambda t: step(attention_mask=torch.ones(2, 1, dtype=torch.long)), DraftInputError, "`attention_mask` has shape (2, 1); expected (2, 5)"),
+    Row("forward: a Transformers DynamicCache", lambda t: step(past_key_values=DynamicCache()), DraftInputError, re.compile(r"`past_key_values` is a DynamicCache with use_cache=None; expected .*LatentKVCache.*")),
+    Row("forward: 1-D input_ids", lambda t: first(input_ids=ctx()[1][0]), DraftInputError, re.compile(r"`input_ids` has shape \(4,\); expected .*\[B, T\].*")),
+    Row("forward: a cache with use_cache=False", lambda t: step(use_cache=False), DraftInputError, re.compile(r"`past_key_values` is a LatentKVCache with use_cache=False; expected .*")),
+    Row("forward: a [B, 1, 1, S] padding mask as the 4-D mask", lambda t: first(attention_mask=torch.ones(2, 1, 1, 4, dtype=torch.bool)), DraftInputError, re.compile(r"`attention_mask` has shape \(2, 1, 1, 4\) and dtype torch.bool; expected .*\(2, 1, 4, 4\).*")),
+    Row("forward: a misspelt keyword", lambda t: first(use_cahce=False), DraftInputError, re.compile(r".*`use_cahce`.*"), f"{LIBRARY}: accepted; **kwargs swallows it"),
+    Row("cache: crop beyond the cached tokens", lambda t: cached().crop(7), DraftInputError, "`length` is 7; expected an int in [0, 4] (the cached tokens)"),
+    # ---- draft: sampling settings, num_tokens, the last position ----
+    Row("draft: temperature NaN", lambda t: draft(temperature=math.nan), DraftInputError, "`temperature` is nan; expected a finite number >= 0 (0 = greedy decoding)"),
+    Row("draft: temperature negative", lambda t: draft(temperature=-0.5), DraftInputError, "`temperature` is -0.5; expected a finite number >= 0 (0 = greedy decoding)"),
+    Row("draft: temperature a string", lambda t: draft(temperature="0.7"), DraftInputError, "`temperature` is '0.7'; expected a finite number >= 0 (0 = greedy decoding)"),
+    Row("draft: top_p 0", lambda t: draft(temperature=0.7, top_p=0.0), DraftInputError, "`top_p` is 0.0; expected a number in (0, 1] (1 = no truncation)"),
+    Row("draft: top_p above 1", lambda t: draft(temperature=0.7, top_p=1.5), DraftInputError, "`top_p` is 1.5; expected a number in (0, 1] (1 = no truncation)"),
+    Row("draft: top_p negative even when greedy", lambda t: draft(top_p=-0.1), DraftInputError, "`top_p` is -0.1; expected a number in (0, 1] (1 = no truncation)"),
+    Row("draft: a device name as the sampling backend", lambda t: draft(sampling_backend="cuda"), DraftInputError, "`sampling_backend` is 'cuda'; expected one of ('torch', 'flashinfer')"),
+    Row("draft: num_tokens 0", lambda t: draft(num_tokens=0), DraftInputError, "`num_tokens` is 0; expected an int >= 1"),
+    Row("draft: num_tokens a float", lambda t: draft(num_tokens=2.0), DraftInputError, "`num_tokens` is 2.0; expected an int >= 1"),
+    Row("draft: a batch-1 cache for a batch-2 context", lambda t: draft(past_key_values=ctx()[0](ctx()[1][:1], aux_hidden_states=ctx()[2][:1]).past_key_values), DraftInputError, "`past_key_values` holds 1 sequences; expected 2 (the batch)"),
+    Row("draft: explicit positions past max_position_embeddings", lambda t: draft(position_ids=torch.arange(4092, 4096).expand(2, 4)), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 2 tokens after the context); expected a shorter context or fewer tokens"),
+    Row("draft: a cache so long the drafted tokens pass the limit", lambda t: draft(past_key_values=long_cache(4090), num_tokens=4), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 4 tokens after the context); expected a shorter context or fewer tokens"),
+]
+# fmt: on
+
+
+def long_cache(length: int):
+    cache = cached()
+    cache.latent = cache.latent.new_zeros(2, 4096, cache.latent.shape[-1])
+    cache.length = length
+    return cache
+
+
+def expected_message(row: Row, tmp: Path) -> re.Pattern:
+    if isinstance(row.message, str):
+        return re.compile(re.escape(row.message))
+    return re.compile(row.message.pattern.replace("{t}", at(tmp)), re.DOTALL)
+
+
+@pytest.mark.parametrize("row", [r.param() for r in ROWS])
+def test_bad_input(row: Row, tmp_path):
+    outer, cause = row.error if isinstance(row.error, tuple) else (row.error, None)
+    with pytest.raises(Exception) as caught:
+        row.call(tmp_path)
+    err = caught.value
+    if cause is not None and type(err) is outer:  # strict's wrapper: the rule's own error is the cause
+        assert type(err.__cause__) is cause and f"{cause.__name__}: {err.__cause__}" in str(err)
+        err = err.__cause__
+    assert type(err) is (cause or outer), f"raised {type(err).__name__}: {err}"
+    assert expected_message(row, tmp_path).fullmatch(str(err)), f"message: {err}"
+
+
+def test_the_table_ids_are_distinct_and_every_library_row_says_what_happens_instead():
+    assert len({r.id for r in ROWS}) == len(ROWS)
+    assert all(r.status.startswith(f"{LIBRARY}: ") and len(r.status) > 20 for r in ROWS if r.status)
+
+
+# ---- what is not a one-liner ----
+
+
+def test_a_refused_step_leaves_the_cache_as_it_was():
+    """The refusals come before any write: a rejected step (batch mismatch, bad state) changes no byte."""
+    model, ids, _, out, _ = ctx()
+    cache = cached()
+    before = cache.latent.clone().view(torch.uint8)
+    for kwargs in ({"input_ids": ids[:1, :1], "hidden_states": out.hidden_states[:1, -1:]},
+                   {"input_ids": ids[:, :1], "hidden_states": torch.zeros(2, 1, 48)}):  # fmt: skip
+        with pytest.raises(DraftInputError):
+            model(past_key_values=cache, **kwargs)
+    with pytest.raises(DraftInputError):
+        model.draft(ids, ctx()[2], 0, past_key_values=cache)
+    assert cache.length == 4 and torch.equal(cache.latent.view(torch.uint8), before)
+
+
+def test_draft_reaches_exactly_the_last_position():
+    """The position check is exact: the last allowed position drafts, one more is refused (table)."""
+    assert draft(position_ids=torch.arange(4092, 4096).expand(2, 4), num_tokens=1).tokens.shape == (2, 1)
+    assert draft(past_key_values=long_cache(4090), num_tokens=3).tokens.shape == (2, 3)
+
+
+def test_pickle_only_folder_is_refused_unless_asked_for(tmp_path):
+    """Safetensors only by default (pickle runs code); use_safetensors=False is Transformers' own opt-in."""
+    model = ctx()[0]
+    path = folder(tmp_path)
+    torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(OSError, match=re.escape(f"Error no file named model.safetensors found in directory {path}.")):
+        Eagle31MLAForCausalLM.from_pretrained(path)
+    loaded = Eagle31MLAForCausalLM.from_pretrained(path, use_safetensors=False)
+    assert torch.equal(loaded.fc.weight, model.fc.weight)
+
+
+def test_an_unknown_hub_keyword_reaches_transformers(tmp_path, monkeypatch):
+    """No allow-list: a keyword this library has never heard of is handed to Transformers' from_pretrained
+    untouched (with the library's own defaults beside it); Transformers decides what it means."""
+    from transformers import PreTrainedModel
+
+    seen = {}
+    real = PreTrainedModel.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.update(kwargs)
+        kwargs.pop("future_hub_option")
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(spy))
+    path = folder(tmp_path)
+    loaded = Eagle31MLAForCausalLM.from_pretrained(path, future_hub_option={"x": 1}, revision="main", proxies=None)
+    assert seen["future_hub_option"] == {"x": 1} and seen["revision"] == "main" and "proxies" in seen
+    assert torch.equal(loaded.fc.weight, ctx()[0].fc.weight)
