@@ -128,12 +128,15 @@ def test_inspect_refuses_bad_numbers(tmp_path, capsys):
 
     cases = {
         "nan-eps": (config(rms_norm_eps=math.nan), ("`rms_norm_eps` is nan", "expected a number > 0 and < 1")),
-        "inf-theta": (config(rope_theta=math.inf), ("'rope_theta': inf", "expected a usable schedule")),
-        "string-factor": (config(**{"rope_scaling.factor": "32"}), ()),  # the config's TypeError names no field
+        "inf-theta": (config(rope_theta=math.inf), "`rope_parameters.rope_theta` is inf; expected a finite number"),
+        "string-factor": (
+            config(**{"rope_scaling.factor": "32"}),
+            "`rope_parameters.factor` is '32'; expected a finite number",
+        ),
         "huge-vocab": (config(vocab_size=10**30), "`vocab_size` is 1000000000000000000000000000000; expected an int"),
         "bool-heads": (config(num_attention_heads=True), "Field 'num_attention_heads' expected int, got bool"),
-        "fp16": (config(torch_dtype="fp16"), "fp16"),
-        "int32": (config(torch_dtype="int32"), "`dtype` is torch.int32; expected a floating-point torch dtype"),
+        "fp16": (config(torch_dtype="fp16"), "`dtype` is 'fp16'; expected a floating-point torch dtype"),
+        "int32": (config(torch_dtype="int32"), "`dtype` is 'int32'; expected a floating-point torch dtype"),
     }
     for name, (text, expected) in cases.items():
         folder = write_checkpoint(tmp_path / name, {}, model.state_dict())

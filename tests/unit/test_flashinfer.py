@@ -37,8 +37,7 @@ from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.cli import main
 from eagle31_mla.decoding.speculative import accept_chain, speculative_generate
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.model.modeling_eagle31_mla import DraftInputError
-from eagle31_mla.model.modeling_eagle31_mla import sample_from_logits, sampling_probs
+from eagle31_mla.model.modeling_eagle31_mla import DraftInputError, sample_from_logits, sampling_probs
 from tests.support.paths import ROOT
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
 from tests.unit.test_speculative import (  # the chi-square helper and the p / q of one small-vocabulary round

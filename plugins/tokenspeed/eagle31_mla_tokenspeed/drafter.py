@@ -28,8 +28,8 @@ from eagle31_mla.model.aux_layers import (
     aux_layer_ids_from_attributes,
     write_aux_layer_ids,
 )
-from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
 from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
 from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
 from eagle31_mla.serving.engines import Target, tokenspeed_flag_form

@@ -27,8 +27,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
 from eagle31_mla.model.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
-from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
-from eagle31_mla.model.modeling_eagle31_mla import normalise_aux_chunks
+from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
 from eagle31_mla.serving import compatibility
 from eagle31_mla.serving.engine_facts import is_kimi_k3_model
 from eagle31_mla.serving.engine_facts.vllm import VllmFeatures, features

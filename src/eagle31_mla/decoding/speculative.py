@@ -72,8 +72,7 @@ from ..model.modeling_eagle31_mla import (
     sample_from_logits,
     sampling_probs,
 )
-from ..prompts import shown as describe_value
-from ..prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids
+from ..prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, prompt_token_ids, shown as describe_value
 from ..serving.engines import max_tree_draft_tokens
 from .target import CachedTarget, TargetAuxCapture
 
