@@ -223,6 +223,14 @@ class Eagle31MLAConfig(PretrainedConfig):
         """A ``config.json`` read as :meth:`from_dict` reads it (Transformers' own calls the constructor)."""
         return cls.from_dict(cls._dict_from_json_file(json_file))
 
+    @classmethod
+    def _dict_from_json_file(cls, json_file) -> dict:
+        """Transformers' reader of config.json, refusing a file that holds no JSON object (5.12 fails on one)."""
+        data = super()._dict_from_json_file(json_file)
+        if not isinstance(data, dict):
+            raise ConfigError(f"config.json holds a {type(data).__name__}; expected a JSON object")
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         """The ``config.json`` form: the engine-facing architecture name, derived sizes left out."""
         output = super().to_dict()
