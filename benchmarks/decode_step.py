@@ -121,7 +121,6 @@ def time_step(model, context: int, steps: int, absorb: bool, device, reads: Stre
                 position_ids=position,
                 past_key_values=cache,
                 absorb=absorb,
-                check_values=False,
             )
             sync(device)
             if i >= 2:  # warm-up

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from eagle31_mla.cli import main
+from eagle31_mla.cli import cli, main
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -17,11 +17,42 @@ def test_roster_matches_the_published_checkpoint(capsys):
     assert "576 values = 1152 bytes per token" in out
 
 
-def test_console_script_help():
-    result = subprocess.run([sys.executable, "-m", "eagle31_mla.cli", "--help"], capture_output=True, text=True)
+def eagle31_mla(*argv: str) -> subprocess.CompletedProcess:
+    """The console entry point, in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_console_script_help_and_a_bad_value():
+    result = eagle31_mla("--help")
     assert result.returncode == 0
-    for command in ("demo", "roster", "acceptance", "train", "inspect", "convert", "doctor", "serve-command"):
+    for command in (
+        "demo",
+        "roster",
+        "acceptance",
+        "train",
+        "capture",
+        "inspect",
+        "convert",
+        "doctor",
+        "serve-command",
+    ):
         assert command in result.stdout
+    result = eagle31_mla("demo", "--engine", "tf")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "eagle31-mla: error: argument --engine: 'tf' is not one of 'hf', 'vllm'.\n"
+
+
+@pytest.mark.parametrize("command", list(cli.commands))
+def test_every_subcommand_has_help(command, capsys):
+    assert main([command, "--help"]) == 0
+    assert f"Usage: eagle31-mla {command} [OPTIONS]" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_is_quiet():
+    """`eagle31-mla doctor --list-checks | head -c 1`: no 'Broken pipe' message, exit 0 or 141."""
+    script = f"{sys.executable} -m eagle31_mla.cli doctor --list-checks | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stderr == "" and result.stdout.strip() in ("0", "141"), result
 
 
 def test_acceptance_help_shows_both_measurements(capsys):

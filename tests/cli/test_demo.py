@@ -65,19 +65,17 @@ def test_demo_command(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--prompts", "0"], "argument --prompts: expected a positive integer"),
-        (["--prompts", "1000"], "argument --prompts: expected at most "),
-        (["--max-new-tokens", "-3"], "argument --max-new-tokens: expected a positive integer"),
-        (["--num-steps", "nan"], "argument --num-steps: expected a positive integer"),
-        (["--num-steps", "99999999999"], "argument --num-steps: expected a positive integer <= 64 (draft steps)"),
+        (["--prompts", "0"], "argument --prompts: 0 is not in the range x>=1."),
+        (["--max-new-tokens", "-3"], "argument --max-new-tokens: -3 is not in the range 1<=x<=10000000."),
+        (["--num-steps", "nan"], "argument --num-steps: 'nan' is not a valid integer range."),
+        (["--num-steps", "99999999999"], "argument --num-steps: 99999999999 is not in the range 1<=x<=64."),
     ],
 )
 def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
     from eagle31_mla.cli import main
 
     assert main(["demo", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.strip().splitlines() == [err.strip()] and message in err and "Traceback" not in err
+    assert capsys.readouterr().err == f"eagle31-mla: error: {message}\n"
 
 
 @pytest.mark.vllm

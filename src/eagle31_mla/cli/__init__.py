@@ -8,7 +8,7 @@ subcommands, so ``--help`` stays fast.
 
 Whatever goes wrong is one line on stderr, ``eagle31-mla: error: ...``, and an exit code (EXIT_CODES):
 click parses with ``standalone_mode=False`` (it neither prints a usage block nor exits), its refusals are
-worded here as argparse worded them, and the subcommand runs outside click (:class:`.common.Invocation`).
+worded here as argparse worded them, and the subcommand runs outside click (:func:`.common.subcommand`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import click
 from huggingface_hub.errors import StrictDataclassError
 
 from . import acceptance, capture, convert, demo, doctor, inspect, roster, serve_command, train
-from .common import EXIT_CODES, TRACEBACK_ENV, Invocation, broken_pipe, error, name_of, shown
+from .common import EXIT_CODES, TRACEBACK_ENV, broken_pipe, error, name_of, shown
 
 __all__ = ["cli", "main"]
 
@@ -94,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         return broken_pipe()
     except SystemExit as exit:  # click still exits by itself on a closed pipe (status 1: `--help | head -1`)
         return broken_pipe() if exit.code == 1 else exit.code if isinstance(exit.code, int) else 0  # or completion
-    if not isinstance(parsed, Invocation):  # --help: click printed what was asked
+    if not callable(parsed):  # --help: click printed what was asked
         return parsed if isinstance(parsed, int) else 0
     try:
         return parsed()
     except BrokenPipeError:
         return broken_pipe()
     except KeyboardInterrupt:
-        print(f"eagle31-mla {parsed.args.command}: interrupted", file=sys.stderr)
+        print(f"eagle31-mla {parsed.args[0].command}: interrupted", file=sys.stderr)
         return 130
     except (InputError, OSError, UnicodeDecodeError) as err:  # unreadable input
         return error(err if str(err) else type(err).__name__)

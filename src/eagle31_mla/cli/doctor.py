@@ -65,9 +65,7 @@ def doctor(args: SimpleNamespace) -> int:
     if missing:
         return error(f"doctor needs {', '.join(missing)}")
     environ = dict(os.environ)
-    for item in args.env:
-        if "=" not in item:
-            return error(f"--env expects NAME=VALUE, got {item!r}")
+    for item in args.env:  # NAME=VALUE (params.ENV_ASSIGNMENT)
         name, value = item.split("=", 1)
         environ[name] = value
     try:
