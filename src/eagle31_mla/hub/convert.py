@@ -7,8 +7,9 @@ target = draft + d2t[draft]; ``t2d`` bool; the matching ``lm_head`` rows); ``sav
 names (sharded above ``max_shard_size``), ``config.json`` with ``auto_map``, and the remote code. Added: a model card.
 
 Memory, measured (peak RSS, ``/usr/bin/time``, CPU, a 489 MB float32 drafter): 0.93 GB kept float32, in one file or in
-100 MB shards; 1.18 GB to bfloat16; 0.42 GB of it is the imports. So the model once, plus its cast copy with --dtype:
-no streaming writer needed (the 6 GB Kimi-K3 drafter: about 6.5 GB kept bfloat16).
+100 MB shards; 1.18 GB to bfloat16; 0.42 GB of it is the imports. On the published drafter's size
+(``benchmarks/load_checkpoint.py``, 6,031,253,544 bytes bf16, kept bf16): peak RSS 6.03 GiB = 1.07x the file, in
+46.8 s (2 CPUs). So the model once, plus its cast copy with --dtype: no streaming writer needed.
 
 Safety: the folder is written beside DST (``.DST.eagle31-convert-<host>-<pid>-*``: removed on an error or Ctrl-C, and
 by the next convert into DST once that pid is gone) and then moved in. Onto a new or empty DST, by one rename: a
