@@ -1,12 +1,9 @@
 """Launch commands for vLLM, SGLang and TokenSpeed (``eagle31-mla serve-command``, the model card).
 
-Each engine takes the aux layers its own way: vLLM and SGLang read them from the draft's
-``config.json`` (vLLM the top-level one-based key, SGLang the nested ``eagle_config`` one) and have
-no flag for them, so the command names them in a comment and the eagle31-mla plugin makes the engine
-use them right; TokenSpeed takes ``--eagle3-layers-to-capture`` in the target's convention, which the
-command passes explicitly (its plugin would give the target the same ids, and checks the flag).
-Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the published acceptance numbers were
-measured.
+vLLM and SGLang read the aux layers from the draft's ``config.json`` and have no flag for them (the command names
+them in a comment; the eagle31-mla plugin makes the engine use them right); TokenSpeed takes
+``--eagle3-layers-to-capture`` in the target's convention, which the command passes. Defaults: chain drafting
+(topk 1), 3 steps, 4 draft tokens, as the published acceptance numbers were measured.
 """
 
 from __future__ import annotations
@@ -77,28 +74,23 @@ def serve_command(
     Raises ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
-
-    def positive(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-    if not positive(num_steps) or not positive(topk):
-        raise ValueError(f"--num-steps and --topk must be integers >= 1, got {num_steps!r} and {topk!r}")
-    for flag, value in (("--num-draft-tokens", num_draft_tokens), ("--tp", tensor_parallel_size)):
-        if value is not None and not positive(value):
-            raise ValueError(f"{flag} must be an integer >= 1 when given, got {value!r}")
-    if topk == 1:
-        chain = num_steps + 1  # the verified token plus one draft token per step
-        if num_draft_tokens not in (None, chain):
-            raise ValueError(f"with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = {chain}")
-        num_draft_tokens = chain
-    elif num_draft_tokens is None:
+    numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
+    for flag, value in {**numbers, "--tp": tensor_parallel_size}.items():
+        if (value is not None or flag in ("--num-steps", "--topk")) and not (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ):
+            raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+    most = max_tree_draft_tokens(topk, num_steps)
+    if topk == 1 and num_draft_tokens not in (None, num_steps + 1):  # the verified token plus one per step
+        raise ValueError(f"with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = {most}")
+    if topk > 1 and num_draft_tokens is None:
         raise ValueError("with topk > 1 give --num-draft-tokens (the size of the draft tree to verify)")
-    elif not 2 <= num_draft_tokens <= max_tree_draft_tokens(topk, num_steps):
+    if topk > 1 and not 2 <= num_draft_tokens <= most:
         raise ValueError(
             f"--num-draft-tokens is {num_draft_tokens}; a tree of topk {topk} over {num_steps} steps holds "
-            f"2 to {max_tree_draft_tokens(topk, num_steps)} tokens (root included)"
+            f"2 to {most} tokens (root included)"
         )
-    layers_to_capture = None
+    num_draft_tokens = num_draft_tokens or most
     if engine == "vllm" and topk != 1:
         raise ValueError("vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)")
     if engine == "tokenspeed" and topk != tokenspeed_facts.TOPK:
@@ -110,75 +102,46 @@ def serve_command(
 
     comments = [f"aux layers: {ids.describe()} (after zero-based target layers {', '.join(map(str, ids.zero_based))})"]
     env: dict[str, str] = {}
+    speculative = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_name]
+    speculative += ["--speculative-num-steps", str(num_steps)]
+    topk_flag = ["--speculative-eagle-topk", str(topk)]
+    tokens_flag = ["--speculative-num-draft-tokens", str(num_draft_tokens)]
+    layers_to_capture = None
     if engine == "vllm":
         spec = {"model": draft_name, "method": "eagle3", "num_speculative_tokens": num_steps}
         argv = ["vllm", "serve", target_name, "--speculative-config", json.dumps(spec)]
-        if tensor_parallel_size:
-            argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size else []
         comments.append(
             "vLLM reads them from the draft's config.json (top-level eagle_aux_hidden_state_layer_ids, "
             f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form"
         )
         if target.is_kimi_k3:
             env[KIMI_K3_STREAM_ENV] = "0"
+            since = release_label(KIMI_K3_STREAM_ENV_FROM)
             comments.append(
-                f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on "
-                f"(vLLM >= {release_label(KIMI_K3_STREAM_ENV_FROM)})"
+                f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on (vLLM >= {since})"
             )
     elif engine == "sglang":
-        argv = [
-            "sglang",
-            "serve",
-            "--model-path",
-            target_name,
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            draft_name,
-            "--speculative-num-steps",
-            str(num_steps),
-            "--speculative-eagle-topk",
-            str(topk),
-            "--speculative-num-draft-tokens",
-            str(num_draft_tokens),
-        ]
-        if tensor_parallel_size:
-            argv += ["--tp-size", str(tensor_parallel_size)]
+        argv = ["sglang", "serve", "--model-path", target_name, *speculative, *topk_flag, *tokens_flag]
+        argv += ["--tp-size", str(tensor_parallel_size)] if tensor_parallel_size else []
         comments.append(
             "SGLang reads them only from the draft's nested eagle_config and has no flag for them; "
             f"with {PLUGIN_INSTALL['sglang']} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)"
         )
     else:
-        argv = ["tokenspeed", "serve", "--model", target_name]
-        if target.is_kimi_k3:
-            argv.append("--trust-remote-code")
-        argv += [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            draft_name,
-            "--speculative-num-steps",
-            str(num_steps),
-            "--speculative-num-draft-tokens",
-            str(num_draft_tokens),
-            "--speculative-eagle-topk",
-            str(topk),
-        ]
-        form = layers_to_capture = tokenspeed_flag_form(target, ids)
-        if form is not None:
-            argv += [tokenspeed_facts.LAYERS_FLAG, ",".join(map(str, form))]
-            convention = "one-based" if form == list(ids.one_based) else "zero-based: this target adds 1"
+        argv = ["tokenspeed", "serve", "--model", target_name, *(["--trust-remote-code"] if target.is_kimi_k3 else [])]
+        argv += [*speculative, *tokens_flag, *topk_flag]
+        flag = tokenspeed_facts.LAYERS_FLAG
+        layers_to_capture = tokenspeed_flag_form(target, ids)
+        if layers_to_capture is not None:
+            argv += [flag, ",".join(map(str, layers_to_capture))]
+            convention = "one-based" if layers_to_capture == list(ids.one_based) else "zero-based: this target adds 1"
             comments.append(
-                f"{tokenspeed_facts.LAYERS_FLAG} is handed to the target as is, in its convention ({convention}); "
-                f"with {PLUGIN_INSTALL['tokenspeed']} it is optional (the plugin gives the target these ids) "
-                "and checked"
+                f"{flag} is handed to the target as is, in its convention ({convention}); with "
+                f"{PLUGIN_INSTALL['tokenspeed']} it is optional (the plugin gives the target these ids) and checked"
             )
         else:
-            comments.append(
-                f"{tokenspeed_facts.LAYERS_FLAG} left out: how this target class reads ids is not known (the "
-                f"eagle31-mla plugin refuses it); give it in the target's own convention"
-            )
-        if tensor_parallel_size:
-            argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+            comments.append(f"{flag} left out: how this target class reads ids is not known; give it in its convention")
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size else []
     comments.append(f"{ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
     return ServeCommand(engine, argv, env, comments, layers_to_capture)

@@ -1,15 +1,10 @@
 """``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4).
 
-Each check compares what the engine will actually do, worked out from the two ``config.json`` files
-and the engine's facts (:mod:`eagle31_mla.serving.engine_facts`, applied by :mod:`eagle31_mla.serving.engines`), with
-what the drafter needs: its aux layers as this library reads them (:mod:`eagle31_mla.model.aux_layers`), its
-EAGLE-3.1 switches, its sizes. The rules the plugins also enforce at serve time are
-:mod:`eagle31_mla.serving.compatibility`'s, in the same words. Nothing here needs weights or an installed engine.
-
-A :class:`Finding` has a short id (the catalogue is :data:`CHECKS`), the problem in one line and the
-exact fix. By default the engine is checked as it ships; ``with_plugin=True`` assumes this project's
-plugin for that engine is installed where it runs, and moves what the plugin corrects at serve time
-out of the problems (into ``handled``). Engine versions: one, or every release the tables know.
+Each check compares what the engine will do (the two ``config.json`` files and the engine's facts, applied by
+:mod:`.engines`) with what the drafter needs; the rules the plugins also enforce at serve time are
+:mod:`.compatibility`'s, in the same words. A :class:`Finding` has a stable id (:data:`CHECKS`), the problem in one
+line and the exact fix; ``with_plugin=True`` moves what this project's plugin corrects at serve time into
+``handled``. Nothing here needs weights or an installed engine.
 """
 
 from __future__ import annotations
@@ -17,51 +12,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from itertools import groupby
+from types import SimpleNamespace
 from typing import Any
 
-from ..model.aux_layers import (
-    IDS_KEY,
-    AuxLayerIdError,
-    AuxLayerIds,
-    aux_layer_ids_config_entries,
-    aux_layer_ids_from_config,
-)
+from ..model.aux_layers import IDS_KEY, AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
 from ..model.configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, Eagle31MLAConfig
 from ..prompts import eos_token_ids
-from . import compatibility
-from .engine_facts import (
-    ENGINE_NAMES,
-    ENGINES,
-    ONE_BASED,
-    PLUGIN_INSTALL,
-    captures_layer_input,
-    release_label,
-    sglang as sglang_facts,
-    tokenspeed as tokenspeed_facts,
-    vllm as vllm_facts,
-)
+from . import compatibility, engine_facts as facts, engines
 from .engine_facts.vllm import KIMI_K3_STREAM_ENV
-from .engines import (
-    DEFAULT,
-    FLAG,
-    NESTED,
-    TARGET_LAYER_IDS,
-    Target,
-    _int,
-    sglang_capture,
-    sglang_nested_form,
-    tokenspeed_capture,
-    tokenspeed_flag_form,
-    vllm_capture,
-)
+from .engines import DEFAULT, FLAG, NESTED, TARGET_LAYER_IDS, Target, _int
 
 __all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K3_STREAM_ENV"]
 
 PROBLEM, NOTE = "problem", "note"
-VLLM_PLUGIN = f"{PLUGIN_INSTALL['vllm']} where vLLM runs (its plugin"
-SGLANG_PLUGIN = f"{PLUGIN_INSTALL['sglang']} where SGLang runs (its plugin"
-TOKENSPEED_PLUGIN = f"{PLUGIN_INSTALL['tokenspeed']} where TokenSpeed runs (its plugin"
 
 #: Every check: id -> what it catches. Ids are stable: scripts may match on them.
 CHECKS: dict[str, str] = {
@@ -69,48 +34,28 @@ CHECKS: dict[str, str] = {
     "aux-ids-contradictory": "top-level and nested aux ids name different layers",
     "aux-ids-invalid": "aux ids that no engine can capture right (0, duplicates, not ascending, not ints)",
     "target-layer-ids": "a top-level `target_layer_ids`: vLLM's V2 runner adds 1 to it, the others ignore it",
-    "aux-ids-beyond-target": (
-        "aux ids beyond the target's depth (or its last layer, which before-layer capture cannot reach)"
-    ),
+    "aux-ids-beyond-target": "aux ids beyond the target's depth (or its last layer, which before-layer capture misses)",
     "draft-config-invalid": "a draft config.json this library refuses (the message names the key)",
-    "target-depth-unknown": (
-        "the target's config.json has no readable num_hidden_layers: which layers any engine captures cannot be checked"
-    ),
-    "target-config-unreadable": (
-        "a target config.json field the checks read holds the wrong type (architectures as a string or empty, ...)"
-    ),
-    "target-sizes-unknown": (
-        "the target's config.json has no readable hidden_size or vocab_size: the draft cannot be checked against them"
-    ),
-    "mla-architecture-name": (
-        "a draft architecture name the engine does not serve as the MLA drafter (MHA cache or wrong class)"
-    ),
+    "target-depth-unknown": "the target's config.json has no readable num_hidden_layers: capture cannot be checked",
+    "target-config-unreadable": "a target config.json field the checks read holds the wrong type (architectures, ...)",
+    "target-sizes-unknown": "the target's config.json has no readable hidden_size or vocab_size",
+    "mla-architecture-name": "a draft architecture name the engine does not serve as the MLA drafter (MHA cache)",
     "vocab-size-mismatch": "draft and target vocabularies differ",
     "hidden-size-mismatch": "the draft's target_hidden_size is not the target's hidden size",
     "target-depth-mismatch": "the draft's recorded target_num_hidden_layers is not the target's depth",
     "bos-eos-mismatch": "draft and target disagree on bos/eos token ids",
     "vllm-ids-convention": "vLLM reads the draft's ids in the other convention: one layer off",
     "vllm-nested-ids-ignored": "vLLM 0.20/0.21 ignore nested eagle_config ids: the target's default is captured",
-    "vllm-v2-runner-nested-ids": (
-        "vLLM's V2 model runner ignores nested eagle_config ids: the target's default is captured"
-    ),
-    "vllm-draft-model-type": (
-        "a draft model_type vLLM turns into an MTP draft (deepseek_v3) or does not detect as MLA (kimi_k2)"
-    ),
+    "vllm-v2-runner-nested-ids": "vLLM's V2 model runner ignores nested eagle_config ids: the default is captured",
+    "vllm-draft-model-type": "a draft model_type vLLM turns into an MTP draft (deepseek_v3) or not MLA (kimi_k2)",
     "vllm-fc-norm-ignored": "vLLM before 0.23 does not apply EAGLE-3.1's fc_norm (0.22.x builds it, never applies it)",
     "vllm-norm-output-ignored": "vLLM before 0.22 does not apply EAGLE-3.1's norm_output",
     "vllm-fc-width": "vLLM before 0.22 sizes fc for exactly 3 aux states",
     "vllm-kimi-k3-version": "Kimi-K3 targets need vLLM 0.27+",
     "vllm-version-unsupported": "a vLLM release outside 0.20-0.33 (the range the facts cover)",
-    "k3-aux-stream": (
-        "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM selects the AttnRes mixture, not the prefix stream the drafter was trained on"
-    ),
-    "sglang-nested-ids-missing": (
-        "SGLang reads only nested eagle_config ids: top-level ids are ignored, the target's default is captured"
-    ),
-    "sglang-first-id-heuristic": (
-        "SGLang's DeepSeek/Kimi-K2.x targets add 1 only when the first id is 1: these ids go the wrong way"
-    ),
+    "k3-aux-stream": f"{KIMI_K3_STREAM_ENV} selects the AttnRes mixture, not the drafter's prefix stream",
+    "sglang-nested-ids-missing": "SGLang reads only nested eagle_config ids: top-level ids are ignored",
+    "sglang-first-id-heuristic": "SGLang's DeepSeek/Kimi-K2.x targets add 1 only when the first id is 1",
     "sglang-ids-convention": "the SGLang target class reads the nested ids in the other convention",
     "sglang-k3-no-capture": "SGLang 0.5.23 has no EAGLE-3 capture for Kimi-K3 targets",
     "sglang-k3-capture-unconfirmed": "this SGLang release's Kimi-K3 EAGLE-3 capture is not confirmed",
@@ -125,18 +70,13 @@ CHECKS: dict[str, str] = {
     "pd-connector-unknown": "a connector or transfer backend the engine does not have (or refuses on a prefill side)",
     "pd-connector-mismatch": "the two sides transfer through different connectors or settings",
     "pd-target-differs": "the two sides serve different targets",
-    "pd-prefill-without-draft": (
-        "the decode side speculates, the prefill side has no drafter: vLLM fails at the first request, SGLang's "
-        "drafter reads KV nobody wrote"
-    ),
+    "pd-prefill-without-draft": "the decode side speculates, the prefill side has no drafter: its KV is missing",
     "pd-decode-without-draft": "the prefill side has a drafter, the decode side none: no speculative decoding",
     "pd-draft-differs": "the sides run different drafters (checkpoint, revision, method, dtype, aux ids)",
     "pd-kv-dtype-differs": "the sides' KV cache dtypes differ: the decode side reads the transferred KV otherwise",
     "pd-draft-steps-differ": "the sides' num_speculative_tokens differ (harmless: a note)",
     "pd-nixl-side-channel": "both sides on one NixlConnector side-channel port (a note)",
-    "pd-hybrid-target-connector": (
-        "a Kimi-K3 (hybrid) target on vLLM with a connector that cannot move a hybrid cache: no start"
-    ),
+    "pd-hybrid-target-connector": "a Kimi-K3 (hybrid) target on vLLM with a connector that cannot move its cache",
     "pd-example-connector": "vLLM's ExampleConnector is a test connector (a note)",
     "pd-mha-draft-cache": "an MHA drafter beside an MLA target: another cache spec, and what it costs (a note)",
 }
@@ -154,14 +94,7 @@ class Finding:
     versions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "severity": self.severity,
-            "problem": self.problem,
-            "fix": self.fix,
-            "plugin_fixes": self.plugin_fixes,
-            "versions": list(self.versions),
-        }
+        return {**asdict(self), "versions": list(self.versions)}
 
 
 @dataclass
@@ -177,21 +110,13 @@ class Report:
     #: what else was checked, a line each (a PD pair's two sides)
     details: list[str] = field(default_factory=list)
 
-    @property
-    def problems(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == PROBLEM and not (self.with_plugin and f.plugin_fixes)]
+    def _select(self, severity: str, handled: bool) -> list[Finding]:
+        return [f for f in self.findings if f.severity == severity and (self.with_plugin and f.plugin_fixes) == handled]
 
-    @property
-    def handled(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == PROBLEM and self.with_plugin and f.plugin_fixes]
-
-    @property
-    def notes(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == NOTE and not (self.with_plugin and f.plugin_fixes)]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    problems = property(lambda self: self._select(PROBLEM, False))
+    handled = property(lambda self: self._select(PROBLEM, True))
+    notes = property(lambda self: self._select(NOTE, False))
+    ok = property(lambda self: not self.problems)
 
     def to_dict(self) -> dict[str, Any]:
         ids = self.aux_layer_ids
@@ -212,166 +137,35 @@ class Report:
         }
 
     def format(self) -> str:
-        name = ENGINE_NAMES[self.engine]
-        lines = [
-            f"doctor: {self.draft} on {self.target}, {name} {_runs(self.versions, self.versions)}"
-            + (" with the eagle31-mla plugin" if self.with_plugin else "")
-        ]
+        name = facts.ENGINE_NAMES[self.engine]
+        plugin = " with the eagle31-mla plugin" if self.with_plugin else ""
+        lines = [f"doctor: {self.draft} on {self.target}, {name} {_runs(self.versions, self.versions)}{plugin}"]
         lines += [f"  {line}" for line in self.details]
         if self.aux_layer_ids is not None:
             lines.append(f"  aux layers wanted: {self.aux_layer_ids.describe()} ({self.aux_layer_ids_how})")
         for title, items in (("problem", self.problems), ("handled by the plugin", self.handled), ("note", self.notes)):
             for f in items:
                 where = f" ({name} {_runs(f.versions, self.versions)})" if f.versions else ""
-                lines.append(f"  {title} [{f.id}]{where}: {f.problem}")
-                lines.append(f"    fix: {f.fix}")
-        if self.ok:
-            lines.append("  ok: nothing is wrong" + (f" ({len(self.notes)} note(s))" if self.notes else ""))
-        else:
-            lines.append(f"  {len(self.problems)} problem(s)")
+                lines += [f"  {title} [{f.id}]{where}: {f.problem}", f"    fix: {f.fix}"]
+        notes = f" ({len(self.notes)} note(s))" if self.notes else ""
+        lines.append(f"  ok: nothing is wrong{notes}" if self.ok else f"  {len(self.problems)} problem(s)")
         return "\n".join(lines)
 
 
 def _runs(versions: Sequence[str], checked: Sequence[str]) -> str:
     """ "0.20-0.22, 0.25": the runs of ``versions`` within the ``checked`` releases, in order."""
-    runs, current = [], []
-    for v in checked:
-        if v in versions:
-            current.append(v)
-        elif current:
-            runs.append(current)
-            current = []
-    if current:
-        runs.append(current)
+    runs = [list(run) for inside, run in groupby(checked, lambda v: v in versions) if inside]
     return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-# ---- engine releases ---------------------------------------------------------------------------------
 
 
 def engine_releases(engine: str, version: str | None = None) -> list[tuple[str, Any]]:
     """(label, feature table) for the named release, or for every release the engine's table knows."""
-    if engine == "vllm":
-        versions = [vllm_facts.parse_version(version)] if version else list(vllm_facts.RELEASES)
-        return [(_label(v, version), vllm_facts.features(v)) for v in versions]
-    if engine == "sglang":
-        versions = [sglang_facts.parse_version(version)] if version else list(sglang_facts.RELEASES)
-        return [(_label(v, version, minor_only=False), sglang_facts.features(v)) for v in versions]
     if engine == "tokenspeed":
-        return [(version or release_label(tokenspeed_facts.RELEASES[-1]), None)]
-    raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
-
-
-def _label(v: tuple[int, int, int], given: str | None, minor_only: bool = True) -> str:
-    if given:
-        return given
-    return release_label(v[:2] if minor_only else v)
-
-
-# ---- the checks ----------------------------------------------------------------------------------------
-
-
-def _canonical_fix(draft: str, ids: AuxLayerIds) -> str:
-    entries = json.dumps(aux_layer_ids_config_entries(ids))[1:-1]
-    return (
-        f"in {draft}'s config.json set {entries} (what `eagle31-mla convert` writes: right for vLLM, "
-        "SGLang's DeepSeek/Kimi targets and TokenSpeed's Kimi-K3 target at once)"
-    )
-
-
-def _read_ids(draft: Mapping[str, Any], add, draft_name: str) -> tuple[AuxLayerIds | None, str, str | None]:
-    try:
-        ids, how = aux_layer_ids_from_config(draft)
-        return ids, how, None
-    except AuxLayerIdError as err:
-        message = str(err)
-    has_top = draft.get(IDS_KEY) is not None
-    nested = draft.get("eagle_config")
-    has_nested = isinstance(nested, Mapping) and nested.get(IDS_KEY) is not None
-    if not has_top and not has_nested and "target_layer_ids" in draft:
-        add(
-            Finding(
-                "target-layer-ids",
-                message,
-                f"in {draft_name}'s config.json replace `target_layer_ids` by "
-                f'"{IDS_KEY}" with "aux_layer_ids_convention" ("one_based" or "zero_based", whichever it is)',
-            )
-        )
-    elif not has_top and not has_nested:
-        add(
-            Finding(
-                "aux-ids-missing",
-                message,
-                f'in {draft_name}\'s config.json set "{IDS_KEY}" (one-based, e.g. '
-                'Kimi-K3: [2, 46, 90]) with "aux_layer_ids_convention": "one_based", at the top level and in '
-                '"eagle_config": the layers the drafter was trained on, from its training config',
-            )
-        )
-    elif "contradictory" in message:
-        add(
-            Finding(
-                "aux-ids-contradictory",
-                message,
-                f"in {draft_name}'s config.json keep the ids the drafter was "
-                "trained on (its training config says which), in one convention, labelled",
-            )
-        )
-    else:
-        add(
-            Finding(
-                "aux-ids-invalid",
-                message,
-                f"in {draft_name}'s config.json list the trained layers once each, "
-                "ascending, one-based >= 1 (zero-based >= 0), labelled with aux_layer_ids_convention",
-            )
-        )
-    return None, "", message
-
-
-@dataclass(frozen=True)
-class _Draft:
-    """The draft facts the checks use: from Eagle31MLAConfig when it reads the file, else the raw dict
-    with the meaning of a missing key in files."""
-
-    architectures: tuple[str, ...]
-    model_type: str | None
-    vocab_size: int | None
-    target_hidden_size: int | None
-    target_num_hidden_layers: int | None
-    fc_norm: bool
-    norm_output: bool
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-
-
-def _read_draft(draft: Mapping[str, Any], add, draft_name: str, ids_error: str | None) -> _Draft:
-    raw = dict(draft)
-    try:
-        config = Eagle31MLAConfig.from_dict(raw)
-    except (ConfigError, ValueError, TypeError, KeyError) as err:
-        config = None
-        if ids_error is None or ids_error not in str(err):
-            add(
-                Finding(
-                    "draft-config-invalid",
-                    f"{draft_name}'s config.json is refused: {err}",
-                    f"correct that key in {draft_name}'s config.json",
-                )
-            )
-    source = config.to_dict() if config is not None else raw
-    eos = source.get("eos_token_id")
-    hidden = source.get("hidden_size")
-    return _Draft(
-        architectures=tuple(a for a in (raw.get("architectures") or []) if isinstance(a, str)),
-        model_type=raw.get("model_type"),
-        vocab_size=source.get("vocab_size"),
-        target_hidden_size=source.get("target_hidden_size") or hidden,
-        target_num_hidden_layers=_int(source.get("target_num_hidden_layers")),
-        fc_norm=bool(source.get("fc_norm", False)),
-        norm_output=bool(source.get("norm_output", False)),
-        bos_token_id=source.get("bos_token_id"),
-        eos_token_ids=eos_token_ids(eos),
-    )
+        return [(version or facts.release_label(facts.tokenspeed.RELEASES[-1]), None)]
+    table = {"vllm": facts.vllm, "sglang": facts.sglang}[engine]
+    if version:
+        return [(version, table.features(table.parse_version(version)))]
+    return [(facts.release_label(v[:2] if engine == "vllm" else v), table.features(v)) for v in table.RELEASES]
 
 
 def diagnose(
@@ -385,460 +179,302 @@ def diagnose(
     layers_to_capture: Sequence[int] | None = None,
     draft_name: str = "the draft",
 ) -> Report:
-    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known).
-
-    ``environ``: the serving environment (default: this process's); ``layers_to_capture``: the
-    TokenSpeed ``--eagle3-layers-to-capture`` value that will be passed, if any."""
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
-    environ = os.environ if environ is None else environ
+    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known) in the serving
+    ``environ`` (default: this process's), with TokenSpeed's ``--eagle3-layers-to-capture`` ``layers_to_capture``."""
+    if engine not in facts.ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     releases = engine_releases(engine, version)
     # a size that is not a positive integer is as unreadable as a missing one (reported by _check_target)
-    target = replace(
-        target,
-        **{
-            key: None
-            for key in ("num_layers", "hidden_size", "vocab_size")
-            if getattr(target, key) is not None and getattr(target, key) < 1
-        },
-    )
+    sizes = ("num_layers", "hidden_size", "vocab_size")
+    target = replace(target, **{k: None for k in sizes if getattr(target, k) is not None and getattr(target, k) < 1})
     findings: list[Finding] = []
-    add = findings.append
+    add = _adder(findings)
     ids, how, ids_error = _read_ids(draft, add, draft_name)
-    facts = _read_draft(draft, add, draft_name, ids_error)
+    d = _read_draft(draft, add, draft_name, ids_error)
     _check_target(target, add)
-    _check_common(facts, ids, target, engine, add, draft_name)
-
-    per_version: dict[str, Finding] = {}
-    labels = [label for label, _ in releases]
+    _check_common(d, ids, target, engine, add, draft_name)
+    labels, per_id = [label for label, _ in releases], {}
     for label, table in releases:
         found: list[Finding] = []
         if engine == "vllm":
-            _check_vllm(draft, facts, ids, target, table, environ, found.append, draft_name)
+            environ = os.environ if environ is None else environ
+            _check_vllm(draft, d, ids, target, table, environ, _adder(found), draft_name)
         elif engine == "sglang":
-            _check_sglang(draft, ids, target, table, found.append, draft_name)
+            _check_sglang(draft, ids, target, table, _adder(found), draft_name)
         else:
-            _check_tokenspeed(draft, ids, target, layers_to_capture, found.append, draft_name)
+            _check_tokenspeed(draft, ids, target, layers_to_capture, _adder(found), draft_name)
         for f in found:
-            if f.id in per_version:
-                merged = per_version[f.id]
-                per_version[f.id] = Finding(
-                    merged.id,
-                    merged.problem,
-                    merged.fix,
-                    merged.severity,
-                    merged.plugin_fixes,
-                    merged.versions + (label,),
-                )
-            else:
-                per_version[f.id] = Finding(f.id, f.problem, f.fix, f.severity, f.plugin_fixes, (label,))
-    for f in per_version.values():  # releases are named only when not all checked ones are affected
-        findings.append(
-            Finding(
-                f.id, f.problem, f.fix, f.severity, f.plugin_fixes, () if set(f.versions) == set(labels) else f.versions
-            )
-        )
+            per_id.setdefault(f.id, (f, []))[1].append(label)
+    for f, versions in per_id.values():  # releases are named only when not all checked ones are affected
+        findings.append(replace(f, versions=() if len(versions) == len(labels) else tuple(versions)))
     return Report(engine, tuple(labels), with_plugin, draft_name, target.describe(), ids, how, findings)
+
+
+# ---- the checks ----------------------------------------------------------------------------------------
+
+
+def _adder(findings: list[Finding]):  # add(id, problem, fix, severity, plugin_fixes), or add(rule); None: none
+    def add(check, problem="", fix="", severity=PROBLEM, plugin_fixes=False):
+        if isinstance(check, compatibility.Incompatibility):
+            check, problem, fix = check.id, check.problem, check.fix
+        findings.extend([Finding(check, problem, fix, severity, plugin_fixes)] if check else [])
+
+    return add
+
+
+def _plugin(engine: str, does: str) -> str:
+    return f"{facts.PLUGIN_INSTALL[engine]} where {facts.ENGINE_NAMES[engine]} runs (its plugin {does})"
+
+
+def _canonical_fix(draft: str, ids: AuxLayerIds) -> str:
+    from ..model.aux_layers import aux_layer_ids_config_entries
+
+    return (
+        f"in {draft}'s config.json set {json.dumps(aux_layer_ids_config_entries(ids))[1:-1]} (what `eagle31-mla "
+        "convert` writes: right for vLLM, SGLang's DeepSeek/Kimi targets and TokenSpeed's Kimi-K3 target at once)"
+    )
+
+
+def _has_nested_ids(draft: Mapping[str, Any]) -> bool:
+    nested = draft.get("eagle_config")
+    return isinstance(nested, Mapping) and nested.get(IDS_KEY) is not None
+
+
+def _read_ids(draft: Mapping[str, Any], add, name: str) -> tuple[AuxLayerIds | None, str, str | None]:
+    try:
+        return (*aux_layer_ids_from_config(draft), None)
+    except AuxLayerIdError as err:
+        message = str(err)
+    if draft.get(IDS_KEY) is not None or _has_nested_ids(draft):
+        if "contradictory" in message:
+            check, fix = "aux-ids-contradictory", "keep the ids the drafter was trained on, in one convention, labelled"
+        else:
+            check = "aux-ids-invalid"
+            fix = "list the trained layers once each, ascending, one-based >= 1 (zero-based >= 0), labelled"
+    elif "target_layer_ids" in draft:
+        check, fix = "target-layer-ids", f'replace `target_layer_ids` by "{IDS_KEY}" with "aux_layer_ids_convention"'
+    else:
+        check = "aux-ids-missing"
+        fix = f'set "{IDS_KEY}" (one-based, e.g. Kimi-K3: [2, 46, 90]) with "aux_layer_ids_convention": "one_based", '
+        fix += 'at the top level and in "eagle_config": the layers the drafter was trained on'
+    add(check, message, f"in {name}'s config.json {fix}")
+    return None, "", message
+
+
+def _read_draft(draft: Mapping[str, Any], add, name: str, ids_error: str | None) -> SimpleNamespace:
+    """The draft facts the checks use: as Eagle31MLAConfig reads the file, else the raw dict."""
+    try:
+        source = Eagle31MLAConfig.from_dict(dict(draft)).to_dict()
+    except (ConfigError, ValueError, TypeError, KeyError) as err:
+        source = draft
+        if ids_error is None or ids_error not in str(err):
+            add("draft-config-invalid", f"{name}'s config.json is refused: {err}", f"correct it in {name}")
+    architectures = draft.get("architectures") if isinstance(draft.get("architectures"), list) else []
+    get = source.get
+    return SimpleNamespace(
+        architecture=next((a for a in architectures if isinstance(a, str)), None),
+        model_type=draft.get("model_type"),
+        sizes=compatibility.Sizes(
+            get("target_hidden_size") or get("hidden_size"), get("vocab_size"), _int(get("target_num_hidden_layers"))
+        ),
+        fc_norm=bool(get("fc_norm")),
+        norm_output=bool(get("norm_output")),
+        bos=get("bos_token_id"),
+        eos=eos_token_ids(get("eos_token_id")),
+    )
 
 
 def _check_target(target: Target, add) -> None:
     """What the other checks need from the target's config.json: missing, they would pass by default."""
-    where = "the target's config.json (or its text_config)"
+    where = f"the target's config.json (or its text_config) for {target.name}"
+    point = "point --target at the target model itself; if that is what it is,"
     for key, expected in target.unreadable:
-        add(
-            Finding(
-                "target-config-unreadable",
-                f"{where} for {target.name} has an unreadable {key!r}: expected {expected}; "
-                "the checks that depend on it (which model class the engine builds, how it reads aux ids) cannot "
-                "run",
-                f"point --target at the target model itself; if that is what it is, correct {key!r} in {where}"
-                + (' (e.g. "architectures": ["DeepseekV3ForCausalLM"])' if key == "architectures" else ""),
-            )
-        )
+        example = ' (e.g. "architectures": ["DeepseekV3ForCausalLM"])' if key == "architectures" else ""
+        problem = f"{where} has an unreadable {key!r}: expected {expected}; the checks that depend on it cannot run"
+        add("target-config-unreadable", problem, f"{point} correct {key!r} in it{example}")
     if target.num_layers is None:
-        add(
-            Finding(
-                "target-depth-unknown",
-                f"{where} for {target.name} has no num_hidden_layers that is a positive "
-                "integer: which layers the engine captures, and whether the draft's aux ids exist in this target, "
-                "cannot be checked",
-                f"point --target at the target model itself (its folder, config.json or Hub "
-                f'id); if that is what it is, set "num_hidden_layers" in {where} to its layer count (Kimi-K3: 93)',
-            )
+        problem = (
+            f"{where} has no num_hidden_layers that is a positive integer: which layers the engine captures, and "
+            "whether the draft's aux ids exist in this target, cannot be checked"
         )
-    missing = [
-        key for key, value in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)) if value is None
-    ]
-    if missing:
-        add(
-            Finding(
-                "target-sizes-unknown",
-                f"{where} for {target.name} has no {' or '.join(missing)} that is a positive "
-                "integer: the draft's target_hidden_size and vocabulary cannot be checked against it",
-                f"point --target at the target model itself; if that is what it is, set {', '.join(missing)} in "
-                f"{where}",
-            )
-        )
+        add("target-depth-unknown", problem, f'{point} set "num_hidden_layers" in it to its layer count (Kimi-K3: 93)')
+    if missing := [k for k in ("hidden_size", "vocab_size") if getattr(target, k) is None]:
+        problem = f"{where} has no {' or '.join(missing)} that is a positive integer: the draft cannot be checked"
+        add("target-sizes-unknown", problem, f"{point} set {', '.join(missing)} in it")
 
 
-def _check_common(d: _Draft, ids: AuxLayerIds | None, target: Target, engine: str, add, draft_name: str) -> None:
-    arch = d.architectures[0] if d.architectures else None
-    if arch != ENGINE_ARCHITECTURE:
-        consequence = {
-            "vllm": "vLLM serves this drafter family only under that name (its MLA EAGLE-3 class, which the "
-            "eagle31-mla plugin takes over); another name is a different model class or none",
-            "sglang": "SGLang picks the KV-cache layout from a fixed list of names: any other name silently gets an "
-            "MHA-shaped cache, or the wrong model class",
-            "tokenspeed": f"TokenSpeed's MLA list holds {ENGINE_ARCHITECTURE}: any other name silently resolves to MHA",
-        }[engine]
-        add(
-            Finding(
-                "mla-architecture-name",
-                f"the draft's architectures[0] is {arch!r}, not {ENGINE_ARCHITECTURE!r}: {consequence}",
-                f'in {draft_name}\'s config.json set "architectures": ["{ENGINE_ARCHITECTURE}"]',
-            )
-        )
+MLA_NAME_CONSEQUENCE = {
+    "vllm": "vLLM serves this drafter family only under that name (its MLA EAGLE-3 class); another is another class",
+    "sglang": "SGLang picks the KV-cache layout from a fixed list of names: any other silently gets an MHA cache",
+    "tokenspeed": f"TokenSpeed's MLA list holds {ENGINE_ARCHITECTURE}: any other name silently resolves to MHA",
+}
+
+
+def _check_common(d, ids: AuxLayerIds | None, target: Target, engine: str, add, name: str) -> None:
+    if d.architecture != ENGINE_ARCHITECTURE:
+        problem = f"the draft's architectures[0] is {d.architecture!r}, not {ENGINE_ARCHITECTURE!r}: "
+        fix = f'in {name}\'s config.json set "architectures": ["{ENGINE_ARCHITECTURE}"]'
+        add("mla-architecture-name", problem + MLA_NAME_CONSEQUENCE[engine], fix)
     if ids is not None and target.num_layers is not None and max(ids.one_based) > target.num_layers:
-        add(
-            Finding(
-                "aux-ids-beyond-target",
-                f"aux layers {ids.describe()} go beyond {target.name}'s {target.num_layers} "
-                f"layers (one-based ids must be <= {target.num_layers}): the drafter was trained on a deeper target",
-                f"serve it with the target it was trained for, or correct the ids in {draft_name}'s config.json",
-            )
+        problem = (
+            f"aux layers {ids.describe()} go beyond {target.name}'s {target.num_layers} layers (one-based ids must be "
+            f"<= {target.num_layers}): the drafter was trained on a deeper target"
         )
-    built_for = compatibility.Sizes(d.target_hidden_size, d.vocab_size, d.target_num_hidden_layers)
+        fix = f"serve it with the target it was trained for, or correct the ids in {name}'s config.json"
+        add("aux-ids-beyond-target", problem, fix)
     sizes = compatibility.Sizes(target.hidden_size, target.vocab_size, target.num_layers)
-    for mismatch in compatibility.size_mismatches(built_for, sizes, target.name):
-        add(_finding(mismatch))
+    for mismatch in compatibility.size_mismatches(d.sizes, sizes, target.name):
+        add(mismatch)
     wrong = []
-    if d.bos_token_id is not None and target.bos_token_id is not None and d.bos_token_id != target.bos_token_id:
-        wrong.append(f"bos {d.bos_token_id} vs {target.bos_token_id}")
-    if d.eos_token_ids and target.eos_token_ids and not set(d.eos_token_ids) <= set(target.eos_token_ids):
-        wrong.append(f"eos {list(d.eos_token_ids)} vs {list(target.eos_token_ids)}")
+    if d.bos is not None and target.bos_token_id is not None and d.bos != target.bos_token_id:
+        wrong.append(f"bos {d.bos} vs {target.bos_token_id}")
+    if d.eos and target.eos_token_ids and not set(d.eos) <= set(target.eos_token_ids):
+        wrong.append(f"eos {list(d.eos)} vs {list(target.eos_token_ids)}")
     if wrong:
-        fix = {
-            "bos_token_id": target.bos_token_id,
-            "eos_token_id": list(target.eos_token_ids)
-            if len(target.eos_token_ids) > 1
-            else (target.eos_token_ids[0] if target.eos_token_ids else None),
-        }
-        fix = {k: v for k, v in fix.items() if v is not None}
-        add(
-            Finding(
-                "bos-eos-mismatch",
-                f"draft and target disagree on special tokens ({'; '.join(wrong)}): a drafter "
-                "for another tokenizer, or a config.json with the wrong ids",
-                f"check the drafter was trained for {target.name}; then in {draft_name}'s config.json set "
-                f"{json.dumps(fix)[1:-1]}",
-            )
-        )
+        eos = list(target.eos_token_ids)
+        ids = {"bos_token_id": target.bos_token_id, "eos_token_id": eos if len(eos) > 1 else (eos or [None])[0]}
+        fix = f"check the drafter was trained for {target.name}; then in {name}'s config.json set "
+        problem = f"draft and target disagree on special tokens ({'; '.join(wrong)}): a drafter for another tokenizer"
+        add("bos-eos-mismatch", problem, fix + json.dumps({k: v for k, v in ids.items() if v is not None})[1:-1])
 
 
-def _finding(rule: compatibility.Incompatibility) -> Finding:
-    return Finding(rule.id, rule.problem, rule.fix)
-
-
-def _ids_fix_vllm(draft_name: str, ids: AuxLayerIds) -> str:
-    return _canonical_fix(draft_name, ids) + f"; or {VLLM_PLUGIN} writes them explicitly for vLLM)"
-
-
-def _check_vllm(draft, d: _Draft, ids, target: Target, engine, environ, add, draft_name: str) -> None:
+def _check_vllm(draft, d, ids, target: Target, engine, environ, add, name: str) -> None:
     if not engine.supported:
-        add(
-            Finding(
-                "vllm-version-unsupported",
-                f"{engine.describe()} is outside 0.20-0.33, the releases whose facts "
-                "these checks (and the eagle31-mla plugin) cover",
-                "use vLLM 0.20-0.33 (Kimi-K3 targets: 0.27+)",
-                severity=NOTE,
-            )
-        )
-    if rule := compatibility.vllm_kimi_k3_version(engine, target.is_kimi_k3):
-        add(_finding(rule))
-    if d.model_type in vllm_facts.MTP_DRAFT_MODEL_TYPES:
-        add(
-            Finding(
-                "vllm-draft-model-type",
-                f"the draft's model_type is {d.model_type!r}: vLLM's draft-config hook turns "
-                "it into a DeepSeek MTP draft (architectures DeepSeekMTPModel), not this EAGLE-3 drafter",
-                f'in {draft_name}\'s config.json set "model_type": "kimi_k2"; or {VLLM_PLUGIN} serves it as '
-                "deepseek_v2)",
-                plugin_fixes=True,
-            )
-        )
-    elif d.model_type not in vllm_facts.MLA_DRAFT_MODEL_TYPES:
-        add(
-            Finding(
-                "vllm-draft-model-type",
-                f"the draft's model_type is {d.model_type!r}: vLLM reports use_mla=False for "
-                "it (its EAGLE-3 layer still builds MLA attention; this matters where the draft cache is sized from "
-                "that flag: CPU, Ascend)",
-                f"{VLLM_PLUGIN} serves it as deepseek_v2)",
-                severity=NOTE,
-                plugin_fixes=True,
-            )
-        )
+        problem = f"{engine.describe()} is outside 0.20-0.33, the releases these checks and the plugin cover"
+        add("vllm-version-unsupported", problem, "use vLLM 0.20-0.33 (Kimi-K3 targets: 0.27+)", NOTE)
+    add(compatibility.vllm_kimi_k3_version(engine, target.is_kimi_k3))
+    as_v2 = _plugin("vllm", "serves it as deepseek_v2")
+    if d.model_type in facts.vllm.MTP_DRAFT_MODEL_TYPES:
+        problem = f"the draft's model_type is {d.model_type!r}: vLLM turns it into a DeepSeek MTP draft, not EAGLE-3"
+        fix = f'in {name}\'s config.json set "model_type": "kimi_k2"; or {as_v2}'
+        add("vllm-draft-model-type", problem, fix, plugin_fixes=True)
+    elif d.model_type not in facts.vllm.MLA_DRAFT_MODEL_TYPES:
+        problem = f"the draft's model_type is {d.model_type!r}: vLLM reports use_mla=False (CPU, Ascend size caches so)"
+        add("vllm-draft-model-type", problem, as_v2, NOTE, plugin_fixes=True)
     if d.fc_norm and not engine.applies_fc_norm:
-        add(
-            Finding(
-                "vllm-fc-norm-ignored",
-                "the draft is EAGLE-3.1 (fc_norm: true), and vLLM before 0.23 does not apply "
-                "fc_norm (0.22.x builds it and never applies it; 0.20/0.21 drop its weights): the captured states "
-                "reach fc un-normalised and acceptance drops, with no error",
-                f"use vLLM >= 0.23; or {VLLM_PLUGIN} applies fc_norm)",
-                plugin_fixes=True,
-            )
-        )
+        problem = "the draft is EAGLE-3.1 (fc_norm: true), and vLLM before 0.23 does not apply fc_norm: the captured "
+        problem += "states reach fc un-normalised and acceptance drops, with no error"
+        add("vllm-fc-norm-ignored", problem, f"use vLLM >= 0.23; or {_plugin('vllm', 'applies it')}", plugin_fixes=True)
     if d.norm_output and not engine.applies_norm_output:
-        add(
-            Finding(
-                "vllm-norm-output-ignored",
-                "the draft is EAGLE-3.1 (norm_output: true), and vLLM before 0.22 feeds the "
-                "next draft step the pre-norm state",
-                f"use vLLM >= 0.22; or {VLLM_PLUGIN} applies norm_output)",
-                plugin_fixes=True,
-            )
-        )
-    if ids is not None and (rule := compatibility.vllm_fc_width(engine, len(ids))):
-        add(_finding(rule))
-    if rule := compatibility.vllm_kimi_k3_stream(engine, target.is_kimi_k3, environ):
-        add(_finding(rule))
+        problem = "the draft is EAGLE-3.1 (norm_output: true); vLLM before 0.22 feeds the next step the pre-norm state"
+        fix = f"use vLLM >= 0.22; or {_plugin('vllm', 'applies norm_output')}"
+        add("vllm-norm-output-ignored", problem, fix, plugin_fixes=True)
+    if ids is not None:
+        add(compatibility.vllm_fc_width(engine, len(ids)))
+    add(compatibility.vllm_kimi_k3_stream(engine, target.is_kimi_k3, environ))
     if ids is None or target.num_layers is None:
         return
-    has_nested = isinstance(draft.get("eagle_config"), Mapping) and draft["eagle_config"].get(IDS_KEY) is not None
+    fix = f"{_canonical_fix(name, ids)}; or {_plugin('vllm', 'writes them explicitly for vLLM')}"
     for runner in ("v1", "v2") if engine.v2_model_runner else ("v1",):
-        capture = vllm_capture(draft, target, engine, runner)
-        runner_name = "V1" if runner == "v1" else "V2"
-        got = f"captures one-based {list(capture.layers or ())}"
+        capture = engines.vllm_capture(draft, target, engine, runner)
+        got = f"captures one-based {list(capture.layers or ())}; the drafter needs {ids.describe()}"
         if capture.layers == ids.one_based:
-            if capture.source == DEFAULT and has_nested and runner == "v2":
-                add(
-                    Finding(
-                        "vllm-v2-runner-nested-ids",
-                        "vLLM's V2 model runner ignores nested eagle_config ids; it "
-                        f"captures the target's default, which happens to be {list(ids.one_based)}",
-                        _ids_fix_vllm(draft_name, ids),
-                        severity=NOTE,
-                        plugin_fixes=True,
-                    )
-                )
-            continue
-        wanted = f"the drafter needs {ids.describe()}"
-        if capture.source == TARGET_LAYER_IDS:
-            add(
-                Finding(
-                    "target-layer-ids",
-                    f"vLLM's V2 model runner reads the top-level target_layer_ids plus 1 and {got}; {wanted}",
-                    _ids_fix_vllm(draft_name, ids) + "; and delete target_layer_ids",
-                    plugin_fixes=True,
-                )
-            )
+            if capture.source == DEFAULT and _has_nested_ids(draft) and runner == "v2":
+                problem = "vLLM's V2 model runner ignores nested eagle_config ids; the target's default it captures "
+                add("vllm-v2-runner-nested-ids", f"{problem}happens to be {list(ids.one_based)}", fix, NOTE, True)
+        elif capture.source == TARGET_LAYER_IDS:
+            problem = f"vLLM's V2 model runner reads the top-level target_layer_ids plus 1 and {got}"
+            add("target-layer-ids", problem, fix + "; and delete target_layer_ids", plugin_fixes=True)
+        elif capture.source == DEFAULT and runner == "v1":
+            problem = f"vLLM 0.20/0.21 read only top-level ids, so the target {got} (its default)"
+            add("vllm-nested-ids-ignored", problem, fix, plugin_fixes=True)
         elif capture.source == DEFAULT:
-            if runner == "v1":
-                add(
-                    Finding(
-                        "vllm-nested-ids-ignored",
-                        f"vLLM 0.20/0.21 read only top-level ids, so the target {got} (its default); {wanted}",
-                        _ids_fix_vllm(draft_name, ids),
-                        plugin_fixes=True,
-                    )
-                )
-            else:
-                add(
-                    Finding(
-                        "vllm-v2-runner-nested-ids",
-                        "vLLM's V2 model runner (opt-in with VLLM_USE_V2_MODEL_RUNNER=1, "
-                        "the default for Kimi-K3 targets from 0.27 and for every model with Triton from 0.29) ignores "
-                        f"nested eagle_config ids, so the target {got} (its default); {wanted}",
-                        _ids_fix_vllm(draft_name, ids),
-                        plugin_fixes=True,
-                    )
-                )
+            problem = (
+                "vLLM's V2 model runner (the default for Kimi-K3 targets from 0.27 and for every model with Triton "
+                f"from 0.29) ignores nested eagle_config ids, so the target {got} (its default)"
+            )
+            add("vllm-v2-runner-nested-ids", problem, fix, plugin_fixes=True)
         else:
-            where = "the top-level ids" if capture.source != NESTED else "the nested eagle_config ids"
-            add(
-                Finding(
-                    "vllm-ids-convention",
-                    f"vLLM's {runner_name} runner reads {where} one-based and {got}; {wanted} "
-                    + (
-                        "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
-                        if capture.layers and 0 in capture.layers
-                        else "(off by one: nothing fails, acceptance drops)"
-                    ),
-                    _ids_fix_vllm(draft_name, ids),
-                    plugin_fixes=True,
-                )
+            where = "the nested eagle_config ids" if capture.source == NESTED else "the top-level ids"
+            effect = (
+                "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
+                if 0 in (capture.layers or ())
+                else "(off by one: nothing fails, acceptance drops)"
             )
+            problem = f"vLLM's {runner.upper()} runner reads {where} one-based and {got} {effect}"
+            add("vllm-ids-convention", problem, fix, plugin_fixes=True)
 
 
-def _check_sglang(draft, ids, target: Target, engine, add, draft_name: str) -> None:
+def _unknown_target(engine: str, target: Target) -> str:
+    return f"how {engine}'s {target.architectures[:1] or target.model_type} reads aux ids is not in the table"
+
+
+def _out_of_reach(engine: str, reading: str | None, ids, target: Target, add) -> bool:
+    """Ids beyond the target (reported once, by the common checks), or a last layer before-layer capture misses."""
+    if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
+        return True
+    arch, depth = target.architectures[0], target.num_layers
+    rule = facts.captures_layer_input(reading) and compatibility.last_layer_out_of_reach(engine, arch, ids, depth)
+    add(rule or None)
+    return bool(rule)
+
+
+def _check_sglang(draft, ids, target: Target, engine, add, name: str) -> None:
     if not engine.supported:
-        add(
-            Finding(
-                "sglang-version-unsupported",
-                f"{engine.describe()} is older than 0.5.23, the release these facts and "
-                "the eagle31-mla SGLang plugin are written for",
-                "use SGLang >= 0.5.23",
-                severity=NOTE,
-            )
-        )
-    reading = sglang_facts.target_reading(target.architectures)
-    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is False:
-        add(
-            Finding(
-                "sglang-k3-no-capture",
-                f"{engine.describe()}'s Kimi-K3 target classes have no EAGLE-3 capture "
-                "(set_eagle3_layers_to_capture): EAGLE-3 cannot start",
-                f"{SGLANG_PLUGIN} adds the prefix-stream "
-                "capture to SGLang's Kimi-K3 classes); or use an SGLang release with Kimi-K3 EAGLE-3 capture",
-                plugin_fixes=True,
-            )
-        )
-        return
-    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is None:
-        add(
-            Finding(
-                "sglang-k3-capture-unconfirmed",
-                f"whether {engine.describe()} ships Kimi-K3 EAGLE-3 capture is not "
-                "confirmed (upstream main has it, one-based ids, prefix stream)",
-                f"{SGLANG_PLUGIN} adds it when missing and leaves SGLang's own alone)",
-                severity=NOTE,
-            )
-        )
+        problem = f"{engine.describe()} is older than 0.5.23, the release these facts and the SGLang plugin cover"
+        add("sglang-version-unsupported", problem, "use SGLang >= 0.5.23", NOTE)
+    reading = facts.sglang.target_reading(target.architectures)
+    if reading == facts.ONE_BASED and engine.kimi_k3_eagle3_capture is False:
+        problem = f"{engine.describe()}'s Kimi-K3 target classes have no EAGLE-3 capture: EAGLE-3 cannot start"
+        fix = "use an SGLang release with Kimi-K3 EAGLE-3 capture; or " + _plugin("sglang", "adds one")
+        return add("sglang-k3-no-capture", problem, fix, plugin_fixes=True)
+    if reading == facts.ONE_BASED and engine.kimi_k3_eagle3_capture is None:
+        problem = f"whether {engine.describe()} ships Kimi-K3 EAGLE-3 capture (prefix stream) is not confirmed"
+        add("sglang-k3-capture-unconfirmed", problem, _plugin("sglang", "adds it when missing"), NOTE)
     if reading is None:
-        add(
-            Finding(
-                "sglang-unknown-target",
-                f"how SGLang's {target.architectures[:1] or target.model_type} reads aux ids "
-                "is not in the table, so the capture cannot be checked",
-                f"{SGLANG_PLUGIN} checks what the target stores and refuses a wrong form)",
-                severity=NOTE,
-            )
-        )
+        fix = _plugin("sglang", "checks what the target stores and refuses a wrong form")
+        return add("sglang-unknown-target", _unknown_target("SGLang", target), fix, NOTE)
+    if _out_of_reach("SGLang", reading, ids, target, add):
         return
-    if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
-        return  # ids beyond the target: reported once, by the common checks
-    if captures_layer_input(reading) and (
-        rule := compatibility.last_layer_out_of_reach("SGLang", target.architectures[0], ids, target.num_layers)
-    ):
-        add(_finding(rule))
-        return
-    capture = sglang_capture(draft, target, engine)
+    arch, capture = target.architectures[0], engines.sglang_capture(draft, target, engine)
     if capture.layers == ids.one_based:
         return
-    form = sglang_nested_form(target, ids)
+    form = engines.sglang_nested_form(target, ids)
     got = f"the target captures one-based {list(capture.layers or ())}; the drafter needs {ids.describe()}"
+    plugin = "; or " + _plugin("sglang", "hands the target the form it reads")
     if form is None:
-        fix = (
-            f"no id list makes SGLang's {target.architectures[0]} capture these layers (it adds 1 exactly when "
-            "the first id is 1); serve this drafter with vLLM or TokenSpeed"
-        )
+        fix = f"no id list makes SGLang's {arch} capture these layers (it adds 1 exactly when the first id is 1); "
+        fix += "serve this drafter with vLLM or TokenSpeed"
     elif form == list(ids.one_based):
-        fix = _canonical_fix(draft_name, ids) + f"; or {SGLANG_PLUGIN} hands the target the form it reads)"
+        fix = _canonical_fix(name, ids) + plugin
     else:
         fix = (
-            f'in {draft_name}\'s config.json set "eagle_config": {{"{IDS_KEY}": {form}}} with '
-            f'"aux_layer_ids_convention": "zero_based" and no top-level ids (SGLang\'s {target.architectures[0]} '
-            f"adds 1 to every id); or {SGLANG_PLUGIN} hands the target the form it reads)"
+            f'in {name}\'s config.json set "eagle_config": {{"{IDS_KEY}": {form}}} with "aux_layer_ids_convention": '
+            f'"zero_based" and no top-level ids (SGLang\'s {arch} adds 1 to every id){plugin}'
         )
-    plugin_fixes = form is not None
     if capture.source == DEFAULT:
-        add(
-            Finding(
-                "sglang-nested-ids-missing",
-                f"SGLang reads the aux ids only from the nested eagle_config dict and finds none there, so {got}",
-                fix,
-                plugin_fixes=plugin_fixes,
-            )
-        )
-    elif reading == "first_id_heuristic":
+        check = "sglang-nested-ids-missing"
+        problem = f"SGLang reads the aux ids only from the nested eagle_config dict and finds none there, so {got}"
+    elif reading == facts.FIRST_ID_HEURISTIC:
         first = draft["eagle_config"][IDS_KEY][0]
-        rule = (
-            "adds 1 to every id because the first is 1"
-            if first == 1
-            else f"keeps them as they are (first id {first}, not 1)"
-        )
-        add(
-            Finding(
-                "sglang-first-id-heuristic",
-                f"SGLang's {target.architectures[0]} {rule}, so {got}",
-                fix,
-                plugin_fixes=plugin_fixes,
-            )
-        )
+        rule = "adds 1 to every id because the first is 1" if first == 1 else f"keeps them (first id {first}, not 1)"
+        check, problem = "sglang-first-id-heuristic", f"SGLang's {arch} {rule}, so {got}"
     else:
-        rule = "adds 1 to every id (zero-based reading)" if reading == "plus_one" else "takes one-based ids unchanged"
-        add(
-            Finding(
-                "sglang-ids-convention",
-                f"SGLang's {target.architectures[0]} {rule}, so {got}",
-                fix,
-                plugin_fixes=plugin_fixes,
-            )
-        )
+        rule = "adds 1 to every id (zero-based reading)" if reading == facts.PLUS_ONE else "takes one-based ids as is"
+        check, problem = "sglang-ids-convention", f"SGLang's {arch} {rule}, so {got}"
+    add(check, problem, fix, plugin_fixes=form is not None)
 
 
-def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, draft_name: str) -> None:
-    capture = tokenspeed_capture(draft, target, layers_flag)
+def _check_tokenspeed(draft, ids, target: Target, layers_flag, add, name: str) -> None:
+    capture = engines.tokenspeed_capture(draft, target, layers_flag)
+    flag = facts.tokenspeed.LAYERS_FLAG
     if capture.layers is None:
-        add(
-            Finding(
-                "tokenspeed-unknown-target",
-                f"how TokenSpeed's {target.architectures[:1] or target.model_type} reads "
-                "aux ids is not in the table, so the capture cannot be checked",
-                f"pass {tokenspeed_facts.LAYERS_FLAG} in that target's convention (the eagle31-mla plugin refuses to "
-                "serve the drafter on a target it does not know)",
-                severity=NOTE,
-            )
-        )
+        fix = f"pass {flag} in that target's convention (the eagle31-mla plugin refuses a target it does not know)"
+        return add("tokenspeed-unknown-target", _unknown_target("TokenSpeed", target), fix, NOTE)
+    reading = facts.tokenspeed.target_reading(target.architectures, target.model_type)
+    if _out_of_reach("TokenSpeed", reading, ids, target, add) or capture.layers == ids.one_based:
         return
-    if ids is None or target.num_layers is None or max(ids.one_based) > target.num_layers:
-        return  # ids beyond the target: reported once, by the common checks
-    reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
-    if captures_layer_input(reading) and (
-        rule := compatibility.last_layer_out_of_reach("TokenSpeed", target.architectures[0], ids, target.num_layers)
-    ):
-        add(_finding(rule))
-        return
-    form = tokenspeed_flag_form(target, ids)
-    if capture.layers == ids.one_based:
-        return
-    flag = f"{tokenspeed_facts.LAYERS_FLAG} {','.join(map(str, form))}"
+    form = engines.tokenspeed_flag_form(target, ids)
+    rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
     got = f"the target captures one-based {list(capture.layers)}; the drafter needs {ids.describe()}"
+    passed = f"pass {flag} {','.join(map(str, form))} (TokenSpeed hands it to the target as is)"
     if capture.source == FLAG:  # the plugin refuses a flag naming other layers: loud, but still the user's to fix
-        rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
-        add(
-            Finding(
-                "tokenspeed-ids-convention",
-                f"TokenSpeed passes {tokenspeed_facts.LAYERS_FLAG} raw and the target {rule}, so {got}",
-                f"pass {flag} (TokenSpeed hands it to the target as is), or drop the flag: {TOKENSPEED_PLUGIN} gives "
-                "the target the right ids, and refuses a flag that names other layers)",
-            )
-        )
-        return
-    fix = (
-        f"pass {flag} (TokenSpeed hands it to the target as is); or {TOKENSPEED_PLUGIN} writes the ids into the "
-        "draft config in the form the target reads, checked on what the target stores)"
-    )
+        fix = f"{passed}, or drop the flag: {_plugin('tokenspeed', 'gives the target the right ids')}"
+        return add("tokenspeed-ids-convention", f"TokenSpeed passes {flag} raw and the target {rule}, so {got}", fix)
+    fix = f"{passed}; or {_plugin('tokenspeed', 'writes the ids into the draft config in the form the target reads')}"
     if capture.source == DEFAULT:
-        add(
-            Finding(
-                "tokenspeed-ids-ignored",
-                "TokenSpeed looks for ids in eagle_config (which hides the top-level key "
-                f"when present) and then the top level, and finds none, so {got}",
-                fix,
-                plugin_fixes=True,
-            )
-        )
-    else:
-        where = "the nested eagle_config ids" if capture.source == NESTED else "the top-level ids"
-        rule = "adds 1 to every id" if form == list(ids.zero_based) else "takes them as one-based"
-        add(
-            Finding(
-                "tokenspeed-ids-convention",
-                f"TokenSpeed passes {where} raw and the target {rule}, so {got}",
-                fix,
-                plugin_fixes=True,
-            )
-        )
+        problem = f"TokenSpeed finds no ids in eagle_config (which hides the top-level key) or the top level, so {got}"
+        return add("tokenspeed-ids-ignored", problem, fix, plugin_fixes=True)
+    where = "the nested eagle_config ids" if capture.source == NESTED else "the top-level ids"
+    problem = f"TokenSpeed passes {where} raw and the target {rule}, so {got}"
+    add("tokenspeed-ids-convention", problem, fix, plugin_fixes=True)
