@@ -120,8 +120,11 @@ class CachedTarget:
             "output_hidden_states": True,
             "position_ids": positions,
         }
-        if mask is not None:
-            kwargs["attention_mask"] = mask
+        if mask is not None:  # bool (True = attend) -> additive (0 / dtype min): eager attention adds it to the scores
+            dtype = self.model.dtype
+            kwargs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(
+                ~mask.to(self.device), torch.finfo(dtype).min
+            )
         if last_only and self.keeps_logits:
             kwargs["logits_to_keep"] = 1  # a long prompt's logits over a large vocabulary are not needed
         out = self.model(ids, **kwargs)

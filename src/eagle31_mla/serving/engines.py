@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..decoding.limits import max_tree_draft_tokens
 from ..locations import looks_like_a_local_path
 from ..model.aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
 from ..prompts import eos_token_ids
@@ -46,13 +47,6 @@ __all__ = [
     "sglang_nested_form",
     "tokenspeed_flag_form",
 ]
-
-
-def max_tree_draft_tokens(topk: int, num_steps: int) -> int:
-    """The most tokens an EAGLE draft tree can hand to verification, root included: the first step adds
-    topk nodes, each later step topk children of each of the topk best (SGLang's and the reference
-    loop's tree). A chain (topk 1) gives num_steps + 1."""
-    return 1 + topk + (num_steps - 1) * topk * topk
 
 
 class InputError(Exception):
