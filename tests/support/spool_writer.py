@@ -10,20 +10,18 @@ Without --spool-bytes, OUT is a stored capture folder; with it, OUT is a spool a
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
 import torch
 
-from eagle31_mla.decoding.target import capture_target_states
-from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.model.aux_layers import AuxLayerIds
 from eagle31_mla.training.captured import MANIFEST, CaptureManifest, inputs_digest, read_manifest, write_manifest
 from eagle31_mla.training.spool import part_folder, part_sequences, plan_part, write_shards
 
-IDS = AuxLayerIds((1, 2, 4))
+IDS = [1, 2, 4]
 TOP_K = 64
-HIDDEN = 128
+DEMO = dict(name="demo", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=4, hidden_size=128, vocab_size=512)
 
 
 def input_sequences() -> list[list[int]]:
@@ -31,6 +29,38 @@ def input_sequences() -> list[list[int]]:
     generator = torch.Generator().manual_seed(3)
     lengths = torch.randint(10, 25, (21,), generator=generator).tolist()
     return [torch.randint(3, 500, (n,), generator=generator).tolist() for n in lengths]
+
+
+def plan(lengths, manifest: CaptureManifest, **where):
+    """plan_part for ``manifest``'s shapes; ``where``: part, parts, inputs, max_bytes, sequences_per_shard."""
+    shape = dict(num_aux=len(manifest.aux_layer_ids), hidden_size=manifest.target["hidden_size"], top_k=manifest.top_k)
+    where = dict(part=1, parts=1, inputs=len(lengths), max_bytes=10**9, sequences_per_shard=2) | where
+    return plan_part(lengths, dtype=getattr(torch, manifest.dtype), **shape, **where)
+
+
+def write_part(out: Path, everything, run_target, manifest: CaptureManifest, spool_bytes=None, part=1, parts=1, **kw):
+    """Part ``part`` of ``parts`` of ``everything`` into the spool ``out`` (``spool_bytes`` its cap), or all of it
+    into the capture folder ``out``, as `eagle31-mla capture` does (resuming what is there). ``run_target(sequences)``
+    gives ``write_shards``' run_target for this part's sequences. ``kw``: per_shard (2), limit (shards; None: all),
+    say (print)."""
+    per_shard, say = kw.get("per_shard", 2), kw.get("say", print)
+    sequences = everything
+    if spool_bytes:
+        sequences = [everything[i] for i in part_sequences(len(everything), part, parts)]
+        out = part_folder(out, part, parts)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / MANIFEST).is_file():
+        manifest = read_manifest(out)  # resume
+    else:  # as the capture does, before its engine starts
+        manifest.num_inputs, manifest.inputs_sha256 = len(sequences), inputs_digest(sequences)
+        if spool_bytes:
+            where = dict(part=part, parts=parts, inputs=len(everything), sequences_per_shard=per_shard)
+            manifest.spool = plan([len(s) for s in sequences], manifest, max_bytes=spool_bytes, **where).to_json()
+        write_manifest(out, manifest)
+    shards = write_shards(out, manifest, sequences, run_target(sequences), sequences_per_shard=per_shard, say=say)
+    for count, tokens in itertools.islice(shards, kw.get("limit")):
+        say(f"wrote {count} sequences ({tokens} tokens)")
+    return out
 
 
 def main() -> None:
@@ -43,60 +73,38 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
+    from eagle31_mla.decoding.target import capture_target_states
+    from eagle31_mla.demo import DEMO_DIR
+    from eagle31_mla.model.aux_layers import AuxLayerIds
+
     target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
-    everything = input_sequences()
+
+    def run_target(sequences):
+        def run(chunk: list[int]) -> list[tuple]:
+            time.sleep(args.shard_delay)
+            items = []
+            for i in chunk:
+                seq = torch.tensor(sequences[i])
+                aux, probs = capture_target_states(target, seq[None], AuxLayerIds(tuple(IDS)))
+                logprobs, ids = torch.log(probs[0]).topk(TOP_K, dim=-1)
+                items.append((i, seq, aux[0].view(len(seq), len(IDS), -1), logprobs, ids))
+            return items
+
+        return run
+
+    manifest = CaptureManifest(DEMO, IDS, "float32", TOP_K, "", 0, "transformers")
     part, parts = map(int, args.part.split("/"))
-    out, spool = Path(args.out), None
-    sequences = everything
-    if args.spool_bytes:
-        sequences = [everything[i] for i in part_sequences(len(everything), part, parts)]
-        spool = plan_part(
-            [len(s) for s in sequences],
-            part=part,
-            parts=parts,
-            inputs=len(everything),
-            max_bytes=args.spool_bytes,
-            sequences_per_shard=args.per_shard,
-            num_aux=len(IDS),
-            hidden_size=HIDDEN,
-            dtype=torch.float32,
-            top_k=TOP_K,
-        ).to_json()
-        out = part_folder(out, part, parts)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).is_file():
-        manifest = read_manifest(out)  # resume
-    else:
-        manifest = CaptureManifest(
-            target={
-                "name": "demo",
-                "architectures": ["DeepseekV3ForCausalLM"],
-                "num_hidden_layers": 4,
-                "hidden_size": HIDDEN,
-                "vocab_size": 512,
-            },
-            aux_layer_ids=list(IDS.one_based),
-            dtype="float32",
-            top_k=TOP_K,
-            inputs_sha256=inputs_digest(sequences),
-            num_inputs=len(sequences),
-            engine="transformers",
-            spool=spool,
-        )
-        write_manifest(out, manifest)
-
-    def run_target(chunk: list[int]) -> list[tuple]:
-        time.sleep(args.shard_delay)
-        items = []
-        for i in chunk:
-            seq = torch.tensor(sequences[i])
-            aux, probs = capture_target_states(target, seq[None], IDS)
-            logprobs, ids = torch.log(probs[0]).topk(TOP_K, dim=-1)
-            items.append((i, seq, aux[0].view(len(seq), len(IDS), -1), logprobs, ids))
-        return items
-
-    for count, tokens in write_shards(out, manifest, sequences, run_target, sequences_per_shard=args.per_shard):
-        print(f"wrote {count} sequences ({tokens} tokens)", flush=True)
+    write_part(
+        Path(args.out),
+        input_sequences(),
+        run_target,
+        manifest,
+        spool_bytes=args.spool_bytes,
+        part=part,
+        parts=parts,
+        per_shard=args.per_shard,
+        say=lambda line: print(line, flush=True),
+    )
 
 
 if __name__ == "__main__":

@@ -206,21 +206,3 @@ def test_train_on_conversations_from_the_command_line(tmp_path, capsys):
     recipe = json.loads((out / "training.json").read_text())
     assert recipe["num_anchors"] == 4 and recipe["anchor_max_gap"] == 1
     assert (out / "model.safetensors").is_file()
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--text", "{text}", "--last-turn-only"], "argument --last-turn-only: applies to --conversations only"),
-        (["--text", "{text}", "--anchor-max-gap", "2"], "argument --anchor-max-gap: applies to --anchors only"),
-        (["--conversations", "{bad}"], "argument --conversations: {bad}:1: no assistant turn"),
-    ],
-)
-def test_conversation_arguments_misused_exit_2(tmp_path, capsys, extra, message):
-    (tmp_path / "t.txt").write_text("some text\n")
-    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
-    files = {"text": tmp_path / "t.txt", "bad": tmp_path / "bad.jsonl"}
-    argv = ["train", "--target", str(DEMO_DIR / "target"), "--out", str(tmp_path / "o")]
-    assert main(argv + [e.format(**files) for e in extra]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message.format(**files) in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()

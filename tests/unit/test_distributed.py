@@ -50,6 +50,14 @@ def weights(folder) -> dict[str, torch.Tensor]:
     return dict(Eagle31MLAForCausalLM.from_pretrained(folder).named_parameters())
 
 
+def start_weights() -> dict[str, torch.Tensor]:
+    """The new drafter every run starts from (the CLI seeds it with --seed 0)."""
+    torch.manual_seed(0)
+    return dict(
+        drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **LAYER).named_parameters()
+    )
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, data):
     out = tmp_path_factory.mktemp("two") / "out"
@@ -87,12 +95,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, data, one_rank, two_rank
     """Same global batch (4 sequences: 2 per rank), same steps; also in micro-batches of 1 (accumulation)."""
     micro = torchrun(2, data, tmp_path / "micro", "--micro-batch", "1")
     assert micro.returncode == 0, micro.stderr[-3000:]
-    torch.manual_seed(0)
-    start = dict(
-        drafter_from_files(
-            TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer()
-        ).named_parameters()
-    )
+    start = start_weights()
     one, two, accumulated = weights(one_rank), weights(two_ranks), weights(tmp_path / "micro")
     for name, p in one.items():
         moved = (p - start[name]).abs().max()
@@ -130,12 +133,7 @@ def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, 
     assert logs[0][0]["loss"] == pytest.approx(logs[1][0]["loss"], rel=1e-5)
     assert logs[0][0]["grad_norm"] == pytest.approx(logs[1][0]["grad_norm"], rel=1e-5)
     assert logs[0][0]["loss"] != pytest.approx(logs[2][0]["loss"], rel=1e-3)
-    torch.manual_seed(0)
-    start = dict(
-        drafter_from_files(
-            TARGET, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer()
-        ).named_parameters()
-    )
+    start = start_weights()
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for name, p in a.items():
         moved = (p - start[name]).abs().max()

@@ -13,7 +13,7 @@ functions of the spool's content, and resuming from a checkpoint is exact)."""
 from __future__ import annotations
 
 import contextlib
-import itertools
+import copy
 import json
 import os
 import random
@@ -29,18 +29,11 @@ import pytest
 import torch
 
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.cli import main
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CaptureManifest, read_manifest, write_manifest
-from eagle31_mla.training.spool import (
-    FollowedCapture,
-    FollowTarget,
-    part_folder,
-    plan_part,
-    stream_steps,
-    write_shards,
-)
+from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CaptureManifest
+from eagle31_mla.training.spool import FollowedCapture, FollowTarget, part_folder, stream_steps
 from eagle31_mla.training.trainer import TrainingConfig
+from tests.support import spool_writer
 from tests.support.paths import ROOT
 from tests.support.spool_writer import input_sequences
 
@@ -54,71 +47,27 @@ SHARD = 3 * 128 * 4 + 64 * 8 + 9  # bytes per token of the writer's shards (floa
 # ---- the protocol, in one process --------------------------------------------------------------------------
 
 
-def manifest_for(sequences, spool=None) -> CaptureManifest:
-    return CaptureManifest(
-        target={"name": "t", "architectures": [], "num_hidden_layers": 4, "hidden_size": 8, "vocab_size": 16},
-        aux_layer_ids=[1, 2],
-        dtype="float32",
-        top_k=4,
-        inputs_sha256="x",
-        num_inputs=len(sequences),
-        engine="test",
-        spool=spool,
-    )
+TINY = CaptureManifest(dict(hidden_size=8), [1, 2], "float32", 4, "", 0, "test")  # 2 aux layers of 8, top-4
 
 
 def fake_states(sequences):
     """run_target for write_shards: token ids as given, aux states holding the sequence's input index."""
-
-    def run(chunk):
-        return [
-            (
-                i,
-                torch.tensor(sequences[i]),
-                torch.full((len(sequences[i]), 2, 8), float(i)),
-                torch.zeros(len(sequences[i]), 4),
-                torch.zeros(len(sequences[i]), 4, dtype=torch.int32),
-            )
-            for i in chunk
-        ]
-
-    return run
+    n = [len(s) for s in sequences]
+    return lambda chunk: [
+        (i, torch.tensor(sequences[i]), torch.full((n[i], 2, 8), float(i)), torch.zeros(n[i], 4), torch.zeros(n[i], 4))
+        for i in chunk
+    ]
 
 
-def plan(lengths, *, parts=1, part=1, inputs=None, max_bytes=10**9, per_shard=2):
-    """plan_part for the fake states' shapes (2 aux layers of 8, top-4, float32)."""
-    inputs = len(lengths) * parts if inputs is None else inputs
-    return plan_part(
-        lengths,
-        part=part,
-        parts=parts,
-        inputs=inputs,
-        max_bytes=max_bytes,
-        sequences_per_shard=per_shard,
-        num_aux=2,
-        hidden_size=8,
-        dtype=torch.float32,
-        top_k=4,
-    )
+def plan(lengths, **where):
+    return spool_writer.plan(lengths, TINY, **where)
 
 
-def write_part(spool: Path, sequences, part: int, parts: int, max_bytes: int, per_shard: int = 2, limit=None):
-    """Part ``part`` of ``parts`` of ``sequences`` into ``spool``; ``limit`` shards at most (then it stops)."""
-    mine = sequences[part - 1 :: parts]
-    settings = plan(
-        [len(s) for s in mine], part=part, parts=parts, inputs=len(sequences), max_bytes=max_bytes, per_shard=per_shard
-    )
-    folder = part_folder(spool, part, parts)
-    folder.mkdir(parents=True, exist_ok=True)
-    if (folder / MANIFEST).is_file():
-        manifest = read_manifest(folder)
-    else:  # as the capture does, before its engine starts
-        manifest = manifest_for(mine, settings.to_json())
-        write_manifest(folder, manifest)
-    writer = write_shards(folder, manifest, mine, fake_states(mine), sequences_per_shard=per_shard, say=lambda _: None)
-    for _ in itertools.islice(writer, limit):  # limit None: all
-        pass
-    return folder
+def write_part(spool: Path, sequences, part: int, parts: int, max_bytes: int, limit=None):
+    """Part ``part`` of ``parts`` of ``sequences`` into ``spool`` in shards of 2; ``limit`` shards at most."""
+    manifest = copy.deepcopy(TINY)
+    kw = dict(part=part, parts=parts, limit=limit, say=lambda _: None)
+    return spool_writer.write_part(spool, sequences, fake_states, manifest, max_bytes, **kw)
 
 
 def stream_inputs(data: FollowedCapture, count: int, parts: int) -> list[int]:
@@ -196,11 +145,11 @@ def test_more_epochs_keep_every_shard_to_the_end(tmp_path):
     assert not list(folder.glob("shard-*"))
 
 
-def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path, capsys):
+def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path):
     """A shard larger than a part's share; --epochs 2 on a capture larger than the cap; a step reading more
-    shards than the share holds; and the options that only mean something together."""
+    shards than the share holds. (The options that only mean something together: tests/unit/test_training.py.)"""
     with pytest.raises(CapturedDataError, match=r"argument --max-spool-gb: a shard of 4 sequences .* 2 parts"):
-        plan([10] * 8, parts=2, max_bytes=2000, per_shard=4)
+        plan([10] * 8, parts=2, max_bytes=2000, sequences_per_shard=4)
     sequences = [[4] * 6 for _ in range(12)]
     spool = tmp_path / "spool"
     size = plan([6, 6]).shard_bytes
@@ -211,34 +160,6 @@ def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path, cap
         data.check_plan(4, 2)
     with pytest.raises(CapturedDataError, match="argument --batch-size: a step of 6 sequences reads up to 4 shards"):
         data.check_plan(6, 1)
-    out = str(tmp_path / "out")
-    model = ["--target", TARGET]
-    cases = [
-        (["capture", *model, "--text", __file__, "--spool", out], "argument --max-spool-gb: expected the spool's cap"),
-        (["capture", *model, "--text", __file__, "--out", out, "--part", "1/2"], "argument --part: applies to --spool"),
-        (["capture", *model, "--text", __file__, "--out", out, "--max-spool-gb", "1"], "applies to --spool only"),
-        (
-            ["capture", *model, "--text", __file__, "--spool", out, "--part", "3/2", "--max-spool-gb", "1"],
-            "argument --part: expected I/N with 1 <= I <= N",
-        ),
-        (["train", *model, "--text", __file__, "--out", out, "--follow"], "argument --follow: applies to --data only"),
-        (
-            ["train", *model, "--data", str(spool), "--out", out],
-            "holds no manifest.json; a spool is read with --follow",
-        ),
-        (
-            ["train", *model, "--data", str(spool), "--out", out, "--epochs", "2"],
-            "argument --epochs: applies to --follow",
-        ),
-        (
-            ["train", *model, "--data", str(spool), "--out", out, "--follow", "--steps", "3"],
-            "argument --steps: with --follow",
-        ),
-    ]
-    for argv, message in cases:
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
 # ---- real processes ----------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     log = TrainingConfig(**config)  # a new process would pick up here: new objects, the same folder
     resumed = train_drafter(target, new_drafter(target), sequences, tmp_path / "b", log, progress=False)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6), name
+        assert torch.equal(a, b), name  # bit for bit
     assert [e["step"] for e in log.log] == list(range(1, 9))
 
     long = TrainingConfig(**{**config, "steps": 40, "save_every": 40})
@@ -137,24 +137,11 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     assert last["acc"][0] > first["acc"][0]
 
 
-def test_training_writes_the_published_layout(tmp_path):
-    from safetensors import safe_open
-
-    target = tiny_target()
-    sequences = torch.randint(3, 64, (8, 16), generator=torch.Generator().manual_seed(0))
-    train_drafter(
-        target, new_drafter(target), sequences, tmp_path, TrainingConfig(steps=2, batch_size=4, depth=2), progress=False
-    )
-    with safe_open(tmp_path / "model.safetensors", "pt") as f:
-        names = set(f.keys())
-    assert "fc_norm.0.weight" in names and "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
-    assert not any(n.startswith(("midlayer.", "model.")) for n in names)
-
-
 def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
-    """`eagle31-mla train` on the embedded demo target: a folder in the published layout that loads
-    with the ids asked for, EAGLE-3 when asked, and a second run with more steps resumes."""
-    import json
+    """`eagle31-mla train` on the embedded demo target: the published layout, aux ids by default from the
+    4-layer target's depth (not Kimi-K3's [2, 46, 90]), EAGLE-3 when asked, and a second run with more steps
+    (the ids now given) resumes."""
+    from safetensors import safe_open
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.cli import main
@@ -163,32 +150,15 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     text = tmp_path / "corpus.jsonl"
     stories = [json.dumps({"text": f"Ann has {n} red apples and gives the dog {n + 1} of them."}) for n in range(60)]
     text.write_text("\n".join(stories) + "\n")
-    common = [
-        "train",
-        "--target",
-        str(DEMO_DIR / "target"),
-        "--text",
-        str(text),
-        "--out",
-        str(tmp_path / "d"),
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--depth",
-        "2",
-        "--quiet",
-        "--device",
-        "cpu",
-        "--draft-config",
-        str(DEMO_DIR / "draft"),  # the demo drafter's layer (2 heads ...), not Kimi-K3's: a small checkpoint
-    ]
-    assert main([*common, "--steps", "2", "--aux-layers", "1,2,3", "--eagle3"]) == 0
-    assert "EAGLE-3," in capsys.readouterr().out
+    common = ["train", "--target", str(DEMO_DIR / "target"), "--text", str(text), "--out", str(tmp_path / "d")]
+    common += ["--batch-size", "2", "--seq-len", "16", "--depth", "2", "--quiet", "--device", "cpu", "--eagle3"]
+    common += ["--draft-config", str(DEMO_DIR / "draft")]  # the demo drafter's layer (2 heads ...): a small checkpoint
+    assert main([*common, "--steps", "2"]) == 0
+    assert "EAGLE-3, aux layers" in capsys.readouterr().out
     first = json.loads((tmp_path / "d" / "training.json").read_text())
     assert first["steps"] == 2
     caplog.set_level("INFO", logger="eagle31_mla.training.trainer")
-    assert main([*common, "--steps", "3", "--aux-layers", "1,2,3", "--eagle3"]) == 0
+    assert main([*common, "--steps", "3", "--aux-layers", "1,2,3"]) == 0
     assert "resuming from step 2" in caplog.text
     drafter = Eagle31MLAForCausalLM.from_pretrained(tmp_path / "d")
     assert drafter.config.aux_layer_ids.one_based == (1, 2, 3)
@@ -199,26 +169,50 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     assert drafter.config.hidden_size == 128 and drafter.config.rope_parameters == layer["rope_parameters"]
     state = torch.load(tmp_path / "d" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 3 and [e["step"] for e in json.loads(state["log"])] == [1, 2, 3]
+    with safe_open(tmp_path / "d" / "model.safetensors", "pt") as f:  # the published tensor names
+        names = set(f.keys())
+    assert "layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
+    assert not any(n.startswith(("midlayer.", "model.", "fc_norm.")) for n in names)  # EAGLE-3: no fc_norm
+
+
+TRAIN = ["train", "--target", "{target}", "--out", "{tmp}/o"]
+CAPTURE = ["capture", "--target", "{target}", "--text", "{text}"]
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "argv, message",
     [
-        ({"--target": "missing-target"}, "missing-target"),
-        ({"--text": "missing.txt"}, "missing.txt"),
-        ({"--aux-layers": "1,two,3"}, "--aux-layers: expected comma-separated ints"),
+        (["train", "--target", "{draft}", "--text", "{text}", "--out", "{tmp}/o"], "argument --target: "),
+        (["train", "--target", "{tmp}/missing-target", "--text", "{text}", "--out", "{tmp}/o"], "missing-target"),
+        ([*TRAIN, "--text", "{tmp}/missing.txt"], "missing.txt"),
+        ([*TRAIN, "--text", "{tmp}/corpus.jsonl"], "corpus.jsonl:2"),
+        ([*TRAIN, "--text", "{text}", "--aux-layers", "1,two,3"], "argument --aux-layers: expected comma-separated"),
+        ([*TRAIN, "--text", "{text}", "--last-turn-only"], "argument --last-turn-only: applies to --conversations"),
+        ([*TRAIN, "--text", "{text}", "--anchor-max-gap", "2"], "argument --anchor-max-gap: applies to --anchors"),
+        ([*TRAIN, "--conversations", "{tmp}/bad.jsonl"], "argument --conversations: {tmp}/bad.jsonl:1: no assistant"),
+        ([*TRAIN, "--text", "{text}", "--follow"], "argument --follow: applies to --data only"),
+        ([*TRAIN, "--data", "{tmp}/spool"], "holds no manifest.json; a spool is read with --follow"),
+        ([*TRAIN, "--data", "{tmp}/spool", "--epochs", "2"], "argument --epochs: applies to --follow"),
+        ([*TRAIN, "--data", "{tmp}/spool", "--follow", "--steps", "3"], "argument --steps: with --follow"),
+        ([*CAPTURE, "--spool", "{tmp}/o"], "argument --max-spool-gb: expected the spool's cap"),
+        ([*CAPTURE, "--out", "{tmp}/o", "--part", "1/2"], "argument --part: applies to --spool"),
+        ([*CAPTURE, "--out", "{tmp}/o", "--max-spool-gb", "1"], "argument --max-spool-gb: applies to --spool only"),
+        ([*CAPTURE, "--spool", "{tmp}/o", "--part", "3/2", "--max-spool-gb", "1"], "argument --part: expected I/N"),
     ],
 )
-def test_train_command_input_errors_exit_2(tmp_path, capsys, change, message):
+def test_train_and_capture_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, argv, message):
+    from eagle31_mla.cli import main
     from eagle31_mla.demo import DEMO_DIR
-    from tests.support.engine_configs import usage_error_line
 
     (tmp_path / "corpus.txt").write_text("Ann has red apples.\n" * 50)
-    args = {"--target": str(DEMO_DIR / "target"), "--text": str(tmp_path / "corpus.txt"), "--out": str(tmp_path / "d")}
-    args.update({k: str(tmp_path / v) if k != "--aux-layers" else v for k, v in change.items()})
-    argv = ["train", "--steps", "1", "--quiet", "--device", "cpu"] + [x for kv in args.items() for x in kv]
-    assert message in usage_error_line(argv, capsys)
-    assert not (tmp_path / "d").exists()  # nothing written
+    (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
+    (tmp_path / "spool").mkdir()  # an empty spool: the capture has not started
+    names = dict(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", text=tmp_path / "corpus.txt", tmp=tmp_path)
+    assert main([a.format(**names) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message.format(**names) in err and "Loading" not in err, err
+    assert not (tmp_path / "o").exists()  # nothing written
 
 
 def test_default_aux_ids_follow_the_target_depth():
@@ -229,52 +223,3 @@ def test_default_aux_ids_follow_the_target_depth():
     for depth in range(1, 100):
         ids = default_aux_layer_ids(depth)
         assert ids == sorted(set(ids)) and 1 <= ids[0] and ids[-1] <= depth
-
-
-def test_train_without_aux_layers_on_the_demo_target(tmp_path, capsys):
-    """No --aux-layers: the default follows the 4-layer target's depth (not Kimi-K3's [2, 46, 90])."""
-    from eagle31_mla.cli import main
-    from eagle31_mla.demo import DEMO_DIR
-
-    (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat who liked to eat fish every day.\n" * 20)
-    assert (
-        main(
-            [
-                "train",
-                "--target",
-                str(DEMO_DIR / "target"),
-                "--text",
-                str(tmp_path / "corpus.txt"),
-                "--out",
-                str(tmp_path / "out"),
-                "--steps",
-                "1",
-                "--batch-size",
-                "2",
-                "--seq-len",
-                "16",
-                "--quiet",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
-    assert "aux layers" in capsys.readouterr().out
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-
-
-def test_train_refuses_a_drafter_as_target_and_bad_text_before_loading(tmp_path, capsys):
-    from eagle31_mla.cli import main
-    from eagle31_mla.demo import DEMO_DIR
-
-    (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
-    (tmp_path / "ok.txt").write_text("hello there\n")
-    for target, text, message in (
-        (DEMO_DIR / "draft", tmp_path / "ok.txt", "argument --target: "),
-        (DEMO_DIR / "target", tmp_path / "corpus.jsonl", "corpus.jsonl:2"),
-    ):
-        code = main(["train", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "o"), "--quiet"])
-        err = capsys.readouterr().err
-        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Loading" not in err, err

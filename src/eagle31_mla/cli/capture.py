@@ -20,46 +20,19 @@ from .common import OneOf, error, option, subcommand
 @option("--target", required=True, type=params.MODEL, help="the target: a model folder or Hub id")
 @option("--draft", type=params.CONFIG, help="the drafter whose aux layers to capture (its config.json)")
 @option("--aux-layers", type=params.ONE_BASED_IDS, metavar="IDS", help="one-based aux layer ids, e.g. 2,46,90")
-@option(
-    "--text",
-    type=params.EXISTING_FILE,
-    help='text cut into --seq-len sequences (one document per line, or JSONL "text")',
-)
-@option(
-    "--prompts", type=params.EXISTING_FILE, help="prompts, one per line or JSONL; each rendered one becomes a sequence"
-)
+@option("--text", type=params.EXISTING_FILE, help='text cut into --seq-len sequences (lines, or JSONL "text")')
+@option("--prompts", type=params.EXISTING_FILE, help="prompts, one per line or JSONL; each one a sequence")
 @option(
     "--conversations",
     type=params.EXISTING_FILE,
-    help='JSONL, one {"messages": [...]} per line: each rendered whole with the chat template (at most '
-    "--seq-len tokens), its assistant content marked as the tokens to train on",
+    help='JSONL, one {"messages": [...]} per line, rendered with the chat template; assistant content trained on',
 )
 @option("--last-turn-only", is_flag=True, help="--conversations: train on the last assistant turn only")
-@option(
-    "--seq-len",
-    type=params.POSITIVE_INT,
-    default=2048,
-    help="tokens per --text sequence, at most per conversation (default 2048)",
-)
+@option("--seq-len", type=params.POSITIVE_INT, default=2048, help="tokens per --text sequence (default 2048)")
 @option("--out", type=params.OUTPUT_FOLDER, help="the capture folder (resumes from it)")
-@option(
-    "--spool",
-    type=params.OUTPUT_FOLDER,
-    help="stream the capture to `eagle31-mla train --data SPOOL --follow` through this folder instead of storing it "
-    "(resumes from it); needs --max-spool-gb",
-)
-@option(
-    "--max-spool-gb",
-    type=params.POSITIVE_FLOAT,
-    help="--spool: the spool's cap in GB (1e9 bytes; shared equally by the --part processes); a shard is written "
-    "only when it fits beside those the trainer has not taken",
-)
-@option(
-    "--part",
-    type=params.PART,
-    metavar="I/N",
-    help="--spool: this process captures part I of N (input sequences I-1, I-1+N, ...); run the N parts at once",
-)
+@option("--spool", type=params.OUTPUT_FOLDER, help="stream to `train --data SPOOL --follow` through this folder")
+@option("--max-spool-gb", type=params.POSITIVE_FLOAT, help="--spool: the spool's cap in GB, shared by the parts")
+@option("--part", type=params.PART, metavar="I/N", help="--spool: this process captures part I of N")
 @option("--dtype", type=params.Choice(["bfloat16", "float16", "float32"]), default="bfloat16")
 @option("--top-k", type=params.POSITIVE_INT, default=64, help="log-probabilities kept per token (default 64)")
 @option("--sequences-per-shard", type=params.POSITIVE_INT, default=64)
@@ -90,8 +63,8 @@ def capture(args: SimpleNamespace) -> int:
         draft_json = read_config_json(args.draft)[0] if args.draft else None
         check_roles(target_json, draft_json, args.target, args.draft or "")
         target = Target.from_config(target_json, args.target)
-        if not target.num_layers:
-            raise InputError(f"argument --target: {args.target}'s config.json gives no readable num_hidden_layers")
+        if not target.num_layers or not target.hidden_size:
+            raise InputError(f"argument --target: {args.target}'s config.json gives no num_hidden_layers / hidden_size")
         if draft_json is not None:
             ids, _ = aux_layer_ids_from_config(draft_json, target.num_layers)
         elif args.aux_layers:
@@ -150,6 +123,7 @@ def capture(args: SimpleNamespace) -> int:
             inputs = len(sequences)
             sequences = [sequences[i] for i in chosen]
             masks = None if masks is None else [masks[i] for i in chosen]
+            shape = dict(num_aux=len(ids.one_based), hidden_size=target.hidden_size, dtype=getattr(torch, args.dtype))
             spool = plan_part(
                 [len(s) for s in sequences],
                 part=part,
@@ -157,30 +131,18 @@ def capture(args: SimpleNamespace) -> int:
                 inputs=inputs,
                 max_bytes=int(args.max_spool_gb * 1e9),
                 sequences_per_shard=args.sequences_per_shard,
-                num_aux=len(ids.one_based),
-                hidden_size=target.hidden_size or 0,
-                dtype=getattr(torch, args.dtype),
                 top_k=args.top_k,
+                **shape,
             )
             out = part_folder(args.spool, part, parts)
+        options = dict(draft=args.draft, dtype=args.dtype, top_k=args.top_k, engine_args=args.engine_args, spool=spool)
+        options.update(sequences_per_shard=args.sequences_per_shard, progress=not args.quiet)
         manifest = capture_with_vllm(
-            args.target,
-            sequences,
-            ids,
-            out,
-            draft=args.draft,
-            dtype=args.dtype,
-            top_k=args.top_k,
-            engine_args=args.engine_args,
-            sequences_per_shard=args.sequences_per_shard,
-            progress=not args.quiet,
-            loss_masks=masks,
-            loss_mask_kind=mask_kind,
-            spool=spool,
+            args.target, sequences, ids, out, loss_masks=masks, loss_mask_kind=mask_kind, **options
         )
     except CapturedDataError as err:
         return error(str(err))
-    per_token = bytes_per_token(len(ids), target.hidden_size or 0, getattr(torch, args.dtype), args.top_k)
+    per_token = bytes_per_token(len(ids), target.hidden_size, getattr(torch, args.dtype), args.top_k)
     print(
         f"captured {len(manifest.done)} of {manifest.num_inputs} sequences ({manifest.tokens} tokens, aux layers "
         f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {out}"

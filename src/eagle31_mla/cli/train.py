@@ -22,73 +22,39 @@ from .common import OneOf, error, option, resolve_device, subcommand
 @option(
     "--conversations",
     type=params.EXISTING_FILE,
-    help='JSONL, one {"messages": [...]} per line: rendered with the target\'s chat template, the loss on '
-    "assistant content only; each conversation one sequence of at most --seq-len tokens",
+    help='JSONL, one {"messages": [...]} per line, rendered with the chat template; the loss on assistant content',
 )
 @option(
     "--data",
     type=params.CAPTURE_FOLDER,
-    help="target states captured by `eagle31-mla capture` (no target model is run; --target gives the "
-    "drafter's embeddings and lm_head, read from its checkpoint)",
+    help="states captured by `eagle31-mla capture` (no target runs: --target gives the embeddings and lm_head)",
 )
 @option("--out", required=True, type=params.OUTPUT_FOLDER, help="output folder (published layout); resumes from it")
-@option(
-    "--aux-layers",
-    type=params.ONE_BASED_IDS,
-    metavar="IDS",
-    help="one-based aux layer ids, e.g. 2,46,90 (default: the target's default for its depth)",
-)
+@option("--aux-layers", type=params.ONE_BASED_IDS, metavar="IDS", help="one-based aux layer ids, e.g. 2,46,90")
 @option(
     "--init",
     type=params.MODEL,
-    help="fine-tune this drafter (its aux layers; TorchSpec's recipe: lr 2e-5, AdamW 0.9/0.999, 7 steps "
-    "weighted 0.8^k, bf16 compute on float32 weights, bf16 export; the embedding reloaded from the target)",
+    help="fine-tune this drafter with TorchSpec's recipe (lr 2e-5, 7 steps weighted 0.8^k, bf16 compute and export)",
 )
 @option(
     "--draft-config",
     type=params.CONFIG,
     metavar="PATH_OR_ID",
-    help="a new drafter's layer sized like this drafter's config.json (heads, ranks, head dims, MLP, rope, "
-    "positions); hidden size and vocabulary still come from the target (default: the published drafter's layer)",
+    help="a new drafter's layer sized like this drafter's config.json (default: the published drafter's layer)",
 )
 @option("--eagle3", is_flag=True, help="plain EAGLE-3 (no fc_norm, no norm_output)")
-@option(
-    "--follow",
-    is_flag=True,
-    help="--data: train while the capture is written (a spool from `capture --spool`, or a capture folder), each "
-    "sequence in the order written; a spool's shards are removed once trained and checkpointed",
-)
-@option(
-    "--epochs",
-    type=params.POSITIVE_INT,
-    default=None,
-    help="--follow: passes over the capture (default 1; later passes shuffled); the steps follow from it",
-)
-@option("--steps", type=params.POSITIVE_INT, default=None, help="training steps (default 1000)")
+@option("--follow", is_flag=True, help="--data: train while the capture is written (a spool, or a capture folder)")
+@option("--epochs", type=params.POSITIVE_INT, help="--follow: passes over the capture (default 1; later shuffled)")
+@option("--steps", type=params.POSITIVE_INT, help="training steps (default 1000)")
 @option("--batch-size", type=params.POSITIVE_INT, default=16)
 @option("--seq-len", type=params.POSITIVE_INT, default=128, help="tokens per sequence, > --depth (default 128)")
-@option("--depth", type=params.POSITIVE_INT, default=None, help="TTT unroll depth (default 4; --init: 7)")
+@option("--depth", type=params.POSITIVE_INT, help="TTT unroll depth (default 4; --init: 7)")
 @option("--last-turn-only", is_flag=True, help="--conversations: the loss on the last assistant turn only")
-@option(
-    "--anchors",
-    type=params.POSITIVE_INT,
-    default=None,
-    help="anchored TTT as TorchSpec samples it: every depth trained at N anchors per sequence",
-)
-@option(
-    "--anchor-max-gap",
-    type=params.COUNT,
-    default=None,
-    help="--anchors: trained positions between neighbouring anchors at most (default: --depth)",
-)
-@option("--lr", type=params.POSITIVE_FLOAT, default=None, help="learning rate (default 3e-3; --init: 2e-5)")
+@option("--anchors", type=params.POSITIVE_INT, help="anchored TTT (TorchSpec's): N anchors per sequence")
+@option("--anchor-max-gap", type=params.COUNT, help="--anchors: trained positions between anchors at most")
+@option("--lr", type=params.POSITIVE_FLOAT, help="learning rate (default 3e-3; --init: 2e-5)")
 @option("--save-every", type=params.POSITIVE_INT, default=250, help="steps between checkpoints (default 250)")
-@option(
-    "--micro-batch",
-    type=params.POSITIVE_INT,
-    default=None,
-    help="under torchrun: sequences per forward on a rank (gradient accumulation up to --batch-size / ranks)",
-)
+@option("--micro-batch", type=params.POSITIVE_INT, help="under torchrun: sequences per forward on a rank")
 @option("--seed", type=params.SEED, default=0)
 @option("--device", default="auto", type=params.DEVICE, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
 @option("--quiet", is_flag=True, help="no progress bar")
@@ -97,10 +63,10 @@ def train(args: SimpleNamespace) -> int:
     (one document per line, or JSONL with a "text" field), or on target states captured with vLLM
     (--data, from `eagle31-mla capture`: no target model runs). --init fine-tunes an existing drafter with
     the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
-    init_ids = None
+    from ..serving.engines import InputError, read_config_json
+
     if args.init is not None:
         from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-        from ..serving.engines import InputError, read_config_json
 
         try:
             init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
@@ -112,29 +78,24 @@ def train(args: SimpleNamespace) -> int:
             )
         if args.eagle3:
             return error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
+        args.aux_layers = init_ids
     if args.follow and args.data is None:
         return error("argument --follow: applies to --data only")
     if args.epochs is not None and not args.follow:
         return error("argument --epochs: applies to --follow only (otherwise --steps says how long to train)")
     if args.follow and args.steps is not None:
         return error("argument --steps: with --follow the steps follow from the capture's size and --epochs")
-    args.steps = args.steps or 1000
-    args.epochs = args.epochs or 1
-    args.aux_layers = init_ids or args.aux_layers
-    args.layer = {}
+    args.steps, args.epochs, args.layer = args.steps or 1000, args.epochs or 1, {}
     if args.draft_config is not None:  # checked before any weight loads
         from ..model.configuration_eagle31_mla import ConfigError
-        from ..serving.engines import InputError, read_config_json
         from ..training.trainer import layer_settings
 
         try:
             args.layer = layer_settings(read_config_json(args.draft_config)[0])
         except (InputError, ConfigError) as err:
             return error(f"argument --draft-config: {err}")
-    if args.depth is None:
-        args.depth = 7 if args.init else 4
-    if args.lr is None:
-        args.lr = 2e-5 if args.init else 3e-3
+    args.depth = args.depth or (7 if args.init else 4)
+    args.lr = args.lr or (2e-5 if args.init else 3e-3)
     if args.seq_len <= args.depth:
         return error(
             f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
@@ -150,6 +111,10 @@ def train(args: SimpleNamespace) -> int:
 
     if launched_by_torchrun():
         return error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
+    return _train_live(args)
+
+
+def _train_live(args: SimpleNamespace) -> int:
     from ..prompts import PromptError, conversation_sequences, read_corpus
     from ..serving.engines import InputError, check_roles, probe_output_folder, read_config_json
 
@@ -189,13 +154,13 @@ def train(args: SimpleNamespace) -> int:
     try:  # what the user named must exist and load; a failure here is input, not a bug
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         if args.conversations:  # before the weights load
-            sequences, masks, left_out = conversation_sequences(
-                args.conversations,
-                tokenizer,
-                args.seq_len,
-                last_turn_only=args.last_turn_only,
-                vocab_size=getattr(target_config, "vocab_size", None),
-            )
+            vocab = getattr(target_config, "vocab_size", None)
+            try:
+                sequences, masks, left_out = conversation_sequences(
+                    args.conversations, tokenizer, args.seq_len, last_turn_only=args.last_turn_only, vocab_size=vocab
+                )
+            except PromptError as err:
+                return error(f"argument --conversations: {err}")
             if left_out:
                 print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
         else:
@@ -207,31 +172,32 @@ def train(args: SimpleNamespace) -> int:
                 f"expected at least --batch-size {args.batch_size}"
             )
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
-    except PromptError as err:
-        return error(f"argument --conversations: {err}")
-    except (OSError, ValueError) as err:
+        embed = target.get_input_embeddings().weight
+        drafter = _drafter(args, ids, lambda: embed, lambda **config: drafter_for_target(target, **config))
+    except (OSError, ValueError, InputError) as err:
         return error(str(err))
-    if args.init:
-        from ..training.trainer import drafter_to_finetune
-
-        try:
-            drafter = drafter_to_finetune(args.init, target.get_input_embeddings().weight)
-        except (OSError, ValueError) as err:
-            return error(f"argument --init: {err}")
-    else:
-        drafter = drafter_for_target(
-            target,
-            eagle_aux_hidden_state_layer_ids=ids,
-            fc_norm=not args.eagle3,
-            norm_output=not args.eagle3,
-            **args.layer,
-        )
-    config = _training_config(args, args.seq_len)
-    train_drafter(target, drafter, sequences, args.out, config, progress=not args.quiet, loss_masks=masks)
-    print(
-        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
-        f"{drafter.config.aux_layer_ids.describe()})"
+    train_drafter(
+        target, drafter, sequences, args.out, _training_config(args, args.seq_len), not args.quiet, None, masks
     )
+    return _written(args, drafter)
+
+
+def _drafter(args: SimpleNamespace, ids, embed, new):
+    """--init: that drafter to fine-tune, its embedding ``embed()`` (the target's); otherwise ``new(**config)``."""
+    from ..serving.engines import InputError
+    from ..training.trainer import drafter_to_finetune
+
+    if args.init:
+        try:
+            return drafter_to_finetune(args.init, embed())
+        except (OSError, ValueError) as err:
+            raise InputError(f"argument --init: {err}") from None
+    return new(eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3, **args.layer)
+
+
+def _written(args: SimpleNamespace, drafter, more: str = "") -> int:
+    kind = "EAGLE-3" if args.eagle3 else "EAGLE-3.1"
+    print(f"drafter written to {args.out} ({kind}, aux layers {drafter.config.aux_layer_ids.describe()}{more})")
     return 0
 
 
@@ -239,23 +205,15 @@ def _training_config(args: SimpleNamespace, seq_len: int):
     """From scratch: the defaults; --init: TorchSpec's fine-tuning recipe (TrainingConfig.finetune)."""
     from ..training.trainer import TrainingConfig
 
-    chosen = dict(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=seq_len,
-        depth=args.depth,
-        lr=args.lr,
-        num_anchors=args.anchors,
-        anchor_max_gap=args.anchor_max_gap,
-        seed=args.seed,
-        save_every=args.save_every,
-    )
-    return TrainingConfig.finetune(**chosen) if args.init else TrainingConfig(**chosen)
+    chosen = dict(steps=args.steps, batch_size=args.batch_size, seq_len=seq_len, depth=args.depth, lr=args.lr)
+    chosen.update(num_anchors=args.anchors, anchor_max_gap=args.anchor_max_gap, seed=args.seed)
+    return (TrainingConfig.finetune if args.init else TrainingConfig)(**chosen, save_every=args.save_every)
 
 
 def _train_on_captured(args: SimpleNamespace) -> int:
     from ..serving.engines import InputError, Target, check_roles, read_config_json
     from ..training.captured import MANIFEST, CapturedDataError, CapturedStates
+    from ..training.trainer import CapturedTarget, drafter_from_files, target_embeddings, train_on
 
     try:
         target_json, _ = read_config_json(args.target)
@@ -289,28 +247,13 @@ def _train_on_captured(args: SimpleNamespace) -> int:
                 f"argument --data: {len(data)} captured sequences; expected at least --batch-size {args.batch_size}"
             )
         device = resolve_device(args.device)
+        import torch
+
+        torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
+        embed = lambda: target_embeddings(args.target)[0]  # noqa: E731
+        drafter = _drafter(args, ids, embed, lambda **config: drafter_from_files(args.target, **config))
     except (InputError, CapturedDataError, OSError, ValueError) as err:
         return error(str(err))
-    import torch
-
-    from ..training.trainer import CapturedTarget, drafter_from_files, train_on
-
-    torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
-    if args.init:
-        from ..training.trainer import drafter_to_finetune, target_embeddings
-
-        try:
-            drafter = drafter_to_finetune(args.init, target_embeddings(args.target)[0])
-        except (OSError, ValueError) as err:
-            return error(f"argument --init: {err}")
-    else:
-        drafter = drafter_from_files(
-            args.target,
-            eagle_aux_hidden_state_layer_ids=ids,
-            fc_norm=not args.eagle3,
-            norm_output=not args.eagle3,
-            **args.layer,
-        )
     if args.follow:
         from ..training.spool import FollowTarget
 
@@ -318,21 +261,15 @@ def _train_on_captured(args: SimpleNamespace) -> int:
     else:
         states = CapturedTarget(data, target.vocab_size, device)
     config = _training_config(args, args.seq_len if args.follow else data.longest)
-    from ..training.distributed import launched_by_torchrun
+    from ..training.distributed import launched_by_torchrun, train_distributed
 
     if launched_by_torchrun():
-        from ..training.distributed import train_distributed
-
         train_distributed(states, drafter, args.out, config, micro_batch=args.micro_batch, progress=not args.quiet)
         if int(os.environ.get("RANK", 0)):
             return 0  # rank 0 reports
     else:
         train_on(states, drafter, args.out, config, progress=not args.quiet)
-    print(
-        f"drafter written to {args.out} ({'EAGLE-3' if args.eagle3 else 'EAGLE-3.1'}, aux layers "
-        f"{drafter.config.aux_layer_ids.describe()}, {len(data)} captured sequences)"
-    )
-    return 0
+    return _written(args, drafter, f", {len(data)} captured sequences")
 
 
 def _say(line: str) -> None:

@@ -1,29 +1,20 @@
 """Captured target states on disk: what ``eagle31-mla capture`` writes and ``eagle31-mla train --data`` reads.
 
-A capture folder holds safetensors shards and a ``manifest.json``. Each shard holds whole sequences,
-concatenated along the token axis:
+A capture folder holds a ``manifest.json`` and safetensors shards of whole sequences, concatenated along the
+token axis: ``token_ids`` [T] int64; ``offsets`` [n + 1] (sequence i is ``offsets[i]:offsets[i + 1]``);
+``input_index`` [n] (each sequence's position in the input, for resuming); ``aux`` [T, n, H] (the residual
+stream after each aux layer, ascending one-based ids; Kimi-K3's prefix-only stream); ``topk_logprobs`` [T, K]
+float32 and ``topk_ids`` [T, K] int32 (the target's K most likely next tokens, as the engine computed them: the
+loss input); ``loss_mask`` [T] uint8 (1 where trained on, as the manifest's ``loss_mask`` says: "all",
+"assistant" or "last-turn").
 
-* ``token_ids`` [T] int64, ``offsets`` [n + 1] int64 (sequence i is ``offsets[i]:offsets[i + 1]``),
-  ``input_index`` [n] int64 (the sequence's position in the capture's input, for resuming);
-* ``aux`` [T, n, H]: the residual stream after each aux layer, in ascending layer order (one-based ids,
-  :mod:`eagle31_mla.model.aux_layers`; for Kimi-K3 the prefix-only stream);
-* ``topk_logprobs`` [T, K] float32 and ``topk_ids`` [T, K] int32: the target's K most likely next tokens
-  after position t and their log-probabilities, as the engine computed them: the loss input;
-* ``loss_mask`` [T] uint8: 1 where the token is trained on (every token of a text capture; the assistant
-  content of a conversation, :func:`eagle31_mla.prompts.conversation_tokens`), as the manifest's
-  ``loss_mask`` says ("all", "assistant" or "last-turn").
+Log-probabilities, not the target's last hidden state: the engine's numbers hold for every target, while Kimi-K3's
+output path is not norm + ``lm_head`` alone. K x 8 bytes per token (K = 64 adds 0.5 KB to Kimi-K3's 43 KB of bf16
+aux states); the drafter is trained towards the target's distribution renormalised over those K tokens.
 
-Why log-probabilities and not the target's last hidden state: the engine's own numbers hold for every
-target, while a last state needs the target's whole output path at training time, which for Kimi-K3 is
-not norm + ``lm_head`` alone (its output mixes the AttnRes blocks first). K is the trade-off: K x 8 bytes
-per token (Kimi-K3's aux states are 3 x 7168 x 2 = 43 KB per token in bf16; K = 64 adds 0.5 KB), and the
-drafter is trained towards the target's distribution renormalised over those K tokens (the README
-measures what that changes); K = the vocabulary size keeps it whole.
-
-Every file is written under a temporary name and renamed into place, shard first, manifest last, so
-an interrupted capture leaves the previous manifest and complete shards; a resumed capture skips the
-sequences the manifest lists and never writes one twice. :class:`CapturedStates` checks every shard
-against the manifest before anything trains, and names the shard and the field that is wrong.
+Files are written under a temporary name and renamed, shard first, manifest last: an interrupted capture leaves
+the previous manifest and complete shards, and a resumed one skips what the manifest lists.
+:class:`CapturedStates` checks every shard against the manifest before anything trains.
 """
 
 from __future__ import annotations
@@ -38,23 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-__all__ = [
-    "FORMAT",
-    "VERSION",
-    "MANIFEST",
-    "CapturedDataError",
-    "CaptureManifest",
-    "CapturedStates",
-    "inputs_digest",
-    "write_shard",
-    "write_manifest",
-    "read_manifest",
-    "bytes_per_token",
-    "shard_bytes",
-    "check_shard",
-    "LOSS_MASKS",
-]
 
 FORMAT = "eagle31-mla-captured-states"
 VERSION = 2  # 2: a loss mask per token
@@ -121,8 +95,9 @@ class CaptureManifest:
         return json.dumps(asdict(self), indent=1)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one."""
+def atomic_write(path: Path, write) -> None:
+    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one (the
+    one atomic writer of the training files: shards, manifests, trainer states, checkpoint pointers)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -135,14 +110,10 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_manifest(folder: str | Path, manifest: CaptureManifest) -> None:
-    _atomic_write(Path(folder) / MANIFEST, lambda tmp: Path(tmp).write_text(manifest.to_json()))
+    atomic_write(Path(folder) / MANIFEST, lambda tmp: Path(tmp).write_text(manifest.to_json()))
 
 
-def write_shard(
-    folder: str | Path,
-    number: int,
-    sequences: Sequence[tuple],
-) -> dict[str, Any]:
+def write_shard(folder: str | Path, number: int, sequences: Sequence[tuple]) -> dict[str, Any]:
     """Write one shard (atomically) and return its manifest entry. Each sequence is (input index, token ids
     [S], aux [S, n, H], top-k log-probabilities [S, K], their token ids [S, K][, loss mask [S]: all ones
     when left out])."""
@@ -161,13 +132,8 @@ def write_shard(
         ).to(torch.uint8),
     }
     name = SHARD_PATTERN.format(number)
-    _atomic_write(Path(folder) / name, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    return {
-        "file": name,
-        "sequences": len(sequences),
-        "tokens": sum(lengths),
-        "input_index": [seq[0] for seq in sequences],
-    }
+    atomic_write(Path(folder) / name, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    return {"file": name, "sequences": len(sequences), "tokens": sum(lengths), "input_index": [s[0] for s in sequences]}
 
 
 def read_manifest(folder: str | Path) -> CaptureManifest:
@@ -203,54 +169,43 @@ def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) ->
     Raises :class:`CapturedDataError` naming the shard and the field that is wrong."""
     from safetensors import safe_open
 
-    hidden, k, top_k = manifest.target["hidden_size"], len(manifest.aux_layer_ids), manifest.top_k
-    where = f"{path}"
-    if not path.is_file():
-        raise CapturedDataError(f"{where}: listed in the manifest but missing")
+    tokens, n, k, hidden = (
+        entry["tokens"],
+        entry["sequences"],
+        len(manifest.aux_layer_ids),
+        manifest.target["hidden_size"],
+    )
+    want = {
+        "token_ids": ("I64", [tokens]),
+        "offsets": ("I64", [n + 1]),
+        "input_index": ("I64", [n]),
+        "aux": ({"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[manifest.dtype], [tokens, k, hidden]),
+        "topk_logprobs": ("F32", [tokens, manifest.top_k]),
+        "topk_ids": ("I32", [tokens, manifest.top_k]),
+        "loss_mask": ("U8", [tokens]),
+    }
     try:
         with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            expected = {"token_ids", "offsets", "input_index", "aux", "topk_logprobs", "topk_ids", "loss_mask"}
-            if names != expected:
-                raise CapturedDataError(f"{where}: tensors {sorted(names)}; expected {sorted(expected)}")
-            shapes = {name: list(f.get_slice(name).get_shape()) for name in expected}
-            offsets = f.get_tensor("offsets")
-            input_index = f.get_tensor("input_index").tolist()
-            dtypes = {name: f.get_slice(name).get_dtype() for name in ("aux", "topk_logprobs", "topk_ids", "loss_mask")}
-            mask_values = f.get_tensor("loss_mask").unique().tolist()
-    except CapturedDataError:
-        raise
+            found = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
+            if found == want:
+                offsets, input_index = f.get_tensor("offsets"), f.get_tensor("input_index").tolist()
+                mask_values = f.get_tensor("loss_mask").unique().tolist()
+    except FileNotFoundError:
+        raise CapturedDataError(f"{path}: listed in the manifest but missing") from None
     except Exception as err:  # a truncated or damaged file: safetensors' own message says how
-        raise CapturedDataError(f"{where}: not a readable safetensors shard ({err})") from None
-    tokens, n = entry["tokens"], entry["sequences"]
-    want = {
-        "token_ids": [tokens],
-        "offsets": [n + 1],
-        "input_index": [n],
-        "aux": [tokens, k, hidden],
-        "topk_logprobs": [tokens, top_k],
-        "topk_ids": [tokens, top_k],
-        "loss_mask": [tokens],
-    }
-    for name, shape in want.items():
-        if shapes[name] != shape:
+        raise CapturedDataError(f"{path}: not a readable safetensors shard ({err})") from None
+    if found.keys() != want.keys():
+        raise CapturedDataError(f"{path}: tensors {sorted(found)}; expected {sorted(want)}")
+    for name, (dtype, shape) in want.items():
+        if found[name] != (dtype, shape):
             raise CapturedDataError(
-                f"{where}: `{name}` has shape {shapes[name]}; the manifest ({k} aux layers, hidden size "
-                f"{hidden}, top-{top_k}, {n} sequences, {tokens} tokens) needs {shape}"
+                f"{path}: `{name}` is {found[name][0]} {found[name][1]}; the manifest ({k} aux layers, hidden size "
+                f"{hidden}, top-{manifest.top_k}, {n} sequences, {tokens} tokens) needs {dtype} {shape}"
             )
-    want_dtypes = {
-        "aux": {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[manifest.dtype],
-        "topk_logprobs": "F32",
-        "topk_ids": "I32",
-        "loss_mask": "U8",
-    }
-    for name, found in dtypes.items():
-        if found != want_dtypes[name]:
-            raise CapturedDataError(f"{where}: `{name}` is {found}; expected {want_dtypes[name]}")
     if not set(mask_values) <= {0, 1}:
-        raise CapturedDataError(f"{where}: `loss_mask` holds {sorted(mask_values)}; expected only 0 and 1")
+        raise CapturedDataError(f"{path}: `loss_mask` holds {sorted(mask_values)}; expected only 0 and 1")
     if input_index != entry["input_index"] or int(offsets[-1]) != tokens or bool((offsets.diff() < 1).any()):
-        raise CapturedDataError(f"{where}: its sequence index or offsets disagree with the manifest")
+        raise CapturedDataError(f"{path}: its sequence index or offsets disagree with the manifest")
     return input_index, offsets
 
 
@@ -265,8 +220,6 @@ class CapturedStates:
                 f"{self.folder}: captured at aux layers {manifest.aux_layer_ids} (one-based), but the drafter reads "
                 f"{list(aux_layer_ids)}; capture again with the drafter's ids"
             )
-        dtype = getattr(torch, manifest.dtype)
-        self._index: list[tuple[Path, int, int]] = []  # (shard, start, end) per sequence, in input order
         entries = []
         for entry in manifest.shards:
             path = self.folder / entry["file"]
@@ -275,8 +228,8 @@ class CapturedStates:
         entries.sort()
         if len({i for i, *_ in entries}) != len(entries):
             raise CapturedDataError(f"{self.folder}: a sequence is captured twice")
-        self._index = [(path, start, end) for _, path, start, end in entries]
-        self.dtype = dtype
+        self._index = [(path, start, end) for _, path, start, end in entries]  # per sequence, in input order
+        self.dtype = getattr(torch, manifest.dtype)
         self._open: dict[Path, Any] = {}
 
     def __len__(self) -> int:

@@ -2,22 +2,15 @@
 
     torchrun --nproc-per-node 8 -m eagle31_mla.train --target T --data DIR --out OUT [train options]
 
-The same objective as :func:`eagle31_mla.training.trainer.train_on` (test-time training, forward KL, anchors,
-depth weights), with the drafter sharded by ``torch.distributed.fsdp.fully_shard`` (bf16 parameters
-and float32 gradient reduction on GPU when the recipe computes in bf16; float32 on CPU, where the tests
-run it with the gloo backend). What makes N ranks train the drafter one rank trains:
+The objective of :func:`eagle31_mla.training.trainer.train_on`, the drafter sharded by ``fully_shard`` (bf16
+parameters and float32 reduction on GPU when the recipe computes in bf16; float32 with gloo on CPU). N ranks
+train the drafter one rank trains: every rank draws the same step batch of ``batch_size`` sequences and takes
+every N-th, in micro-batches (gradient accumulation); every rank pads to the step's longest; the loss is divided
+by the weights summed over all ranks and scaled by N (FSDP averages gradients).
 
-* the global batch is ``batch_size`` sequences whatever the number of ranks: every rank draws the same
-  step batch (:func:`~eagle31_mla.training.trainer.step_batch`) and takes every N-th sequence of it, in
-  micro-batches of ``micro_batch`` (gradient accumulation without synchronisation but for the last);
-* every rank pads its sequences to the step's longest, so positions and anchors are the same;
-* the loss is divided by the weights summed over all ranks (``all_reduce``), not a rank's own, and
-  scaled by N because FSDP averages gradients over ranks.
-
-Checkpoints use ``torch.distributed.checkpoint``: each step's state goes to its own folder, and a
-``latest`` file naming it is replaced (rename) once every rank has written, so a rank killed mid-save
-leaves the previous checkpoint named and loadable; older step folders are removed after that. The final
-export is the published layout (``save_pretrained``) written by rank 0 from the gathered weights.
+Checkpoints use ``torch.distributed.checkpoint``, one folder per step, named by a ``latest`` file replaced once
+every rank has written: a rank killed mid-save leaves the previous checkpoint named. Rank 0 exports the
+published layout from the gathered weights.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 from dataclasses import asdict
@@ -35,19 +27,20 @@ import torch
 import torch.distributed as dist
 
 from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
+from .captured import atomic_write
 from .trainer import (
     CapturedTarget,
     TrainingConfig,
+    _apply_step,
     _compute,
+    _optimizer,
     clip_gradients,
     combine_depth_losses,
+    export_drafter,
     loss_weight_sums,
     step_anchors,
     ttt_loss_terms,
-    write_recipe,
 )
-
-__all__ = ["launched_by_torchrun", "train_distributed", "LATEST"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,15 +55,13 @@ def launched_by_torchrun() -> bool:
 
 
 def _setup() -> tuple[int, int, torch.device]:
+    cuda = torch.cuda.is_available()
     if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
         dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        return rank, world, torch.device("cuda", local)
-    return rank, world, torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 def _shard(drafter: Eagle31MLAForCausalLM, world: int, device: torch.device, config: TrainingConfig) -> None:
@@ -105,9 +96,7 @@ def _save(work_dir: Path, step: int, drafter, optimizer, schedule, config: Train
         (folder / "trainer.json").write_text(json.dumps(trainer))
     dist.barrier()  # every rank has written its shards
     if rank == 0:
-        pointer = work_dir / f".{LATEST}.tmp"
-        pointer.write_text(folder.name)
-        os.replace(pointer, work_dir / LATEST)
+        atomic_write(work_dir / LATEST, lambda tmp: Path(tmp).write_text(folder.name))
         for old in work_dir.glob("step-*"):
             if old.name != folder.name and old.is_dir():
                 shutil.rmtree(old)
@@ -140,12 +129,7 @@ def _export(drafter, out_dir: Path, config: TrainingConfig, rank: int) -> None:
     if rank == 0:
         template = Eagle31MLAForCausalLM(drafter.config)  # the unsharded model the gathered weights fill
         template.load_state_dict(full)
-        dtype = getattr(torch, config.export_dtype) if config.export_dtype else torch.float32
-        template.to(dtype)
-        template.config.dtype = dtype
-        out_dir.mkdir(parents=True, exist_ok=True)
-        template.save_pretrained(out_dir)
-        write_recipe(out_dir, config)
+        export_drafter(template, out_dir, getattr(torch, config.export_dtype or "float32"), config)
     dist.barrier()
 
 
@@ -164,8 +148,7 @@ def train_distributed(
     rank, world, device = _setup()
     if config.batch_size % world:
         raise ValueError(f"--batch-size {config.batch_size} must be a multiple of the number of ranks ({world})")
-    local = config.batch_size // world
-    micro_batch = micro_batch or local
+    micro_batch = micro_batch or config.batch_size // world
     out_dir = Path(out_dir)
     work_dir = out_dir / "checkpoint"
     if rank == 0:
@@ -174,11 +157,7 @@ def train_distributed(
     drafter.to(device)
     _shard(drafter, world, device, config)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas))
-    warmup = max(1, config.warmup)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
-    )
+    optimizer, schedule = _optimizer(params, config)
     dist.barrier()
     start = _resume(work_dir, drafter, optimizer, schedule, config)
     if start:
@@ -187,7 +166,7 @@ def train_distributed(
     drafter.train()
     bar = tqdm(range(start, config.steps), desc="train drafter", disable=not progress or rank, initial=start)
     for step in bar:
-        if kill and kill == f"{rank}:{step}":
+        if kill == f"{rank}:{step}":
             os._exit(1)  # test-only: this rank dies as a killed process does
         stalled = torch.tensor([float(states.stalled(step, config))], device=device)
         dist.all_reduce(stalled, op=dist.ReduceOp.MAX)  # every rank checkpoints if one waits on a full spool
@@ -226,16 +205,8 @@ def train_distributed(
         reduced = torch.tensor([loss_total], device=device)
         dist.all_reduce(reduced)
         dist.all_reduce(agree)
-        accuracy = [round(float(a / w.clamp_min(1)), 4) for a, w in zip(agree, totals)]
-        entry = {"step": step + 1, "loss": round(float(reduced), 5), "acc": accuracy, "grad_norm": float(norm)}
-        if torch.isfinite(reduced).all() and torch.isfinite(norm):
-            optimizer.step()
-        else:
-            entry["skipped"] = "non-finite loss or gradient"
-            logger.warning("step %d skipped: non-finite loss or gradient", step + 1)
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        config.log.append(entry)
+        accuracy = [float(a / w.clamp_min(1)) for a, w in zip(agree, totals)]
+        _apply_step(optimizer, schedule, config, step, float(reduced), accuracy, norm)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             _save(work_dir, step + 1, drafter, optimizer, schedule, config, rank)
             states.checkpointed(step + 1, config, remove=rank == 0)

@@ -1,30 +1,24 @@
 """Online training through a spool: ``capture --spool DIR --max-spool-gb N`` and ``train --data DIR --follow``
-at the same time, the capture's shards streamed to the trainer through a capped folder, as TorchSpec trains
-(inference and training at once) without its services: a shared folder is the whole protocol.
+at once, as TorchSpec trains (inference and training together) without its services: a shared folder is the
+whole protocol.
 
-The spool holds one capture folder per capture process, ``part-I-of-N`` (the same format as ``capture --out``:
-safetensors shards written atomically, then the manifest naming them). Part I captures input sequences
-I-1, I-1+N, ... of the one input. Its manifest's ``spool`` entry says its part, the whole input's size, its
-share of the cap (N GB / parts) and how large its shards are.
+The spool holds one capture folder per capture process, ``part-I-of-N`` (the ``capture --out`` format); part I
+captures input sequences I-1, I-1+N, ... Its manifest's ``spool`` entry gives its part, the input's size, its
+share of the cap (N GB / parts) and its shard sizes.
 
-* The capture writes a shard only when the part's shards present, plus this one, fit in its share; otherwise it
-  waits (and says so) until the trainer takes some. A shard is sized before the target runs on it.
-* The trainer reads the shards in one fixed order, whatever the timing: shard 0 of part 1, shard 0 of part 2,
-  ..., shard 1 of part 1, ... (a part whose manifest is complete drops out). Step k trains on the next
-  ``batch_size`` sequences of that stream. The order is a function of the spool's content, so a resumed
-  trainer sees the batches an uninterrupted one does, and ``--follow`` on a stored capture (``capture --out``)
-  trains the same drafter as on its spool.
-* The trainer removes a shard only after every rank has trained on all its sequences and a checkpoint covering
-  them is written; when the step it needs is not captured yet and trained shards are still held, it writes a
-  checkpoint first, so a full spool always drains. With ``--epochs > 1`` it keeps every shard to the end, and
-  refuses to start when the capture cannot fit in the spool's cap.
-* Killing either side at any moment loses nothing: the capture resumes from its manifest (an unlisted shard it
-  was writing is its own and is replaced), the trainer from its last checkpoint (the shards after it were not
-  removed).
+* The capture writes a shard only when it fits in the part's share beside the shards present (sized before the
+  target runs); otherwise it waits, and says so.
+* The trainer reads the shards in one fixed order (shard 0 of part 1, shard 0 of part 2, ..., shard 1 of part 1,
+  ...): a function of the spool's content, not its timing, so a resumed trainer sees the batches an uninterrupted
+  one does, and ``--follow`` on a stored capture trains the drafter its spool trains.
+* A shard is removed once every rank has trained on it and a checkpoint covers it; a trainer waiting on a full
+  spool checkpoints first, so the spool drains. ``--epochs > 1`` keeps every shard (refused beyond the cap).
+* Killing either side loses nothing: the capture resumes from its manifest, the trainer from its checkpoint.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import os
@@ -49,20 +43,6 @@ from .captured import (
     write_shard,
 )
 from .trainer import CapturedTarget, TrainingConfig
-
-__all__ = [
-    "PART_FOLDER",
-    "SpoolSettings",
-    "SpoolGate",
-    "FollowedCapture",
-    "FollowTarget",
-    "part_folder",
-    "part_sequences",
-    "is_spool",
-    "plan_part",
-    "stream_steps",
-    "write_shards",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -147,17 +127,19 @@ def write_shards(
     is written (atomically), then the manifest naming it. ``run_target(indices)`` gives the shard's sequences
     (:func:`~eagle31_mla.training.captured.write_shard`'s tuples). For a spool part (``manifest.spool``), each
     shard first waits for room. Yields (sequences, tokens) per shard written."""
-    gate = None
-    if manifest.spool is not None:
-        gate = SpoolGate(out, manifest, say)
-        gate.clean()
+    if manifest.spool is not None:  # what an interrupted run left: temporary files, a shard written but not listed
+        listed = {entry["file"] for entry in manifest.shards}
+        for path in out.iterdir():
+            unlisted_shard = _SHARD.fullmatch(path.name) and path.name not in listed
+            if path.is_file() and (unlisted_shard or (path.name.startswith(".") and path.name.endswith(".tmp"))):
+                path.unlink(missing_ok=True)  # (the resumed run writes it again, under the same name)
     pending = [i for i in range(len(sequences)) if i not in manifest.done]
     num_aux, hidden, dtype = len(manifest.aux_layer_ids), manifest.target["hidden_size"], getattr(torch, manifest.dtype)
     for start in range(0, len(pending), sequences_per_shard):
         chunk = pending[start : start + sequences_per_shard]
         tokens = sum(len(sequences[i]) for i in chunk)
-        if gate is not None:  # back-pressure: the shard is sized before the target runs on it
-            gate.wait_for_room(shard_bytes(tokens, len(chunk), num_aux, hidden, dtype, manifest.top_k))
+        if manifest.spool is not None:  # back-pressure: the shard is sized before the target runs on it
+            _wait_for_room(out, manifest, shard_bytes(tokens, len(chunk), num_aux, hidden, dtype, manifest.top_k), say)
         manifest.shards.append(write_shard(out, len(manifest.shards), run_target(chunk)))
         write_manifest(out, manifest)
         yield len(chunk), tokens
@@ -173,33 +155,14 @@ def _listed_bytes(folder: Path, manifest: CaptureManifest) -> int:
     return total
 
 
-class SpoolGate:
-    """The capture's side: one part's share of the cap, and waiting for room (back-pressure)."""
-
-    def __init__(self, folder: Path, manifest: CaptureManifest, say: Callable[[str], None] = print):
-        self.folder, self.manifest, self.say = folder, manifest, say
-        self.max_bytes = manifest.spool["max_bytes"]
-
-    def clean(self) -> None:
-        """Remove what an interrupted run of this capture left in its part folder: temporary files, and a shard
-        written but not yet listed (the resumed run writes it again, under the same name)."""
-        listed = {entry["file"] for entry in self.manifest.shards}
-        for path in self.folder.iterdir():
-            unlisted_shard = _SHARD.fullmatch(path.name) and path.name not in listed
-            if path.is_file() and (unlisted_shard or (path.name.startswith(".") and path.name.endswith(".tmp"))):
-                path.unlink(missing_ok=True)
-
-    def wait_for_room(self, need: int) -> None:
-        """Return once a shard of ``need`` bytes fits beside the part's shards the trainer has not taken."""
-        said = False
-        while (used := _listed_bytes(self.folder, self.manifest)) + need > self.max_bytes:
-            if not said:
-                self.say(
-                    f"spool full ({used / 1e6:.3f} of {self.max_bytes / 1e6:.3f} MB for "
-                    f"{self.folder.name}): waiting for the trainer to take shards"
-                )
-                said = True
-            time.sleep(POLL_S)
+def _wait_for_room(folder: Path, manifest: CaptureManifest, need: int, say: Callable[[str], None]) -> None:
+    """Return once a shard of ``need`` bytes fits in the part's share beside the shards the trainer has not taken."""
+    said, cap = False, manifest.spool["max_bytes"]
+    while (used := _listed_bytes(folder, manifest)) + need > cap:
+        if not said:
+            say(f"spool full ({used / 1e6:.3f} of {cap / 1e6:.3f} MB for {folder.name}): waiting for the trainer")
+            said = True
+        time.sleep(POLL_S)
 
 
 @dataclass
@@ -226,7 +189,15 @@ class FollowedCapture(CapturedStates):
     def __init__(self, folder: str | Path, *, say: Callable[[str], None] = print):
         self.folder, self.say = Path(folder), say
         self.parts = self._wait_for_parts()
-        self.manifest = self._manifests()[0]
+        self.manifests = [read_manifest(p) for p in self.parts]  # the parts agree, checked once
+        self.manifest = first = self.manifests[0]
+        for i, (p, m) in enumerate(zip(self.parts, self.manifests)):
+            for key in ("target", "aux_layer_ids", "dtype", "top_k", "loss_mask"):
+                if getattr(m, key) != getattr(first, key):
+                    raise CapturedDataError(f"{p}: another {key} ({getattr(m, key)!r}) than {self.parts[0].name}")
+            entry = [(m.spool or {}).get(key) for key in ("part", "parts", "inputs")]
+            if len(self.parts) > 1 and entry != [i + 1, len(self.parts), first.spool["inputs"]]:
+                raise CapturedDataError(f"{p}: its manifest's spool entry disagrees with its folder's part")
         self.spool = self.manifest.spool is not None
         self.total = self.manifest.spool["inputs"] if self.spool else self.manifest.num_inputs
         self.dtype = getattr(torch, self.manifest.dtype)
@@ -256,32 +227,12 @@ class FollowedCapture(CapturedStates):
                 said = True
             time.sleep(POLL_S)
 
-    def _manifests(self) -> list[CaptureManifest]:
-        manifests = [read_manifest(p) for p in self.parts]
-        first = manifests[0]
-        for p, m in zip(self.parts, manifests):
-            for key in ("target", "aux_layer_ids", "dtype", "top_k", "loss_mask"):
-                if getattr(m, key) != getattr(first, key):
-                    raise CapturedDataError(
-                        f"{p}: another {key} ({getattr(m, key)!r}) than {self.parts[0].name} ({getattr(first, key)!r})"
-                    )
-            if len(self.parts) > 1:
-                spool = m.spool or {}
-                if (spool.get("part"), spool.get("parts"), spool.get("inputs")) != (
-                    self.parts.index(p) + 1,
-                    len(self.parts),
-                    first.spool["inputs"],
-                ):
-                    raise CapturedDataError(f"{p}: its manifest's spool entry disagrees with its folder's part")
-        return manifests
-
     def check_plan(self, batch_size: int, epochs: int) -> None:
         """Refuse a run the spool's cap cannot carry: with ``epochs`` > 1 every shard is kept to the end; and
         each part's share must hold the shards one step reads while the next ones are written."""
         if not self.spool:
             return
-        manifests = self._manifests()
-        parts = len(manifests)
+        manifests, parts = self.manifests, len(self.manifests)
         per_shard = min(m.spool["sequences_per_shard"] for m in manifests)
         window = math.ceil(batch_size / per_shard) + 1  # shards one step's batch can touch, in stream order
         need = window if parts == 1 else math.ceil(window / parts) + 1
@@ -313,7 +264,7 @@ class FollowedCapture(CapturedStates):
 
     def _extend(self) -> bool:
         """Add the shards now listed, in the stream order; False when the next one is not listed yet."""
-        manifests = self._manifests()
+        manifests = [read_manifest(p) for p in self.parts]
         progressed = False
         while self.captured < self.total:
             part = self._turn
@@ -348,11 +299,7 @@ class FollowedCapture(CapturedStates):
             time.sleep(POLL_S)
 
     def _where(self, i: int) -> tuple[Path, int, int]:
-        lo, hi = 0, len(self._shards)
-        while hi - lo > 1:  # the shard holding position i
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._shards[mid].start <= i else (lo, mid)
-        shard = self._shards[lo]
+        shard = self._shards[max(bisect.bisect_right(self._shards, i, key=lambda s: s.start) - 1, 0)]
         if not shard.start <= i < shard.end:
             raise IndexError(f"sequence {i} of the stream is not captured yet")
         if shard.offsets is None:

@@ -1,36 +1,28 @@
 """Train the drafter against a Transformers target with test-time training (TTT), as TorchSpec does.
 
-For a sequence x of S tokens the target gives, at every position t, its aux states A[t] (the
-residual stream after the drafter's aux layers) and its next-token distribution P[t] (over x[t+1]).
-The drafter is unrolled ``depth`` steps over all positions at once:
+For a sequence x of S tokens the target gives, at every position t, its aux states A[t] and its next-token
+distribution P[t] (over x[t+1]). The drafter is unrolled ``depth`` steps over all positions at once:
 
-* depth 0: position t is fed embed(x[t+1]) and fc(A[t]) at rope position t; it predicts x[t+2] and is
-  trained towards P[t+1] (forward KL: cross-entropy with the target's distribution);
-* depth k >= 1: position t is fed embed(x[t+1+k]) and its own depth-(k-1) output state, at rope
-  position t+k; it predicts x[t+2+k], trained towards P[t+1+k]. It attends to the depth-0 keys of
-  positions <= t and to its own keys of depths 1..k only ("diagonal extension"): exactly what it
-  sees when drafting k tokens after position t at serving time.
+* depth 0: position t is fed embed(x[t+1]) and fc(A[t]) at rope position t; it predicts x[t+2], trained towards
+  P[t+1] (forward KL);
+* depth k >= 1: position t is fed embed(x[t+1+k]) and its own depth-(k-1) output state at rope position t+k,
+  trained towards P[t+1+k]. It attends to the depth-0 keys of positions <= t and to its own keys of depths
+  1..k ("diagonal extension"): exactly what it sees when drafting k tokens after t at serving time.
 
-The loss mask (``loss_mask[j]`` about token x[j], as TorchSpec's data marks assistant content) gates each
-prediction by the token it is fed: depth k at position t counts where x[t+1+k] is trained-on text. At
-serving time the drafter is fed the assistant's tokens and drafts the next ones (up to the end-of-turn
-token), and exactly those predictions are trained. (TorchSpec gates the same prediction by mask[t+k], one
-token earlier: its loss equals this one given its mask shifted left by one; per assistant turn that trains
-the token after the end-of-turn token instead of the turn's second token.)
-
-EAGLE-3 vs EAGLE-3.1 is the drafter's config (``fc_norm``, ``norm_output``); the model applies both.
-Anchored TTT, as TorchSpec samples it (:func:`sample_anchors`), trains every depth only at anchors drawn per
-sequence among the positions whose first two predictions are trained.
-Checkpoints are written in the published layout (``save_pretrained``) with a trainer state beside
-them, so training resumes where it stopped.
+The loss mask (``loss_mask[j]`` about token x[j]) gates each prediction by the token it is fed: depth k at t
+counts where x[t+1+k] is trained-on text. (TorchSpec gates it by mask[t+k]: its loss equals this one given its
+mask shifted left by one.) Anchored TTT (:func:`sample_anchors`) trains every depth only at anchors drawn per
+sequence. Checkpoints are the published layout (``save_pretrained``) with a trainer state beside them, so
+training resumes exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,28 +33,7 @@ import torch.nn.functional as F
 from ..decoding.target import capture_target_states
 from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from ..prompts import eos_token_ids
-
-__all__ = [
-    "TrainingConfig",
-    "capture_target_states",
-    "ttt_forward",
-    "ttt_loss",
-    "ttt_loss_terms",
-    "sample_anchors",
-    "loss_weight_sums",
-    "combine_depth_losses",
-    "clip_gradients",
-    "train_drafter",
-    "train_on",
-    "LiveTarget",
-    "CapturedTarget",
-    "drafter_for_target",
-    "drafter_from_files",
-    "drafter_to_finetune",
-    "target_embeddings",
-    "LAYER_SETTINGS",
-    "layer_settings",
-]
+from .captured import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -103,25 +74,26 @@ def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values[torch.arange(values.shape[0], device=values.device)[:, None], index]
 
 
-def depth_rows(S: int, k: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
-    """The query positions the loss reads at depth k: every position [S], or the anchors [B, N] (an empty
-    slot, -1, reads position 0 and weighs nothing)."""
+def depth_rows(S: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
+    """The query positions: every position [S], or the anchors [B, N] (an empty slot, -1, reads position 0)."""
     return torch.arange(S, device=device) if anchors is None else anchors.clamp(min=0)
 
 
 def fed_positions(S: int, k: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
     """The index of the token fed at depth k, t+1+k, per query row ([S], or [B, N] with S for an empty slot:
     beyond the sequence, so it weighs nothing)."""
-    fed = depth_rows(S, k, anchors, device) + 1 + k
+    fed = depth_rows(S, anchors, device) + 1 + k
     return fed if anchors is None else torch.where(anchors >= 0, fed, S)
 
 
-def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
-    """[B, T]: which rows count in the loss: the fed token is trained-on text and inside the sequence, and
-    (with a pruned vocabulary) the target's argmax has a draft token."""
+def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask, fed: torch.Tensor) -> torch.Tensor:
+    """[B, T]: which rows count in the loss: the fed token is trained-on text (``loss_mask`` [B, S], None: all)
+    and inside the sequence, and (with a pruned vocabulary) the target's argmax has a draft token."""
     S = target_probs.shape[1]
     index = fed.clamp(max=S - 1)
-    weight = _at(loss_mask, index) * (fed < S)
+    weight = (fed < S).float().expand(target_probs.shape[0], -1)
+    if loss_mask is not None:
+        weight = weight * _at(loss_mask, index)
     if drafter.d2t is not None:
         weight = weight * drafter.t2d[_at(target_probs, index).argmax(-1)]
     return weight
@@ -130,15 +102,9 @@ def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask: torch.Tensor, f
 def loss_weight_sums(drafter, target_probs, depth: int, loss_mask=None, anchors=None) -> torch.Tensor:
     """[depth]: the loss weights summed per depth, without running the drafter (data-parallel ranks add
     theirs to divide by the whole batch's)."""
-    B, S = target_probs.shape[:2]
-    device = target_probs.device
-    loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
-    return torch.stack(
-        [
-            _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, k, anchors, device)).sum()
-            for k in range(depth)
-        ]
-    )
+    S, device = target_probs.shape[1], target_probs.device
+    fed = [fed_positions(S, k, anchors, device) for k in range(depth)]
+    return torch.stack([_loss_weight(drafter, target_probs, loss_mask, f).sum() for f in fed])
 
 
 def sample_anchors(
@@ -185,8 +151,7 @@ def step_anchors(drafter, target_probs, loss_mask, config: TrainingConfig, step:
     (seed, step, the sequence's index in the data): the same whichever rank or micro-batch holds it."""
     if config.num_anchors is None:
         return None
-    B, S = target_probs.shape[:2]
-    loss_mask = torch.ones(B, S, device=target_probs.device) if loss_mask is None else loss_mask
+    S = target_probs.shape[1]
     weights = _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, 0, None, target_probs.device))
     seeds = [((config.seed * 1_000_003 + step) * 1_000_003 + int(i)) % 2**63 for i in sequence_indices]
     return sample_anchors(weights, config.num_anchors, config.depth, seeds, config.anchor_max_gap)
@@ -211,7 +176,7 @@ def ttt_forward(
         anchors = anchors.expand(B, -1)
     cache, state = ConcatKVCache(), None
     for k in range(depth):
-        rows = depth_rows(S, k, None if k == 0 else anchors, device)  # depth 0 runs dense
+        rows = depth_rows(S, None if k == 0 else anchors, device)  # depth 0 runs dense
         if k == 1 and anchors is not None:
             state = _at(state, rows)
         token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
@@ -232,8 +197,8 @@ def ttt_forward(
         state = out.hidden_states
         logits = out.logits
         if k == 0 and anchors is not None:
-            logits = _at(logits, depth_rows(S, 0, anchors, device))
-        yield depth_rows(S, k, anchors, device), logits, fed_positions(S, k, anchors, device)
+            logits = _at(logits, depth_rows(S, anchors, device))
+        yield depth_rows(S, anchors, device), logits, fed_positions(S, k, anchors, device)
 
 
 def ttt_loss_terms(
@@ -251,9 +216,7 @@ def ttt_loss_terms(
     With a pruned vocabulary, positions whose target argmax lies outside the draft vocabulary are left out
     (no draft token can be right there, as TorchSpec does), and the target's mass is renormalised over the
     draft vocabulary at the others."""
-    B, S = input_ids.shape
-    device = input_ids.device
-    loss_mask = torch.ones(B, S, device=device) if loss_mask is None else loss_mask
+    S, device = input_ids.shape[1], input_ids.device
     terms = []
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
         index = fed.clamp(max=S - 1)
@@ -328,16 +291,8 @@ class TrainingConfig:
         AdamW (0.9, 0.999) at 2e-5 with a linear warmup over 1.5% of the steps then cosine decay,
         gradient clip 1.0, 7 unroll steps weighted 0.8^k and summed, bf16 compute on float32 master
         weights, the export in bf16 as published."""
-        recipe = dict(
-            steps=steps,
-            lr=2e-5,
-            betas=(0.9, 0.999),
-            warmup=max(1, round(0.015 * steps)),
-            depth=7,
-            depth_decay=0.8,
-            compute_dtype="bfloat16",
-            export_dtype="bfloat16",
-        )
+        recipe = dict(steps=steps, lr=2e-5, betas=(0.9, 0.999), warmup=max(1, round(0.015 * steps)), depth=7)
+        recipe.update(depth_decay=0.8, compute_dtype="bfloat16", export_dtype="bfloat16")
         return cls(**{**recipe, **overrides})
 
 
@@ -376,8 +331,6 @@ LAYER_SETTINGS = (
 
 def layer_settings(config_json: dict) -> dict:
     """:data:`LAYER_SETTINGS` of a drafter's config.json, read (and checked) as the drafter reads it."""
-    import copy
-
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
     config = Eagle31MLAConfig.from_dict(config_json)
@@ -401,18 +354,10 @@ def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, config_overrides: 
 
     if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
         config_overrides["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc.num_hidden_layers)
-    kwargs = dict(
-        vocab_size=tc.vocab_size,
-        hidden_size=tc.hidden_size,
-        target_hidden_size=tc.hidden_size,
-        target_num_hidden_layers=tc.num_hidden_layers,
-        bos_token_id=tc.bos_token_id,
-        eos_token_id=tc.eos_token_id,
-        pad_token_id=tc.pad_token_id,
-        dtype=torch.float32,
-    )
-    kwargs.update(config_overrides)
-    drafter = Eagle31MLAForCausalLM(Eagle31MLAConfig(**kwargs))
+    sizes = dict(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size)
+    ids = dict(bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id)
+    kwargs = dict(**sizes, **ids, target_num_hidden_layers=tc.num_hidden_layers, dtype=torch.float32)
+    drafter = Eagle31MLAForCausalLM(Eagle31MLAConfig(**{**kwargs, **config_overrides}))
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(embed)
         drafter.lm_head.weight.copy_(head)
@@ -442,13 +387,11 @@ def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tens
     if "embed_tokens.weight" not in found:
         raise ValueError(f"{folder}: no `embed_tokens.weight` tensor; expected a causal LM checkpoint")
     found.setdefault("lm_head.weight", found["embed_tokens.weight"])  # tie_word_embeddings
-
-    def load(key):
-        file, name = found[key]
+    tensors = []
+    for file, name in (found["embed_tokens.weight"], found["lm_head.weight"]):
         with safe_open(str(file), framework="pt") as f:
-            return f.get_tensor(name)
-
-    return load("embed_tokens.weight"), load("lm_head.weight")
+            tensors.append(f.get_tensor(name))
+    return tensors[0], tensors[1]
 
 
 def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31MLAForCausalLM:
@@ -553,11 +496,7 @@ class CapturedTarget(_Batches):
         return self.data.length(i)
 
     def batch(self, indices: torch.Tensor, aux_layer_ids, pad_to: int | None = None):
-        if list(aux_layer_ids.one_based) != self.data.manifest.aux_layer_ids:
-            raise ValueError(
-                f"the capture holds aux layers {self.data.manifest.aux_layer_ids}; the drafter reads "
-                f"{aux_layer_ids.describe()}"
-            )
+        """As :meth:`LiveTarget.batch`; the drafter reads the capture's aux layers (checked where it is made)."""
         rows = [self.data.sequence(int(i)) for i in indices]
         S = max([ids.shape[0] for ids, *_ in rows] + [pad_to or 0])
         B, width = len(rows), rows[0][1].shape[-1]
@@ -588,6 +527,30 @@ def train_drafter(
     return train_on(states, drafter, out_dir, config, progress=progress, stop_at=stop_at)
 
 
+def _optimizer(params, config: TrainingConfig):
+    """AdamW with a linear warmup then cosine decay over ``config.steps``."""
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas))
+    warmup = max(1, config.warmup)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
+    )
+    return optimizer, schedule
+
+
+def _apply_step(optimizer, schedule, config: TrainingConfig, step: int, loss: float, acc, norm) -> None:
+    """Step the optimizer unless the loss or gradient is not finite (then the step is skipped and logged; the
+    schedule still advances), and log the step."""
+    entry = {"step": step + 1, "loss": round(loss, 5), "acc": [round(a, 4) for a in acc], "grad_norm": float(norm)}
+    if math.isfinite(loss) and torch.isfinite(norm):
+        optimizer.step()
+    else:
+        entry["skipped"] = "non-finite loss or gradient"
+        logger.warning("step %d skipped: non-finite loss or gradient", step + 1)
+    optimizer.zero_grad(set_to_none=True)
+    schedule.step()
+    config.log.append(entry)
+
+
 def train_on(
     states,
     drafter: Eagle31MLAForCausalLM,
@@ -608,18 +571,11 @@ def train_on(
     state_path = work_dir / "trainer_state.pt"
     drafter.to(states.device)  # one device for both (a GPU when the target is on one), before the optimizer
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas))
-    warmup = max(1, config.warmup)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))
-    )
+    optimizer, schedule = _optimizer(params, config)
     start = 0
-    if state_path.is_file():
+    if state_path.is_file():  # its weights are the step's (the published files may be a later, interrupted save)
         saved = torch.load(state_path, map_location="cpu", weights_only=True)
-        if "model" in saved:  # the weights of the same step (the published files may be a later, interrupted save)
-            drafter.load_state_dict(saved["model"])
-        else:  # a checkpoint from before the trainer state held them
-            drafter.load_state_dict(Eagle31MLAForCausalLM.from_pretrained(work_dir, dtype=drafter.dtype).state_dict())
+        drafter.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         start, config.log = saved["step"], json.loads(saved["log"])
@@ -637,28 +593,10 @@ def train_on(
         batch, aux, probs, loss_mask = states.batch(indices, drafter.config.aux_layer_ids)
         anchors = step_anchors(drafter, probs, loss_mask, config, step, indices)
         with _compute(config.compute_dtype, states.device):
-            loss, acc = ttt_loss(
-                drafter,
-                batch,
-                aux,
-                probs,
-                config.depth,
-                loss_mask=loss_mask,
-                anchors=anchors,
-                depth_decay=config.depth_decay,
-            )
-        optimizer.zero_grad(set_to_none=True)
+            loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, loss_mask, anchors, config.depth_decay)
         loss.backward()
         norm = clip_gradients(params, config.grad_clip)
-        entry = {"step": step + 1, "loss": round(loss.item(), 5), "acc": [round(a, 4) for a in acc]}
-        entry["grad_norm"] = float(norm)  # before clipping
-        if torch.isfinite(loss) and torch.isfinite(norm):
-            optimizer.step()
-        else:  # a non-finite loss or gradient: the step is skipped (the schedule still advances), and logged
-            entry["skipped"] = "non-finite loss or gradient"
-            logger.warning("step %d skipped: non-finite loss or gradient", step + 1)
-        schedule.step()
-        config.log.append(entry)
+        _apply_step(optimizer, schedule, config, step, loss.item(), acc, norm)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in acc))
         if (step + 1) % config.save_every == 0 or step + 1 == end:
             save_checkpoint(drafter, optimizer, schedule, step + 1, config, work_dir)
@@ -692,8 +630,6 @@ def clip_gradients(params, max_norm: float, reduce=None) -> torch.Tensor:
 
 def _compute(dtype: str | None, device):
     """bf16 compute for the drafter's forward and loss, float32 master weights (torch autocast)."""
-    import contextlib
-
     if dtype is None or dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
@@ -701,8 +637,6 @@ def _compute(dtype: str | None, device):
 
 def export_drafter(drafter: Eagle31MLAForCausalLM, out_dir: Path, dtype: torch.dtype, config: TrainingConfig) -> None:
     """The published layout in ``dtype`` (bf16 as published), beside the float32 checkpoint."""
-    import copy
-
     exported = copy.deepcopy(drafter).to(dtype)
     exported.config.dtype = dtype
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -711,8 +645,8 @@ def export_drafter(drafter: Eagle31MLAForCausalLM, out_dir: Path, dtype: torch.d
 
 
 def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
-    """The published layout, then the trainer state (weights, optimizer, schedule, step) written under a
-    temporary name and renamed: a run killed while saving resumes from the previous step's whole state."""
+    """The published layout, then the trainer state (weights, optimizer, schedule, step) written atomically: a
+    run killed while saving resumes from the previous step's whole state."""
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out_dir)
     state = {
@@ -722,17 +656,13 @@ def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -
         "step": step,
         "log": json.dumps(config.log),
     }
-    temporary = out_dir / ".trainer_state.pt.tmp"
-    torch.save(state, temporary)
-    os.replace(temporary, out_dir / "trainer_state.pt")
+    atomic_write(out_dir / "trainer_state.pt", lambda tmp: torch.save(state, tmp))
     write_recipe(out_dir, config)
 
 
 def write_recipe(out_dir: Path, config: TrainingConfig) -> None:
     """``training.json``: the settings a drafter was trained with (the log stays in the trainer state)."""
-    (out_dir / "training.json").write_text(
-        json.dumps({k: v for k, v in asdict(config).items() if k != "log"}, indent=2)
-    )
+    (out_dir / "training.json").write_text(json.dumps({k: v for k, v in asdict(config).items() if k != "log"}))
 
 
 def tokenize_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:

@@ -1,22 +1,13 @@
-"""Capture a target's aux states with vLLM, for training at a scale Transformers cannot run the target at.
+"""Capture a target's aux states with vLLM (0.29 and 0.32 tested), for training at a scale Transformers cannot
+run the target at.
 
-vLLM (0.29 and 0.32 tested) does the work: the speculative method ``extract_hidden_states`` makes the
-target store its residual stream at chosen layers in a cache, and the hidden-states KV connector
-(``ExampleHiddenStatesConnector``) writes it per request to a safetensors file. Teacher forcing is the
-whole sequence as the prompt with one output token. What this module adds:
-
-* the layers: the drafter's aux ids by the library's one rule (:mod:`eagle31_mla.model.aux_layers`). vLLM reads
-  only the top-level ``eagle_aux_hidden_state_layer_ids`` of the draft hf_config it is given and stores
-  the slots in ascending layer order; id k is the residual stream after k layers;
-* the loss input: the target's top-k next-token log-probabilities at every position, from vLLM's
-  ``prompt_logprobs`` (and the one generated token's ``logprobs`` for the last position);
-* on the CPU build, the connector subclass of the vLLM plugin that writes without CUDA
-  (``eagle31_mla_vllm.hidden_states_connector``); the stock connector elsewhere;
-* with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``generate()`` returns before the connector was handed the
-  finished requests: the engine is stepped until its scheduler holds none, or nothing would be written;
-* for a Kimi-K3 target, the prefix-only stream (vLLM's stream variable checked by the one rule in
-  :mod:`eagle31_mla.serving.compatibility`);
-* the capture folder: shards and a manifest, written atomically, resumable (:mod:`eagle31_mla.training.captured`).
+vLLM does the work: the speculative method ``extract_hidden_states`` stores the residual stream at the drafter's
+aux layers (vLLM reads the top-level ``eagle_aux_hidden_state_layer_ids``, slots in ascending order), and the
+hidden-states connector writes it per request (on the CPU build, the vLLM plugin's CUDA-free subclass). Teacher
+forcing is the whole sequence as the prompt with one output token; the loss input is vLLM's ``prompt_logprobs``
+(top-k per position). An in-process engine is stepped until its scheduler is empty, or the connector writes
+nothing. A Kimi-K3 target needs the prefix-only stream (:mod:`eagle31_mla.serving.compatibility`). The capture
+folder is :mod:`eagle31_mla.training.captured`'s: atomic, resumable.
 """
 
 from __future__ import annotations
@@ -41,8 +32,6 @@ from .captured import (
     write_manifest,
 )
 from .spool import SpoolSettings, write_shards
-
-__all__ = ["capture_with_vllm", "top_k_table", "SPOOL"]
 
 logger = logging.getLogger(__name__)
 
