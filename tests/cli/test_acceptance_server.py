@@ -76,45 +76,25 @@ class Stub:
 
     def metrics(self) -> str:
         """vLLM's /metrics: prometheus_client's text exposition of the counters vLLM registers."""
-        o = self.options
-        lines = ["# HELP python_gc_objects_collected_total Objects collected during gc"]
-        lines += [
-            "# TYPE python_gc_objects_collected_total counter",
-            'python_gc_objects_collected_total{generation="0"} 1234.0',
-        ]
+        o, labels = self.options, 'engine="0",model_name="demo"'
+        lines = ["# TYPE python_gc_objects_collected_total counter", "python_gc_objects_collected_total 1234.0"]
         if p := o.get("metrics_prefix"):  # another engine's page
-            lines += [
-                f"# TYPE {p}spec_verify_calls_total counter",
-                f'{p}spec_verify_calls_total{{model_name="demo"}} 12.0',
-            ]
+            lines += [f"# TYPE {p}spec_verify_calls_total counter", f'{p}spec_verify_calls_total{{model_name="d"}} 1.0']
         if p or o.get("disable_log_stats"):
             return "\n".join(lines) + "\n"
-        labels = 'engine="0",model_name="demo"'
-        lines += ["# HELP vllm:num_requests_running Number of requests in model execution batches."]
-        lines += [
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {float(self.in_flight)!r}",
-        ]
-        if o.get("no_spec"):
-            return "\n".join(lines) + "\n"
+        lines += ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {self.in_flight}.0"]
         names = vllm_facts.SPEC_DECODE_COUNTERS
-        for key, value, doc in (
-            ("drafts", self.drafts, "Number of spec decoding drafts."),
-            ("draft_tokens", self.draft_tokens, "Number of draft tokens."),
-            ("accepted_tokens", self.accepted, "Number of accepted tokens."),
-        ):
-            n = names[key]
+        counters = {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted}
+        for key, value in () if o.get("no_spec") else counters.items():
+            n, doc = names[key], {"drafts": "Number of spec decoding drafts."}.get(key, "Number of tokens.")
             lines += [f"# HELP {n}_total {doc}", f"# TYPE {n}_total counter", f"{n}_total{{{labels}}} {float(value)!r}"]
-            lines += [
-                f"# HELP {n}_created {doc}",
-                f"# TYPE {n}_created gauge",
-                f"{n}_created{{{labels}}} 1.7600000000000002e+09",
-            ]
+            lines += [f"# HELP {n}_created {doc}", f"# TYPE {n}_created gauge", f"{n}_created{{{labels}}} 1.76e+09"]
             if o.get("two_engines"):  # data parallel: one series per engine index, summed by the reader
                 lines.append(f'{n}_total{{engine="1",model_name="demo"}} 0.0')
-        n = names["accepted_tokens_per_pos"]
-        lines += [f"# HELP {n}_total Accepted tokens per draft position.", f"# TYPE {n}_total counter"]
-        lines += [f'{n}_total{{{labels},position="{j}"}} {float(self.per_pos[j])!r}' for j in range(K)]
+        if not o.get("no_spec"):
+            n = names["accepted_tokens_per_pos"]
+            lines += [f"# HELP {n}_total Accepted tokens per draft position.", f"# TYPE {n}_total counter"]
+            lines += [f'{n}_total{{{labels},position="{j}"}} {float(self.per_pos[j])!r}' for j in range(K)]
         return "\n".join(lines) + "\n"
 
     def record(self, s: dict) -> None:
@@ -133,40 +113,26 @@ class Stub:
 
     def completion(self, path: str, body: dict) -> tuple[int, dict]:
         o = self.options
-        prompt = body["messages"][-1]["content"] if "messages" in body else body.get("prompt")
         if o.get("refuse"):
             return 400, {
                 "object": "error",
                 "message": "This model's maximum context length is 512 tokens.",
                 "code": 400,
             }
+        prompt = body["messages"][-1]["content"] if "messages" in body else body.get("prompt")
         s = script("ids" if isinstance(prompt, list) else prompt, body["max_tokens"], o.get("pattern"))
         completion, rounds, accepted = s["completion_tokens"], s["rounds"], s["accepted"]
-        chat = path.endswith("/chat/completions")
-        choice = {"index": 0, "finish_reason": "length"}
-        choice.update(
-            {"message": {"role": "assistant", "content": "x" * completion}} if chat else {"text": "x" * completion}
-        )
-        response = {
-            "id": "cmpl-0123456789abcdef",
-            "object": "text_completion",
-            "created": 1760000000,
-            "model": body["model"],
-        }
+        text = {"message": {"role": "assistant", "content": "x" * completion}} if "chat" in path else {"text": "x"}
         usage = {"prompt_tokens": 4, "completion_tokens": completion, "total_tokens": 4 + completion}
-        response.update(choices=[choice], usage=usage)
+        choices = [{"index": 0, "finish_reason": "length", **text}]
+        response = {"id": "cmpl-0123456789abcdef", "object": "text_completion", "model": body["model"]}
+        response.update(created=1760000000, choices=choices, usage=usage)
         if self.kind == "vllm":
             if o.get("per_request_metrics"):  # RequestSpecDecodeMetrics.to_dict (v1/metrics/stats.py:396-422)
-                spec = {
-                    "mean_acceptance_length": 1.0 + accepted / rounds,
-                    "draft_acceptance_rate": accepted / (rounds * K),
-                }
-                spec.update(
-                    acceptance_histogram=s["histogram"], num_spec_steps=rounds, num_accepted_draft_tokens=accepted
-                )
-                response["metrics"] = {
-                    "speculative_decoding": {**spec, "num_draft_tokens": rounds * K, "num_spec_tokens": K}
-                }
+                spec = {"mean_acceptance_length": 1.0 + accepted / rounds, "num_spec_tokens": K}
+                spec.update(draft_acceptance_rate=accepted / (rounds * K), acceptance_histogram=s["histogram"])
+                spec.update(num_spec_steps=rounds, num_accepted_draft_tokens=accepted, num_draft_tokens=rounds * K)
+                response["metrics"] = {"speculative_decoding": spec}
             if o.get("late_counters"):  # the step's stats recorded just after the response went out
                 threading.Timer(0.05, self.record, (s,)).start()
             elif not o.get("no_spec"):
@@ -180,8 +146,9 @@ class Stub:
             response["id"] = rid = body.get(ts_facts.REQUEST_ID_FIELD) or response["id"]
             engine_accepted = completion - 1 - rounds
             if not o.get("no_usage_fields"):
+                details = {ts_facts.ACCEPTED_PREDICTION_TOKENS: engine_accepted}
                 usage["completion_tokens_details"] = {
-                    ts_facts.ACCEPTED_PREDICTION_TOKENS: engine_accepted,
+                    **details,
                     ts_facts.REJECTED_PREDICTION_TOKENS: rounds * K - engine_accepted,
                 }
             if self.log is not None:
@@ -613,35 +580,17 @@ def closed_port() -> int:
         ("sglang", {"no_spec": True}, "sglang", [], "no sglext.spec_tokens_details"),
         ("tokenspeed", {"no_usage_fields": True}, "tokenspeed", [], "pass its scheduler log with --log"),
         ("tokenspeed", {}, "tokenspeed", ["--log", "{log}"], "no TokenSpeed acceptance lines"),
-        (
-            "vllm",
-            {"refuse": True},
-            "vllm",
-            [],
-            "prompts.jsonl:1: the server refused the request to /v1/completions: "
-            "HTTP 400: This model's maximum context length is 512 tokens.",
-        ),  # fmt: skip
+        ("vllm", {"refuse": True}, "vllm", [], "prompts.jsonl:1: the server refused the request to /v1/completions: "
+         "HTTP 400: This model's maximum context length is 512 tokens."),
         ("sglang", {}, "vllm", [], 'looks like SGLang (GET /v1/models says owned_by "sglang")'),
         ("vllm", {}, "sglang", [], 'looks like vLLM (GET /v1/models says owned_by "vllm")'),
         ("vllm", {}, "tokenspeed", [], "looks like vLLM"),
         ("vllm", {"owned_by": "proxy"}, "sglang", [], "looks like vLLM (its /metrics has vllm: series)"),
-        (
-            "sglang",
-            {"owned_by": "proxy", "metrics_prefix": "sglang:"},
-            "vllm",
-            [],
-            "looks like SGLang (its /metrics has sglang:",
-        ),
-        ("tokenspeed", {}, "sglang", [], "looks like TokenSpeed (its usage carries accepted_prediction_tokens)"),
-        (
-            "sglang",
-            {"owned_by": "self_hosted"},
-            "tokenspeed",
-            [],
-            "has no completion_tokens_details.accepted_prediction",
-        ),
+        ("sglang", {"owned_by": "x", "metrics_prefix": "sglang:"}, "vllm", [], "like SGLang (its /metrics has sglang:"),
+        ("tokenspeed", {}, "sglang", [], "looks like TokenSpeed (its response carries usage.completion_tokens_details"),
+        ("sglang", {"owned_by": "self_hosted"}, "tokenspeed", [], "no usage.completion_tokens_details.accepted_"),
     ],
-)
+)  # fmt: skip
 def test_a_server_that_cannot_be_measured(serve, prompts, capsys, tmp_path, kind, options, engine, extra, message):
     """One line naming the cause, exit 2, no traceback, nothing on stdout, no report (nor its temporary file), an
     earlier report left as it was; found out before any request where the server's pages tell."""
@@ -676,9 +625,6 @@ def test_a_bad_prompt_line_is_refused_before_any_request(serve, tmp_path, capsys
     "argv, message",
     [
         (["--server", "{url}", "--engine", "vllm", "--target", "{model}"], "--target is for the offline measurement"),
-        (["--server", "{url}", "--engine", "vllm", "--num-steps", "3"], "--num-steps is for the offline measurement"),
-        (["--server", "{url}", "--engine", "vllm", "--device", "cpu"], "--device is for the offline measurement"),
-        (["--server", "{url}", "--engine", "vllm", "--trust-remote-code"], "--trust-remote-code is for the offline"),
         (["--server", "{url}"], "--server needs --engine"),
         (["--server", "{url}", "--engine", "vllm", "--log", "{prompts}"], "--log reads TokenSpeed's scheduler log"),
         (["--server", "{url}", "--engine", "vllm", "--expect", "2", "--reference", "{ref}"], "not allowed with"),

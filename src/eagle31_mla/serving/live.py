@@ -1,23 +1,17 @@
 """Accept length of a running deployment: ``eagle31-mla acceptance --server URL`` (no model loaded here).
 
-The prompts of a prompts file go to the server's OpenAI endpoints through the ``openai`` client (each answer bounded
-by ``timeout``, never retried), ``concurrency`` at a time; what OpenAI's API lacks travels in ``extra_body``.
-Acceptance is read as each engine reports it (facts and sources: :mod:`eagle31_mla.serving.engine_facts`):
-**vLLM** its ``/metrics`` spec-decode counters (prometheus_client's parser; summed over ``engine``), diffed around
-each request at ``concurrency=1`` (per request: the server must be otherwise idle) or around the run (aggregate),
-or a response's ``metrics.speculative_decoding`` (vLLM >= 0.29, ``--per-request-spec-decode-metrics``);
-**SGLang** ``sglext.spec_tokens_details``: AL = 1 + correct drafts / verify_ct (its own ``spec_accept_length``
-counts the prefill token too); **TokenSpeed** ``usage.completion_tokens_details.accepted_prediction_tokens``
-(rounds = completion tokens - 1 - accepted) and, with ``log=``, the scheduler log's ``Req: {rid} Finish!`` lines
-(matched by the ``rid`` each request sends, checked against the usage fields) and ``Decode batch.`` windows.
-The statistics are :meth:`AcceptanceStats.to_dict <eagle31_mla.decoding.speculative.AcceptanceStats.to_dict>`'s.
+Prompts go to the server's OpenAI endpoints through the ``openai`` client (each answer bounded by ``timeout``, never
+retried), ``concurrency`` at a time. Acceptance is read as each engine reports it (facts: :mod:`.engine_facts`):
+**vLLM** its ``/metrics`` spec-decode counters diffed around each request at concurrency 1 (the server otherwise
+idle) or around the run, or a response's ``metrics.speculative_decoding``; **SGLang** ``sglext.spec_tokens_details``
+(AL = 1 + correct drafts / verify_ct); **TokenSpeed** ``usage.completion_tokens_details.accepted_prediction_tokens``
+and, with ``log=``, the scheduler log (``Req: {rid} Finish!`` lines matched by the rid sent, ``Decode batch.``).
 
-**95% interval** (per request, n >= 2): R = sum(a_i) / sum(r_i) (a_i: tokens request i's rounds produced, r_i: its
-rounds), se = sd(a_i - R r_i) / (sqrt(n) mean(r_i)) (delta method), R +- t(0.975, n - 1) se. **Verdict** against
-``expect`` or an offline ``reference`` report: D = measured - expected is consistent when |D| <= max(h,
-:data:`MIN_MARGIN`), h D's 95% half-width (paired request by request for a reference on the same prompts, else the
-intervals combined), or :data:`NO_INTERVAL_TOLERANCE` without one; a drop names the likely silent misconfiguration
-and the ``doctor`` command. Every failure is a one-line :class:`LiveError` (the CLI exits 2 and writes nothing).
+**95% interval** (n >= 2): R = sum(a_i) / sum(r_i), se = sd(a_i - R r_i) / (sqrt(n) mean(r_i)) (delta method),
+R +- t(0.975, n - 1) se. **Verdict** against ``expect`` or an offline ``reference``: consistent when |measured -
+expected| <= max(h, :data:`MIN_MARGIN`), h the 95% half-width (paired request by request on the same prompts), or
+:data:`NO_INTERVAL_TOLERANCE` without one; a drop names the likely misconfiguration and the ``doctor`` command.
+Every failure is a one-line :class:`LiveError` (the CLI exits 2 and writes nothing).
 """
 
 from __future__ import annotations
@@ -521,20 +515,25 @@ def _wrong_engine(engine: str, actual: str, how: str) -> LiveError:
     )
 
 
-def _probe_vllm(client: _Client) -> Acceptance | None:
-    """vLLM's counters at the start; None when ``/metrics`` has no ``vllm:`` series (--disable-log-stats: the
-    responses' per-request metrics are then the only source)."""
+def _probe_metrics(client: _Client, engine: str) -> Acceptance | None:
+    """vLLM's counters at the start (None when ``/metrics`` has no ``vllm:`` series: --disable-log-stats, the
+    responses' per-request metrics are then the only source); for the other engines, whose /metrics is optional,
+    only a check that it is not vLLM's."""
     status, samples = client.scrape()
+    engines = metrics_engines(samples)
+    if engine != "vllm":
+        if "vllm" in engines and engine not in engines:
+            raise _wrong_engine(engine, "vllm", "its /metrics has vllm: series")
+        return None
     if status != 200:
         raise LiveError(
             f"{client.base}/metrics answered HTTP {status}; expected vLLM's Prometheus metrics, which it always "
             "serves (SGLang serves /metrics only with --enable-metrics, TokenSpeed's gateway its own: check --engine)"
         )
-    engines, counters = metrics_engines(samples), vllm_counters(samples)
     if engines and "vllm" not in engines:
         other = sorted(engines)[0]
         raise _wrong_engine("vllm", other, f"its /metrics has {_FACTS[other].METRIC_PREFIX} series and no vllm: ones")
-    if counters is None and "vllm" in engines:
+    if (counters := vllm_counters(samples)) is None and "vllm" in engines:
         raise LiveError(
             f"{client.base} runs vLLM without speculative decoding: its /metrics has vllm: series but no "
             f"{vllm_facts.SPEC_DECODE_COUNTERS['drafts']}_total (start it with --speculative-config)"
@@ -565,11 +564,7 @@ def _probe_server(client: _Client, engine: str, model: str | None):
     owner = {vllm_facts.MODEL_OWNER: "vllm", sglang_facts.MODEL_OWNER: "sglang"}.get(entry.get("owned_by"))
     if owner not in (None, engine):
         raise _wrong_engine(engine, owner, f'GET /v1/models says owned_by "{entry["owned_by"]}"')
-    counters = _probe_vllm(client) if engine == "vllm" else None
-    if engine != "vllm":  # /metrics is optional for these engines: read only to catch the wrong --engine
-        status, samples = client.scrape()
-        if "vllm" in metrics_engines(samples) and engine not in metrics_engines(samples):
-            raise _wrong_engine(engine, "vllm", "its /metrics has vllm: series")
+    counters = _probe_metrics(client, engine)
     target, draft, info = _text(entry.get("root")), None, {}
     if engine != "tokenspeed":  # the version and SGLang's server arguments, when the server says; never an error
         try:
@@ -585,28 +580,23 @@ def _probe_server(client: _Client, engine: str, model: str | None):
 def _no_acceptance(engine: str, where: str, response: dict, have_log: bool) -> LiveError:
     """The error for a response with two or more new tokens and none of the engine's acceptance fields."""
     fields = {
-        "vllm": "its response carries metrics.speculative_decoding",
-        "sglang": "its response carries sglext.spec_tokens_details",
-        "tokenspeed": "its usage carries accepted_prediction_tokens",
+        "vllm": "metrics.speculative_decoding",
+        "sglang": "sglext.spec_tokens_details",
+        "tokenspeed": "usage.completion_tokens_details.accepted_prediction_tokens",
     }
     for other, how in fields.items():
         if other != engine and _READERS[other](response) is not None:
-            return _wrong_engine(engine, other, how)
-    if engine == "sglang":
-        return LiveError(
-            f"{where}: the response has no sglext.spec_tokens_details: the server runs without speculative "
-            f"decoding ({sglang_facts.SPEC_FLAG}) or is not SGLang >= 0.5.23 (check --engine)"
-        )
-    if engine == "tokenspeed":
-        return LiveError(
-            f"{where}: the response's usage has no completion_tokens_details.accepted_prediction_tokens: the "
-            "server runs without speculative decoding, or its gateway predates smg PR #2481"
-            + ("" if have_log else "; pass its scheduler log with --log")
-        )
+            return _wrong_engine(engine, other, f"its response carries {how}")
+    flags = {
+        "vllm": f"{vllm_facts.PER_REQUEST_SPEC_METRICS_FLAG}, vLLM >= 0.29, or /metrics without "
+        f"{vllm_facts.DISABLE_LOG_STATS_FLAG}",
+        "sglang": f"{sglang_facts.SPEC_FLAG}, SGLang >= 0.5.23",
+        "tokenspeed": "a gateway with smg PR #2481" + ("" if have_log else ", or pass its scheduler log with --log"),
+    }
     return LiveError(
-        f"{where}: vLLM reports no speculative-decoding data: /metrics has no vllm: series (started with "
-        f"{vllm_facts.DISABLE_LOG_STATS_FLAG}?) and the response has no metrics.speculative_decoding "
-        f"({vllm_facts.PER_REQUEST_SPEC_METRICS_FLAG} summary, vLLM >= 0.29)"
+        f"{where}: {ENGINE_NAMES[engine]} reports no acceptance: the response has no {fields[engine]}"
+        + (" and /metrics no vllm: series" if engine == "vllm" else "")
+        + f"; expected a server with speculative decoding ({flags[engine]}; check --engine)"
     )
 
 
@@ -812,13 +802,6 @@ def measure_server(
     window_mean = log_summary["mean_avg_accept_len"] if log_summary and total_acc is None else None
     total = acceptance_dict(total_acc, generated, len(ordered), steps, window_mean)
     interval = ratio_interval([r.acceptance for r in ordered]) if attributed else None
-    if attributed and interval is None:
-        notes.append("one request (or no verification rounds): no confidence interval")
-    elif not attributed:
-        notes.append(
-            "aggregate attribution (overlapping requests, and no per-request acceptance in the responses): "
-            "no per-request values, no confidence interval"
-        )
     requests = []
     for i, r in enumerate(ordered):
         request = {"index": i, "num_prompt_tokens": r.prompt_tokens}
@@ -897,9 +880,11 @@ def _f(value, spec: str, missing: str = "-") -> str:
     return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def format_report(report: dict[str, Any], show_requests: int | None = None) -> str:
+def format_report(report: dict[str, Any]) -> str:
     """The report as text: the server, a per-request table, the totals with the interval, per-position acceptance
-    and the histogram where the engine reports them, output tokens/s, the verdict."""
+    and the histogram where the engine reports them (:meth:`AcceptanceStats.table`), output tokens/s, the verdict."""
+    from ..decoding.speculative import AcceptanceStats
+
     server, total, settings = report["server"], report["total"], report["settings"]
     name = ENGINE_NAMES[server["engine"]] + (f" {server['version']}" if server.get("version") else "")
     lines = [
@@ -910,54 +895,34 @@ def format_report(report: dict[str, Any], show_requests: int | None = None) -> s
         "",
         f"{'#':>4}  {'prompt':<24} {'tokens':>6} {'rounds':>6} {'accepted':>8} {'accept len':>10} {'tok/s':>8}",
     ]
-    requests = report["requests"]
-    shown = requests[:show_requests]
-    for r in shown:
+    for r in report["requests"]:
         where = r["where"] if len(r["where"]) <= 24 else "..." + r["where"][-21:]
         lines.append(
             f"{r['index']:>4}  {where:<24} {r['num_generated_tokens']:>6} {_f(r['num_rounds'], 'd'):>6} "
             f"{_f(r['num_accepted_tokens'], 'd'):>8} {_f(r['mean_accept_length'], '.3f'):>10} "
             f"{_f(r['tokens_per_second'], '.1f'):>8}"
         )
-    if len(shown) < len(requests):
-        lines.append(f"      ... {len(requests) - len(shown)} more in the JSON report")
-    interval = report["confidence_interval_95"]
-    if interval:
-        ci = (
-            f"95% CI [{interval['low']:.3f}, {interval['high']:.3f}] (ratio estimator over "
-            f"{interval['num_requests']} requests, t interval)"
-        )
+    if (interval := report["confidence_interval_95"]) is not None:
+        ci = f"95% CI [{interval['low']:.3f}, {interval['high']:.3f}] (ratio estimator, t interval)"
     else:
-        why = (
-            "one request" if server["attribution"] == "per-request" else "aggregate attribution: no per-request values"
-        )
-        ci = f"no confidence interval ({why})"
-    lines += [
-        "",
-        f"requests {total['num_requests']}, generated tokens {total['num_generated_tokens']}, verification rounds "
-        f"{_f(total['num_rounds'], 'd')}, {_f(total['draft_tokens_per_round'], 'g', '?')} draft tokens per round "
-        f"({_f(total['num_steps'], 'd', '?')} steps)",
-        f"mean accept length          {_f(total['mean_accept_length'], '.3f')}  {ci}",
-    ]
-    if total["draft_tokens_per_generated_token"] is not None:
-        lines.append(f"draft tokens per new token  {total['draft_tokens_per_generated_token']:.3f}")
-    lines.append(
-        f"output tokens/s             {_f(report['tokens_per_second'], '.1f')}  "
-        f"({total['num_generated_tokens']} tokens, requests in flight {report['wall_time_s']:.2f} s wall)"
-    )
+        per_request = server["attribution"] == "per-request"
+        ci = f"no confidence interval ({'one request' if per_request else 'aggregate attribution'})"
+    hist, per_round = total["accept_histogram"], total["draft_tokens_per_round"]
+    if hist and total["num_steps"] == len(hist) - 1 and isinstance(per_round, int):
+        lines += ["", AcceptanceStats.from_dict(total).table()]
+    else:  # no histogram (TokenSpeed, a tree's counters, log windows): the numbers the engine reports
+        lines += [
+            "",
+            f"requests {total['num_requests']}, generated tokens {total['num_generated_tokens']}, verification "
+            f"rounds {_f(total['num_rounds'], 'd')}",
+            f"mean accept length          {_f(total['mean_accept_length'], '.3f')}",
+        ]
+    lines.append(f"{ci}; output tokens/s {_f(report['tokens_per_second'], '.1f')} ({report['wall_time_s']:.2f} s wall)")
     if log := server.get("log"):
         lines.append(
             f"scheduler log               {log['requests_matched']} requests matched, {log['decode_windows']} decode "
             f"windows (mean avg_accept_len {_f(log['mean_avg_accept_len'], '.2f')})"
         )
-    if rates := total["acceptance_rate_per_position"]:
-        lines += ["", f"{'position':>8}  {'acceptance rate':>15}"]
-        lines += [f"{j + 1:>8}  {rate:>15.3f}" for j, rate in enumerate(rates)]
-    if (hist := total["accept_histogram"]) and total["num_rounds"]:
-        lines += ["", f"{'accepted':>8}  {'rounds':>8}  {'share':>6}  histogram"]
-        for m, n in enumerate(hist):
-            share = n / total["num_rounds"]
-            lines.append(f"{m:>8}  {n:>8}  {share:>6.3f}  {'#' * round(40 * share)}")
     lines += [f"note: {note}" for note in report.get("notes", [])]
     if verdict := report.get("verdict"):
         lines += ["", *format_verdict(verdict)]
