@@ -1,10 +1,11 @@
-"""A model named by a local folder or a Hub repo id: the one rule every command reads it by."""
+"""Where things are: a model named by a local folder or a Hub repo id (the one rule every command reads it by), its
+weight files; and the one atomic writer of the files this library writes."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["looks_like_a_local_path", "is_hub_repo_id"]
+__all__ = ["looks_like_a_local_path", "is_hub_repo_id", "model_folder", "safetensors_files", "atomic_write"]
 
 
 def looks_like_a_local_path(name_or_path: str | os.PathLike) -> bool:
@@ -61,3 +62,20 @@ def safetensors_files(folder) -> list:
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+
+
+def atomic_write(path, write) -> None:
+    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one, and a
+    failure leaves the old one as it was (shards, manifests, trainer states, checkpoint pointers, reports)."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

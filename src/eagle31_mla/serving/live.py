@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import secrets
 import shlex
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..locations import atomic_write
 from .engine_facts import (
     ENGINE_NAMES,
     PLUGIN_INSTALL,
@@ -947,14 +946,5 @@ def format_verdict(verdict: dict[str, Any]) -> list[str]:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """``data`` as JSON at ``path``, written beside it and moved over it (os.replace): a reader never sees half a
-    report, and a failure leaves an earlier file as it was."""
-    path = Path(path).expanduser()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``data`` as JSON at ``path``, atomically (a reader never sees half a report)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"))

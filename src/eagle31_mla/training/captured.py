@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..locations import atomic_write
 
 FORMAT = "eagle31-mla-captured-states"
 VERSION = 2  # 2: a loss mask per token
@@ -93,20 +93,6 @@ class CaptureManifest:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one (the
-    one atomic writer of the training files: shards, manifests, trainer states, checkpoint pointers)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def write_manifest(folder: str | Path, manifest: CaptureManifest) -> None:

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..locations import atomic_write
 from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
-from .captured import atomic_write
 from .trainer import (
     CapturedTarget,
     TrainingConfig,

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.target import capture_target_states
+from ..locations import atomic_write
 from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from ..prompts import eos_token_ids
-from .captured import atomic_write
 
 logger = logging.getLogger(__name__)
 
