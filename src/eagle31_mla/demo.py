@@ -10,6 +10,7 @@ so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,33 +58,15 @@ def demo_prompts(limit: int | None = None) -> list[str]:
     return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
 
 
-def _check_built() -> None:
-    missing = [p for p in ("target/config.json", "draft/config.json", "prompts.jsonl") if not (DEMO_DIR / p).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"the embedded demo pair is incomplete in {DEMO_DIR} (missing {', '.join(missing)}); "
-            "rebuild it with `python scripts/build_demo_pair.py`"
-        )
-
-
 def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 48, num_steps: int = 3) -> DemoResult:
     """Greedy speculative decoding (chain, topk 1) of the held-out prompts, every prompt generating
-    exactly ``max_new_tokens`` tokens."""
-    for name, value in (("num_prompts", num_prompts), ("max_new_tokens", max_new_tokens), ("num_steps", num_steps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    _check_built()
-    prompts = demo_prompts(num_prompts)
-    if engine == "hf":
-        return _run_hf(prompts, max_new_tokens, num_steps)
-    if engine == "vllm":
-        return _run_vllm(prompts, max_new_tokens, num_steps)
-    raise ValueError(f"engine must be 'hf' or 'vllm', got {engine!r}")
+    exactly ``max_new_tokens`` tokens (the CLI checks the numbers)."""
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"engine must be 'hf' or 'vllm', got {engine!r}")
+    return (_run_hf if engine == "hf" else _run_vllm)(demo_prompts(num_prompts), max_new_tokens, num_steps)
 
 
 def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
-    import time
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,44 +80,20 @@ def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # models this small: a second thread only spin-waits (5x slower on a busy machine)
     try:
-        result = measure_acceptance(
-            target,
-            drafter,
-            prompts,
-            num_steps=num_steps,
-            max_new_tokens=max_new_tokens,
-            tokenizer=tokenizer,
-            ignore_eos=True,
-        )
+        options = dict(num_steps=num_steps, max_new_tokens=max_new_tokens, tokenizer=tokenizer, ignore_eos=True)
+        result = measure_acceptance(target, drafter, prompts, **options)
     finally:
         torch.set_num_threads(threads)
     stats = AcceptanceStats.from_dict(result["total"])
     outputs = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
-    limited = sum(r["context_limited"] for r in result["requests"])
-    notes = (
-        [
-            f"{limited} prompt(s) stopped at the context limit of {context_limit(target, drafter)} positions "
-            "(max_position_embeddings) before --max-new-tokens"
-        ]
-        if limited
-        else []
-    )
-    return DemoResult(
-        "hf (reference loop)",
-        prompts,
-        outputs,
-        stats.mean_accept_length,
-        stats.acceptance_rate_per_position,
-        stats.num_rounds,
-        stats.num_generated_tokens,
-        time.perf_counter() - start,
-        notes,
-    )
+    limit, limited = context_limit(target, drafter), sum(r["context_limited"] for r in result["requests"])
+    why = f"{limited} prompt(s) stopped at the context limit of {limit} positions (max_position_embeddings)"
+    notes = [f"{why} before --max-new-tokens"] if limited else []
+    counts = stats.mean_accept_length, stats.acceptance_rate_per_position, stats.num_rounds, stats.num_generated_tokens
+    return DemoResult("hf (reference loop)", prompts, outputs, *counts, time.perf_counter() - start, notes)
 
 
 def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
-    import time
-
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     try:
@@ -145,38 +104,17 @@ def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
 
     start = time.perf_counter()
     backend = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() else {}  # AMX_MLA takes bf16 only
-    llm = LLM(
-        model=str(DEMO_DIR / "target"),
-        dtype="float32",
-        max_model_len=512,
-        enforce_eager=True,
-        seed=0,
-        disable_log_stats=False,
-        **backend,
-        speculative_config={
-            "method": "eagle3",
-            "model": str(DEMO_DIR / "draft"),
-            "num_speculative_tokens": num_steps,
-            **backend,
-        },
-    )
+    draft = {"method": "eagle3", "model": str(DEMO_DIR / "draft"), "num_speculative_tokens": num_steps, **backend}
+    options = dict(dtype="float32", max_model_len=512, enforce_eager=True, seed=0, disable_log_stats=False)
+    llm = LLM(model=str(DEMO_DIR / "target"), **options, **backend, speculative_config=draft)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    metrics = {
-        m.name: (list(m.values) if hasattr(m, "values") else m.value)
-        for m in llm.get_metrics()
-        if m.name.startswith("vllm:spec_decode")
-    }
+    metrics = {m.name: list(m.values) if hasattr(m, "values") else m.value for m in llm.get_metrics()}
     drafts = metrics["vllm:spec_decode_num_drafts"]
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
-    per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    per_position = [n / drafts for n in metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    outputs = [o.outputs[0].text for o in outs]
     return DemoResult(
-        "vllm",
-        prompts,
-        [o.outputs[0].text for o in outs],
-        1 + accepted / drafts,
-        [n / drafts for n in per_position],
-        drafts,
-        sum(len(o.outputs[0].token_ids) for o in outs),
-        time.perf_counter() - start,
+        "vllm", prompts, outputs, 1 + accepted / drafts, per_position, drafts, tokens, time.perf_counter() - start
     )

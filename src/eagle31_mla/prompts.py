@@ -1,38 +1,20 @@
-"""Prompts and corpora as users hand them in, and the one reading of ``eos_token_id``.
-
-A prompts file (``acceptance``, the demo) holds one prompt per line: JSONL, each line one of
-:data:`PROMPT_SHAPES`, or plain text. A training corpus (``train --text``) holds one document per line:
-text, or JSONL objects with a ``"text"`` string. Every line is checked when read, and a refusal names
-the file and line.
-
-This module does not import torch (the config checks of :mod:`eagle31_mla.serving.engines` can use
-:func:`eos_token_ids` without it): a value can only be a tensor once torch is loaded, and the
-functions that build tensors import it themselves.
-"""
+"""Prompts and corpora as users hand them in, and the one reading of ``eos_token_id``: a prompts file holds one
+prompt per line (JSONL, each line one of :data:`PROMPT_SHAPES`, or plain text), a training corpus one document per
+line (text, or JSONL objects with a ``"text"`` string); every line is checked when read, a refusal names the file
+and line. No torch import here (the config checks use :func:`eos_token_ids` without it)."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import numbers
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "PROMPT_SHAPES",
-    "PromptError",
-    "check_prompt_shape",
-    "conversation_tokens",
-    "conversation_sequences",
-    "eos_token_ids",
-    "is_int",
-    "prompt_tensor",
-    "prompt_token_ids",
-    "read_conversations",
-    "read_corpus",
-    "read_prompt_lines",
-    "read_prompts",
-]
+__all__ = ["PROMPT_SHAPES", "PromptError", "check_prompt_shape", "conversation_tokens", "conversation_sequences"]
+__all__ += ["eos_token_ids", "is_int", "prompt_tensor", "prompt_token_ids", "read_conversations", "read_corpus"]
+__all__ += ["read_prompt_lines", "read_prompts"]
 
 PROMPT_SHAPES = (
     'a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
@@ -41,13 +23,11 @@ PROMPT_SHAPES = (
 
 
 class PromptError(ValueError):
-    """A prompt of a prompts file (or the Python API) that has none of the accepted shapes, or ids
-    outside the target's vocabulary: one line naming the file and line."""
+    """A prompt of none of the accepted shapes, or ids outside the target's vocabulary (one line: file and line)."""
 
 
 def is_int(value) -> bool:
-    """An int of any integral type (numpy's too) but not a bool: what token ids and counts of the
-    Python API may be."""
+    """An int of any integral type (numpy's too) but not a bool: what the Python API's token ids may be."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -56,35 +36,23 @@ def _is_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _draft_input_error(message: str) -> Exception:
-    from .model.modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
-
-    return DraftInputError(message)
-
-
 def shown(value) -> str:
     """A refused value as the library's messages show it: its repr when short, else its type."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"a {type(value).__name__}"
-
-
-# ----------------------------------------------------------------------------------------------
-# End-of-sequence ids
-# ----------------------------------------------------------------------------------------------
+    return repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
 
 
 def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False) -> tuple[int, ...]:
     """The one reading of an ``eos_token_id`` setting: None, an int token id, or a list / tuple / set /
     range (or a 0-/1-D integer tensor) of them, as a tuple of ints in the given order.
 
-    ``strict`` (an argument of the Python API): anything else, and ids outside [0, ``vocab_size``), is a
-    :class:`~eagle31_mla.model.modeling_eagle31_mla.DraftInputError` naming ``eos_token_id``; strings, bools
-    and floats are refused, never iterated or cast. Not strict (a config's or tokenizer's value, whose
-    own checks report it): what is not an id is left out."""
+    ``strict`` (the Python API's argument): anything else, and ids outside [0, ``vocab_size``), is a DraftInputError
+    naming ``eos_token_id`` (strings, bools, floats never iterated or cast). Not strict: non-ids are left out."""
     within = f" in [0, {vocab_size})" if vocab_size is not None else ""
 
     def refuse(what: str):
-        raise _draft_input_error(f"`eos_token_id` {what}; expected None, an int token id{within} or a list of them")
+        from .model.modeling_eagle31_mla import DraftInputError  # loads torch: only on the way to a refusal
+
+        raise DraftInputError(f"`eos_token_id` {what}; expected None, an int token id{within} or a list of them")
 
     if value is None:
         return ()
@@ -93,43 +61,28 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
         import torch
 
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool or value.dim() > 1:
-            if strict:
-                refuse(f"is a {value.dtype} tensor of shape {tuple(value.shape)}")
-            return ()
+            return refuse(f"is a {value.dtype} tensor of shape {tuple(value.shape)}") if strict else ()
         items = value.tolist()
     if is_int(items):
         items = [items]
     elif not isinstance(items, (list, tuple, set, frozenset, range)):
-        if strict:
-            refuse(f"is {shown(value)}")
-        return ()
+        return refuse(f"is {shown(value)}") if strict else ()
 
-    def fits(i) -> bool:
-        return is_int(i) and (vocab_size is None or 0 <= i < vocab_size)
-
-    if strict:
-        for i in items:
-            if not fits(i):
-                refuse(f"holds {shown(i)}")
+    fits = lambda i: is_int(i) and (vocab_size is None or 0 <= i < vocab_size)  # noqa: E731
+    if strict and (bad := [i for i in items if not fits(i)]):
+        refuse(f"holds {shown(bad[0])}")
     return tuple(int(i) for i in items if fits(i))
 
 
-# ----------------------------------------------------------------------------------------------
-# Prompts
-# ----------------------------------------------------------------------------------------------
-
-
 def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
-    """``(where, prompt)`` for every prompt of a prompts file, ``where`` being ``file:line``: JSONL
-    (``.jsonl`` / ``.json``: one JSON value per line, each of :data:`PROMPT_SHAPES`, checked here) or
-    plain text (one prompt per non-empty line). The file must be UTF-8 text."""
+    """``(file:line, prompt)`` for every prompt of a UTF-8 prompts file: ``.jsonl`` / ``.json`` (one JSON value per
+    line, each of :data:`PROMPT_SHAPES`, checked here) or plain text (one prompt per non-empty line)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise PromptError(
-            f"{path}: expected UTF-8 text, byte {err.object[err.start]:#04x} at offset {err.start} is not"
-        ) from None
+        byte = f"byte {err.object[err.start]:#04x} at offset {err.start}"
+        raise PromptError(f"{path}: expected UTF-8 text, {byte} is not") from None
     lines = [(f"{path}:{i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if path.suffix not in (".jsonl", ".json"):
         return lines
@@ -145,15 +98,12 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
 
 
 def read_prompts(path: str | Path) -> list[Any]:
-    """A prompts file: JSONL (one object per line with ``prompt`` text, chat ``messages``, ``input_ids``,
-    or a bare string / list of ids) or plain text (one prompt per non-empty line); every line's shape
-    is checked (:func:`read_prompt_lines`)."""
+    """The prompts of a prompts file (:func:`read_prompt_lines`)."""
     return [prompt for _, prompt in read_prompt_lines(path)]
 
 
 def read_corpus(path: str | Path) -> list[str]:
-    """The documents of a training corpus: one per non-empty line, text or (JSONL) an object with a
-    ``"text"`` string; at least one must be non-empty."""
+    """A training corpus's documents, one per line: text or (JSONL) ``{"text": str}``; at least one non-empty."""
     texts = []
     for where, line in read_prompt_lines(path):
         text = line.get("text") if isinstance(line, dict) else line
@@ -174,8 +124,7 @@ def _id_list_problem(ids: Any, vocab_size: int | None = None) -> str | None:
         return "an empty list (a prompt needs at least one token)"
     for i, value in enumerate(ids):
         if not is_int(value):
-            kind = "bool" if isinstance(value, bool) else type(value).__name__
-            return f"{value!r} ({kind}) at index {i}, not an int token id"
+            return f"{value!r} ({type(value).__name__}) at index {i}, not an int token id"
         if vocab_size is not None and not 0 <= value < vocab_size:
             return f"token id {value} at index {i}, outside the target's vocabulary [0, {vocab_size})"
     return None
@@ -188,12 +137,9 @@ def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
         raise PromptError(f"{where}: {what}; expected {PROMPT_SHAPES}")
 
     if isinstance(prompt, str):
-        if not prompt.strip():
-            refuse("an empty prompt")
-        return
+        return None if prompt.strip() else refuse("an empty prompt")
     if isinstance(prompt, list):
-        problem = _id_list_problem(prompt)
-        if problem:
+        if problem := _id_list_problem(prompt):
             refuse(f"a list holding {problem}" if prompt else problem)
         return
     if not isinstance(prompt, dict):
@@ -206,27 +152,22 @@ def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
         refuse(f"an object with both {keys[0]!r} and {keys[1]!r} (which one is the prompt?)")
     key, value = keys[0], prompt[keys[0]]
     if key == "input_ids":
-        problem = _id_list_problem(value)
-        if problem:
+        if problem := _id_list_problem(value):
             refuse(f'"input_ids" is {problem}')
     elif key == "messages":
         if not isinstance(value, list) or not value:
             refuse(f'"messages" is {json.dumps(value)[:60] if not isinstance(value, list) else "an empty list"}')
-        for i, message in enumerate(value):
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), (str, list))
-            ):
-                refuse(f'"messages"[{i}] is {json.dumps(message)[:60]}, not a {{"role": str, "content": str}} object')
+        for i, m in enumerate(value):
+            role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
+            if not (isinstance(role, str) and isinstance(content, (str, list))):
+                refuse(f'"messages"[{i}] is {json.dumps(m)[:60]}, not a {{"role": str, "content": str}} object')
     elif not isinstance(value, str) or not value.strip():
         refuse(f'"{key}" is {json.dumps(value)[:60]}, not a non-empty string')
 
 
 def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None, where: str = "prompt") -> list[int]:
-    """Token ids of one prompt, checked: its shape (:func:`check_prompt_shape`), ids within ``vocab_size``;
-    text through the tokenizer, chat messages through its chat template (a tokenizer without one is
-    refused by name)."""
+    """Token ids of one prompt, its shape and ids (within ``vocab_size``) checked; text through the tokenizer, chat
+    messages through its chat template (a tokenizer without one is refused by name)."""
     if _is_tensor(prompt):
         return prompt_tensor(prompt, vocab_size or 2**62)[0].tolist()
     check_prompt_shape(prompt, where)
@@ -247,16 +188,14 @@ def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None,
         ids = list(tokenizer(prompt)["input_ids"])
     else:
         ids = list(prompt)
-    problem = _id_list_problem(ids, vocab_size)
-    if problem:
+    if problem := _id_list_problem(ids, vocab_size):
         raise PromptError(f"{where}: the prompt's ids hold {problem}")
     return ids
 
 
 def prompt_tensor(input_ids, vocab_size: int):
-    """``input_ids`` of the Python API as a [1, n] int64 tensor: a tensor of integer dtype ([n] or [1, n])
-    or a sequence of ints (a list, a tuple or a 1-D integer numpy array); floats, bools and ids outside
-    the vocabulary are a DraftInputError, never cast."""
+    """The Python API's ``input_ids`` (an integer tensor [n] or [1, n], or a sequence of ints) as a [1, n] int64
+    tensor; floats, bools and ids outside the vocabulary are a DraftInputError, never cast."""
     import torch
 
     from .model.modeling_eagle31_mla import DraftInputError
@@ -271,32 +210,21 @@ def prompt_tensor(input_ids, vocab_size: int):
         try:
             ids = list(input_ids)
         except TypeError:
-            raise DraftInputError(
-                f"`input_ids` is a {type(input_ids).__name__}; expected a tensor or a sequence of token ids"
-            ) from None
-        if not all(is_int(i) for i in ids):
-            bad = next(i for i in ids if not is_int(i))
-            raise DraftInputError(f"`input_ids` holds {bad!r} ({type(bad).__name__}); expected int token ids")
+            kind = type(input_ids).__name__
+            raise DraftInputError(f"`input_ids` is a {kind}; expected a tensor or a sequence of token ids") from None
+        if bad := [i for i in ids if not is_int(i)]:
+            raise DraftInputError(f"`input_ids` holds {bad[0]!r} ({type(bad[0]).__name__}); expected int token ids")
     if not ids:
         raise DraftInputError("`input_ids` is empty; expected a prompt of at least one token")
     if not all(0 <= i < vocab_size for i in ids):
-        raise DraftInputError(
-            f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; expected ids in [0, {vocab_size}) "
-            "(the target's vocabulary)"
-        )
+        within = f"expected ids in [0, {vocab_size}) (the target's vocabulary)"
+        raise DraftInputError(f"`input_ids` hold ids in [{min(ids)}, {max(ids)}]; {within}")
     return torch.tensor([ids], dtype=torch.long)
 
 
-# ----------------------------------------------------------------------------------------------
-# Conversations for training: rendered with the target's chat template, assistant tokens masked in
-# ----------------------------------------------------------------------------------------------
-
-
 def read_conversations(path: str | Path) -> list[tuple[str, list[dict]]]:
-    """``(where, messages)`` for every line of a conversations file: JSONL, each line an object with
-    ``"messages"`` (a list of ``{role, content}``) holding at least one assistant turn with text content."""
-    path = Path(path)
-    if path.suffix not in (".jsonl", ".json"):
+    """``(where, messages)`` for every line of a JSONL conversations file, each with an assistant turn's text."""
+    if Path(path).suffix not in (".jsonl", ".json"):
         raise PromptError(f'{path}: expected a .jsonl file, one {{"messages": [...]}} object per line')
     conversations = []
     for where, line in read_prompt_lines(path):
@@ -317,24 +245,12 @@ def _text_of(content) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
 
 
-def conversation_tokens(
-    messages: list[dict],
-    tokenizer,
-    *,
-    last_turn_only: bool = False,
-    max_tokens: int | None = None,
-    where: str = "conversation",
-) -> tuple[list[int], list[int]]:
-    """The token ids of a whole conversation rendered with the tokenizer's chat template, and its loss mask:
-    1 on the tokens of assistant content (every assistant turn, or the last one), 0 on everything else (the
-    system and user turns, the template's role markup and end-of-turn tokens). As TorchSpec's data: the mask
-    marks the tokens themselves (``mask[j]`` is about ``x[j]``); the trainer gates each prediction by the fed
-    token's mask (:mod:`eagle31_mla.training.trainer`).
-
-    Each assistant turn's content is found in the rendered text after the render of the conversation up to it
-    with the generation prompt (which must be a prefix of the whole render: a template that rewrites earlier
-    turns is refused by name), and mapped to tokens by decoding prefixes of the ids, so a token that straddles
-    the header and the content counts as content. ``max_tokens`` truncates (ids and mask alike)."""
+def conversation_tokens(messages, tokenizer, *, last_turn_only=False, max_tokens=None, where="conversation"):
+    """The ids of a conversation rendered with the chat template, and its loss mask: 1 on assistant content (every
+    assistant turn, or the last), 0 elsewhere (other turns, role markup, end-of-turn tokens); ``mask[j]`` is about
+    ``x[j]``, as TorchSpec's data. Each turn's content is found after the render of the turns before it with the
+    generation prompt (which must begin the whole render) and mapped to tokens by decoding prefixes of the ids (a
+    token straddling header and content counts as content). ``max_tokens`` truncates ids and mask alike."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(f"{where}: the target's tokenizer has no chat template to render conversations with")
 
@@ -345,24 +261,13 @@ def conversation_tokens(
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     decode = lambda n: tokenizer.decode(ids[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
     if decode(len(ids)) != text:
-        raise PromptError(
-            f"{where}: the tokenizer's decode does not give back the rendered conversation, so its assistant "
-            "tokens cannot be located"
-        )
+        why = "the tokenizer's decode does not give back the rendered conversation"
+        raise PromptError(f"{where}: {why}, so its assistant tokens cannot be located")
 
-    def token_holding(char: int) -> int:  # the first token whose decoded prefix reaches past `char`
-        lo, hi = 0, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(decode(mid + 1)) > char:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
+    # the first token whose decoded prefix reaches past character `c`
+    token_holding = lambda c: bisect.bisect_right(range(len(ids)), c, key=lambda n: len(decode(n + 1)))  # noqa: E731
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and _text_of(m["content"])]
-    if last_turn_only:
-        turns = turns[-1:]
+    turns = turns[-1:] if last_turn_only else turns
     mask = [0] * len(ids)
     for i in turns:
         head = render(messages[:i], True)
@@ -372,36 +277,24 @@ def conversation_tokens(
             start = text.find(content.strip(), len(head)) if text.startswith(head) else -1
             content = content.strip()
         if start < 0:
-            raise PromptError(
-                f"{where}: assistant turn {i} is not where the chat template puts it (the render of the turns "
-                "before it, with the generation prompt, must begin the whole render, and the turn's content "
-                "follow it verbatim)"
-            )
+            why = "(the render of the turns before it, with the generation prompt, must begin the whole render"
+            why += ", and the turn's content follow it verbatim)"
+            raise PromptError(f"{where}: assistant turn {i} is not where the chat template puts it {why}")
         first, last = token_holding(start), token_holding(start + len(content) - 1)
         mask[first : last + 1] = [1] * (last + 1 - first)
-    if max_tokens is not None:
-        ids, mask = ids[:max_tokens], mask[:max_tokens]
-    return ids, mask
+    return ids[:max_tokens], mask[:max_tokens]
 
 
-def conversation_sequences(
-    path: str | Path, tokenizer, max_tokens: int, *, last_turn_only: bool = False, vocab_size: int | None = None
-) -> tuple[list[list[int]], list[list[int]], int]:
-    """(token ids, loss masks, how many were left out) for the conversations of a file
-    (:func:`read_conversations`, :func:`conversation_tokens`): one sequence per conversation, truncated to
-    ``max_tokens``; a conversation with no trained prediction left within them (its assistant content begins
-    too late) is left out, and counted. Ids are checked against ``vocab_size``."""
-    sequences, masks, left_out = [], [], 0
-    for where, messages in read_conversations(path):
+def conversation_sequences(path: str | Path, tokenizer, max_tokens: int, *, last_turn_only=False, vocab_size=None):
+    """(token ids, loss masks, how many were left out): one sequence per conversation of a file, truncated to
+    ``max_tokens``, ids checked against ``vocab_size``; one with no trained prediction left within them is left out."""
+    kept, conversations = [], read_conversations(path)
+    for where, messages in conversations:
         ids, mask = conversation_tokens(messages, tokenizer, last_turn_only=last_turn_only, max_tokens=max_tokens)
-        problem = _id_list_problem(ids, vocab_size)
-        if problem:
+        if problem := _id_list_problem(ids, vocab_size):
             raise PromptError(f"{where}: the rendered conversation's ids hold {problem}")
-        if sum(mask[:-1]) == 0:  # a trained token must be followed by one to predict
-            left_out += 1
-            continue
-        sequences.append(ids)
-        masks.append(mask)
-    if not sequences:
+        if sum(mask[:-1]) > 0:  # a trained token must be followed by one to predict
+            kept.append((ids, mask))
+    if not kept:
         raise PromptError(f"{path}: no conversation has assistant content within its first {max_tokens} tokens")
-    return sequences, masks, left_out
+    return [ids for ids, _ in kept], [mask for _, mask in kept], len(conversations) - len(kept)

@@ -99,61 +99,17 @@ DEMO_CHAT_TEMPLATE = (
 # The embedded pair (eagle31_mla/demo_pair) was trained on demo_corpus(seed=0, n=6000); its prompts are
 # held_out_prompts(seed=1, n=24, seen). Changing a list or a draw changes every story after it.
 
-_NAMES = [
-    "Ada",
-    "Ben",
-    "Cleo",
-    "Dan",
-    "Eva",
-    "Finn",
-    "Gia",
-    "Hugo",
-    "Iris",
-    "Jack",
-    "Kira",
-    "Leo",
-    "Mia",
-    "Nora",
-    "Omar",
-    "Pia",
-    "Quinn",
-    "Rosa",
-    "Sam",
-    "Tara",
-    "Uma",
-    "Vic",
-    "Wren",
-    "Yara",
-    "Zoe",
-]
-_ANIMALS = ["cat", "dog", "fox", "owl", "goat", "horse", "rabbit", "duck", "mouse", "bear", "frog", "sheep"]
-_COLORS = ["red", "blue", "green", "yellow", "black", "white", "brown", "grey", "orange", "purple"]
-_FOODS = ["apples", "bread", "carrots", "cheese", "fish", "grapes", "honey", "nuts", "rice", "seeds"]
-_PLACES = ["park", "river", "forest", "market", "garden", "beach", "hill", "farm", "lake", "village"]
-_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-_NUMBERS = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-    "twenty",
-]
+_NAMES = "Ada Ben Cleo Dan Eva Finn Gia Hugo Iris Jack Kira Leo Mia Nora Omar Pia Quinn Rosa Sam Tara Uma Vic Wren Yara"
+_NAMES = (_NAMES + " Zoe").split()
+_ANIMALS = "cat dog fox owl goat horse rabbit duck mouse bear frog sheep".split()
+_COLORS = "red blue green yellow black white brown grey orange purple".split()
+_FOODS = "apples bread carrots cheese fish grapes honey nuts rice seeds".split()
+_PLACES = "park river forest market garden beach hill farm lake village".split()
+_DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+_NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty"
+).split()
 
 
 def demo_story(r: random.Random) -> tuple[str, tuple[str, str, str]]:

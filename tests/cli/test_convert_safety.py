@@ -1,8 +1,7 @@
-"""`eagle31-mla convert` never loses or half-writes data: everything is checked first, the new folder is built
-beside DST and moved into place at the end, `--force` replaces only what an earlier convert wrote (its manifest),
-and a convert stopped at any moment (an error, Ctrl-C, SIGKILL of a real process mid-write) leaves DST as it was or
-complete and new (or, killed among `--force`'s renames, without config.json until the next `--force` completes it).
-Float16 overflow is refused with its count."""
+"""`eagle31-mla convert` never loses or half-writes data: inputs are checked first, `--force` replaces only what an
+earlier convert wrote (its manifest), and a convert stopped at any moment (an error, Ctrl-C, SIGKILL mid-write)
+leaves DST as it was or complete and new (or, killed among `--force`'s renames, without config.json until the next
+`--force` completes it)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ import torch
 
 import eagle31_mla.hub.convert as module
 from eagle31_mla import Eagle31MLAForCausalLM
-from eagle31_mla.hub.convert import MANIFEST, ConvertError, convert, read_token_counts
+from eagle31_mla.hub.convert import MANIFEST, ConvertError, convert
 from eagle31_mla.serving.engines import InputError
 from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
 
@@ -33,17 +32,16 @@ USER_FILES = {"notes.txt", "adapter.safetensors", "model-extra.safetensors", ".g
 
 def snapshot(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (what "unchanged" means here)."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
-    }
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def leftovers(dst: Path) -> list[str]:
     return sorted(p.name for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.eagle31-convert-"))
 
 
-def source(tmp_path: Path, name: str = "src", seed: int = 1, **overrides) -> Path:
-    model = tiny_drafter(seed=seed, eagle_aux_hidden_state_layer_ids=IDS, **overrides)
+def source(tmp_path: Path, name: str = "src", seed: int = 1) -> Path:
+    model = tiny_drafter(seed=seed, eagle_aux_hidden_state_layer_ids=IDS)
     return write_checkpoint(tmp_path / name, published_style_config(model), model.state_dict())
 
 
@@ -51,19 +49,10 @@ def source(tmp_path: Path, name: str = "src", seed: int = 1, **overrides) -> Pat
 def old(tmp_path):
     """DST holding an earlier conversion, plus the user's own files beside it (never convert's to delete)."""
     dst = convert(source(tmp_path, "old-src", seed=2), tmp_path / "hub", progress=False).folder
-    (dst / "notes.txt").write_text("mine")
-    (dst / "adapter.safetensors").write_bytes(b"user weights")
-    (dst / "model-extra.safetensors").write_bytes(b"looks like a shard, is not ours")
     (dst / ".git" / "objects").mkdir(parents=True)
-    (dst / ".git" / "objects" / "ab").write_bytes(b"blob")
+    for name in USER_FILES:  # model-extra.safetensors: looks like a shard, is not convert's
+        (dst / name).write_bytes(f"the user's {name}".encode())
     return dst
-
-
-def test_the_manifest_lists_exactly_what_convert_wrote(tmp_path):
-    dst = convert(source(tmp_path), tmp_path / "hub", max_shard_size="40KB", progress=False).folder
-    manifest = json.loads((dst / MANIFEST).read_text())
-    assert manifest["written_by"] == "eagle31-mla convert"
-    assert set(manifest["files"]) | {MANIFEST} == {p.name for p in dst.iterdir()} and leftovers(dst) == []
 
 
 def test_force_replaces_only_what_an_earlier_convert_wrote(tmp_path, old):
@@ -73,89 +62,63 @@ def test_force_replaces_only_what_an_earlier_convert_wrote(tmp_path, old):
     assert {name: after[name] for name in USER_FILES} == {name: before[name] for name in USER_FILES}
     assert "model.safetensors" not in after and "model-00001-of-" in " ".join(after)  # the old file was ours
     assert set(after) == USER_FILES | set(result.files) | {MANIFEST} and leftovers(old) == []
-    assert json.loads((old / MANIFEST).read_text())["files"] == result.files
+    assert json.loads((old / MANIFEST).read_text()) == {"files": result.files, "written_by": "eagle31-mla convert"}
     Eagle31MLAForCausalLM.from_pretrained(old)
 
 
-def test_force_refuses_to_replace_files_it_did_not_write(tmp_path):
-    dst = tmp_path / "hub"
-    dst.mkdir()
-    (dst / "config.json").write_text('{"mine": true}')  # no manifest: a user's file of convert's name
-    (dst / "model.safetensors").write_bytes(b"user data")
-    before = snapshot(dst)
-    with pytest.raises(InputError, match="config.json, model.safetensors, which convert would write but did not"):
-        convert(source(tmp_path), dst, force=True, progress=False)
-    assert snapshot(dst) == before and leftovers(dst) == []
-
-
-def test_a_non_empty_destination_needs_force_and_an_empty_one_is_replaced(tmp_path, old):
-    before = snapshot(old)
-    with pytest.raises(InputError, match="--force"):
-        convert(source(tmp_path), old, progress=False)
-    assert snapshot(old) == before
-    (tmp_path / "empty").mkdir()
-    assert (convert(source(tmp_path), tmp_path / "empty", progress=False).folder / "config.json").is_file()
-
-
 @pytest.mark.parametrize(
-    "bad",
-    [dict(repo_id=""), dict(target_name=" "), dict(repo_id="a\nb"), dict(max_shard_size="0"), dict(prune_vocab=10),
-     dict(dtype="int8"), dict(prune_vocab=2, token_counts="COUNTS"), dict(dtype="float16", src="BIG")],
+    "bad, error, message",
+    [(dict(force=False), InputError, "is not empty; pass --force"), (dict(max_shard_size="0"), InputError, "size"),
+     (dict(prune_vocab=10), InputError, "go together"), (dict(dtype="int8"), ValueError, "--dtype"),
+     (dict(prune_vocab=2, token_counts="COUNTS"), InputError, "expected 3 \\(the special tokens\\)"),
+     (dict(dtype="float16", src="BIG"), InputError, r"--dtype float16: 2 value\(s\) in 1 tensor\(s\).*fc.weight"),
+     (dict(src="MISSING"), ConvertError, "missing tensor 'norm.weight'"),
+     (dict(src="MISSHAPED"), ConvertError, "fc.weight"), (dict(src="NAN"), ConvertError, "norm.weight"),
+     (dict(dst="CLASH"), InputError, "config.json, model.safetensors, which convert would write but did not"),
+     (dict(dst="/proc/x/out"), InputError, r"^DST: cannot create /proc/x/out")],
 )  # fmt: skip
-def test_every_input_is_checked_before_anything_is_written(tmp_path, old, bad):
-    """Bad arguments, too few tokens for the special ones, float16 overflow (refused with its count)."""
+def test_every_input_is_checked_before_anything_is_written(tmp_path, old, bad, error, message):
+    """Bad arguments, too few tokens for the special ones, float16 overflow (bfloat16 holds it), a refused source,
+    files of convert's names no manifest lists (a user's: never replaced), a DST where no folder can be created
+    (/proc passes os.access as root, yet refuses new folders)."""
     (tmp_path / "counts.txt").write_text("5 1\n")
+    (tmp_path / "clash").mkdir()
+    (tmp_path / "clash" / "config.json").write_text('{"mine": true}')
+    (tmp_path / "clash" / "model.safetensors").write_bytes(b"user data")
     model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
     with torch.no_grad():
         model.fc.weight[0, :3] = torch.tensor([1e5, -7e4, 65000.0])  # two beyond float16's 65504
-    big = write_checkpoint(tmp_path / "big", published_style_config(model), model.state_dict())
-    bad = {k: {"COUNTS": str(tmp_path / "counts.txt"), "BIG": big}.get(v, v) for k, v in bad.items()}
-    before = snapshot(old)
-    with pytest.raises(InputError) as err:
-        convert(bad.pop("src", source(tmp_path)), old, force=True, progress=False, **bad)
-    assert snapshot(old) == before and leftovers(old) == [] and len(str(err.value).splitlines()) == 1
-    if bad.get("dtype") == "float16":  # bfloat16 holds them
-        assert "--dtype float16: 2 value(s) in 1 tensor(s)" in str(err.value) and "fc.weight" in str(err.value)
-        bf16 = convert(big, tmp_path / "bf16", dtype="bfloat16", progress=False).folder
+    state, config = model.state_dict(), published_style_config(model)
+    sources = dict(BIG=state, MISSING={k: v for k, v in state.items() if k != "norm.weight"})
+    sources["MISSHAPED"] = {**state, "fc.weight": torch.zeros(3, 3)}
+    sources["NAN"] = {**state, "norm.weight": state["norm.weight"] * torch.nan}
+    paths = {name: write_checkpoint(tmp_path / name, config, tensors) for name, tensors in sources.items()}
+    names = {"COUNTS": tmp_path / "counts.txt", "CLASH": tmp_path / "clash", **paths}
+    bad = {k: names.get(v, v) for k, v in bad.items()}
+    dst = Path(bad.pop("dst", old))
+    before = snapshot(dst) if dst.exists() else None
+    with pytest.raises(error, match=message) as err:
+        convert(bad.pop("src", source(tmp_path)), dst, **{"force": True, "progress": False, **bad})
+    assert (snapshot(dst) if dst.exists() else None) == before and len(str(err.value).splitlines()) == 1
+    assert leftovers(old) == leftovers(tmp_path / "clash") == []
+    if bad.get("dtype") == "float16":
+        bf16 = convert(paths["BIG"], tmp_path / "bf16", dtype="bfloat16", progress=False).folder
         assert Eagle31MLAForCausalLM.from_pretrained(bf16).fc.weight.isfinite().all()
+    if bad == {"force": False}:  # an empty folder needs none
+        (tmp_path / "empty").mkdir()
+        assert (convert(source(tmp_path), tmp_path / "empty", progress=False).folder / "config.json").is_file()
 
 
-def test_float16_underflow_is_a_one_line_note_with_its_count(tmp_path):
-    model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
-    with torch.no_grad():
-        model.fc.weight[0, :3] = torch.tensor([1e-9, -1e-10, 1e-4])  # two below float16's smallest subnormal
-    src = write_checkpoint(tmp_path / "tiny", published_style_config(model), model.state_dict())
-    result = convert(src, tmp_path / "f16", dtype="float16", progress=False)
-    (note,) = [n for n in result.notes if "became 0" in n]
-    assert "2 nonzero value(s) in 1 tensor(s)" in note and "fc.weight" in note and "\n" not in note
-    assert Eagle31MLAForCausalLM.from_pretrained(result.folder).fc.weight.dtype == torch.float16
-    assert not [n for n in convert(src, tmp_path / "f32", progress=False).notes if "became 0" in n]
-
-
-def test_a_refused_source_leaves_the_old_destination(tmp_path, old):
-    model = tiny_drafter(seed=3, eagle_aux_hidden_state_layer_ids=IDS)
-    state = dict(model.state_dict())
-    del state["norm.weight"]
-    bad = write_checkpoint(tmp_path / "bad", published_style_config(model), state)
-    before = snapshot(old)
-    with pytest.raises(ConvertError):
-        convert(bad, old, force=True, progress=False)
-    assert snapshot(old) == before and leftovers(old) == []
-
-
-@pytest.mark.parametrize("at", ["save", "card", "commit"])
+@pytest.mark.parametrize("at", ["save", "commit"])
 def test_an_interruption_leaves_the_old_destination_and_no_temporary_folder(tmp_path, old, monkeypatch, at):
-    """Ctrl-C (KeyboardInterrupt) once the weights are written, a model card refused, an error before the move."""
+    """Ctrl-C (a real SIGINT) once the weights are written, an error before the move."""
     before = snapshot(old)
-    if at == "save":
+    if at == "save":  # a real SIGINT, delivered once the weights are written
         saved = Eagle31MLAForCausalLM.save_pretrained
-        ctrl_c = (_ for _ in ()).throw
-        monkeypatch.setattr(
-            Eagle31MLAForCausalLM, "save_pretrained", lambda *a, **k: (saved(*a, **k), ctrl_c(KeyboardInterrupt))
-        )
+        interrupted = lambda *a, **k: saved(*a, **k) or signal.raise_signal(signal.SIGINT)  # noqa: E731
+        monkeypatch.setattr(Eagle31MLAForCausalLM, "save_pretrained", interrupted)
     else:
-        name = "model_card" if at == "card" else "_commit"
-        monkeypatch.setattr(module, name, lambda *a, **k: (_ for _ in ()).throw(KeyError("no")))
+        monkeypatch.setattr(module, "_commit", lambda *a, **k: (_ for _ in ()).throw(KeyError("no")))
     with pytest.raises((KeyboardInterrupt, ConvertError, KeyError)):
         convert(source(tmp_path), old, force=True, max_shard_size="40KB", progress=False)
     assert snapshot(old) == before and leftovers(old) == []
@@ -179,8 +142,8 @@ def test_force_stopped_among_its_renames_is_completed_by_the_next_force(tmp_path
 
 
 def renamed_in_part(state: dict[str, str], before: dict[str, str], new: dict[str, str]) -> bool:
-    """DST as `--force`'s renames leave it when stopped among them: the old or the new files under a manifest that
-    lists both, or a mix of old and new files without config.json (nothing loads it; the next --force completes it)."""
+    """DST as `--force`'s renames leave it when stopped among them: the old or the new files, or a mix without
+    config.json (nothing loads it; the next --force completes it)."""
     files, old_files, new_files = ({k: v for k, v in s.items() if k != MANIFEST} for s in (state, before, new))
     mixed = all(v in (old_files.get(k), new_files.get(k)) for k, v in files.items())
     return files in (old_files, new_files) or (mixed and "config.json" not in files)
@@ -188,10 +151,8 @@ def renamed_in_part(state: dict[str, str], before: dict[str, str], new: dict[str
 
 def test_leftovers_of_a_killed_convert_are_cleaned_and_only_they(tmp_path, old):
     prefix = f".{old.name}.eagle31-convert-"
-    mine, running = (
-        old.parent / f"{prefix}{socket.gethostname()}-{DEAD}-x1",
-        old.parent / f"{prefix}{socket.gethostname()}-{os.getppid()}-x2",
-    )
+    mine = old.parent / f"{prefix}{socket.gethostname()}-{DEAD}-x1"
+    running = old.parent / f"{prefix}{socket.gethostname()}-{os.getppid()}-x2"
     others = [old.parent / f"{prefix}{name}" for name in ("old-archive", f"other-host-{DEAD}-x3")]
     for folder in (mine, running, *others):
         folder.mkdir()
@@ -206,7 +167,7 @@ def test_leftovers_of_a_killed_convert_are_cleaned_and_only_they(tmp_path, old):
 
 @pytest.mark.parametrize("spelling", ["{src}/..", "{src}/../.", "{src}", "{src}/sub/../out", "{src}/../loop"])
 def test_dst_the_source_around_or_inside_it_or_a_symlink_loop_is_refused(tmp_path, spelling, capsys):
-    """The CLI's path rule (cli.common.check_paths, params.OUTPUT_FOLDER): exit 2, one line, nothing written."""
+    """The CLI's path rule (cli.common.check_rules, params.OUTPUT_FOLDER): exit 2, one line, nothing written."""
     from eagle31_mla.cli import main
 
     src = source(tmp_path, "work")
@@ -220,36 +181,6 @@ def test_dst_the_source_around_or_inside_it_or_a_symlink_loop_is_refused(tmp_pat
         convert(src, tmp_path / "loop", progress=False)
 
 
-@pytest.mark.parametrize(
-    "name, text, message",
-    [("counts.json", '{"5": 3, "5": 4}', "appears twice"), ("counts.json", '{"05": 3, "5": 4}', "no leading zero"),
-     ("counts.json", "[1.5, 2, 3]", "integer count"), ("counts.json", '{"5": 1e400}', "overflows"),
-     ("counts.json", '{"5": NaN}', "NaN is not an integer count"), ("counts.json", '{"-1": 3}', "non-negative"),
-     ("counts.json", '{"5": true}', "count"), ("counts.json", '{"\uff15": 3}', "token id"),
-     ("counts.txt", "05 3\n5 4\n", "token id"), ("counts.txt", "5 1.5\n", "count"),
-     ("counts.txt", "5 1e400\n", "count")],
-)  # fmt: skip
-def test_token_counts_are_canonical_ids_and_finite_integer_counts(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(InputError, match=message) as err:
-        read_token_counts(path)
-    assert str(path) in str(err.value) and len(str(err.value).splitlines()) == 1
-
-
-def test_a_destination_where_no_folder_can_be_created_fails_before_any_work(tmp_path, monkeypatch):
-    """/proc passes os.access as root, yet refuses new folders: refused up front, naming DST."""
-    monkeypatch.setattr(Eagle31MLAForCausalLM, "from_pretrained", lambda *a, **k: 1 / 0)  # never reached
-    with pytest.raises(InputError, match=r"^DST: cannot create /proc/x/out"):
-        convert(source(tmp_path), "/proc/x/out", progress=False)
-    from eagle31_mla.cli import main
-
-    assert main(["convert", str(source(tmp_path, "s2")), "/proc/x/out", "--quiet"]) == 2
-
-
-# ---- a real process, killed mid-write ---------------------------------------------------------------
-
-
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory):
     """A ~200 MB drafter (vocabulary 400,000): converting it takes about a second, long enough to kill."""
@@ -257,8 +188,7 @@ def big_source(tmp_path_factory):
 
     model = Eagle31MLAForCausalLM(tiny_config(vocab_size=400_000))
     with torch.no_grad():
-        for p in model.parameters():
-            p.uniform_(-1, 1)
+        [p.uniform_(-1, 1) for p in model.parameters()]
     return write_checkpoint(tmp_path_factory.mktemp("big") / "src", published_style_config(model), model.state_dict())
 
 
@@ -268,7 +198,6 @@ def convert_command(src: Path, dst: Path) -> list[str]:
 
 
 def wait_for_temporary_folder(process: subprocess.Popen, dst: Path, timeout: float = 120) -> bool:
-    """Wait until ``process`` has created its temporary folder (source loaded, the write begins)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end and process.poll() is None:
         if any(f"-{process.pid}-" in name for name in leftovers(dst)):
@@ -278,10 +207,9 @@ def wait_for_temporary_folder(process: subprocess.Popen, dst: Path, timeout: flo
 
 
 def test_killing_a_real_convert_mid_write_never_loses_the_destination(tmp_path, old, big_source):
-    """SIGKILL at several moments after the temporary folder appears, then SIGINT: DST is the old folder or the
-    complete new one (or, killed among --force's renames, old and new files without config.json); the user's files
-    are always there; SIGINT exits 130 with one line and removes its temporary folder; the next convert removes what
-    SIGKILL left and nothing else, and completes DST."""
+    """SIGKILL at several moments after the temporary folder appears, then SIGINT (exit 130, one line, its temporary
+    folder removed): DST is always the old or the complete new folder (or renamed in part), the user's files intact;
+    the next convert removes what SIGKILL left and nothing else, and completes DST."""
     before = snapshot(old)
     user = {name: before[name] for name in USER_FILES}
     reference = tmp_path / "reference" / old.name  # the same folder name: the model card names it
@@ -304,15 +232,15 @@ def test_killing_a_real_convert_mid_write_never_loses_the_destination(tmp_path, 
             break
     assert killed_mid_write >= 1, "no kill landed while the conversion was writing"
 
-    process = subprocess.Popen(
-        convert_command(big_source, old), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = subprocess.Popen(convert_command(big_source, old), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=1)
     assert wait_for_temporary_folder(process, old)
     time.sleep(rng.uniform(0.05, 0.3))
     interrupted = process.poll() is None
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
-    assert process.returncode in (0, 130), err  # 0: the signal came during the move, which finishes first
+    # 0: the signal came during the move, which finishes first; -SIGINT: after it, in the interpreter's teardown
+    # (Python restores the default handler there), DST complete
+    assert process.returncode in (0, 130) or (process.returncode == -signal.SIGINT and snapshot(old) == new), err
     if interrupted and process.returncode == 130:
         assert err.strip().splitlines() == ["eagle31-mla convert: interrupted"], err
         assert leftovers(old) == []  # its own, and (cleaned before it wrote) those the kills left

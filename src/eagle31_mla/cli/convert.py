@@ -7,7 +7,7 @@ import sys
 from types import SimpleNamespace
 
 from . import params
-from .common import argument, error, one_line, option, subcommand
+from .common import argument, option, subcommand
 from .serve_command import DEFAULT_TARGET
 
 
@@ -68,50 +68,32 @@ def convert(args: SimpleNamespace) -> int:
     byte-identical folders.
 
     SRC: the source drafter, a folder (or a Hub repo id); DST: the folder to write (new or empty; see --force)."""
-    from ..hub.convert import ConvertError, convert
-    from ..serving.engines import InputError
+    from ..hub.convert import convert
 
-    try:
-        result = convert(
-            args.src,
-            args.dst,
-            prune_vocab=args.prune_vocab,
-            token_counts=args.token_counts,
-            max_shard_size=args.max_shard_size,
-            dtype=args.dtype,
-            repo_id=args.repo_id,
-            target_name=args.target,
-            force=args.force,
-            progress=not args.quiet,
-        )
-    except InputError as err:
-        return error(str(err))
-    except ConvertError as err:
-        print(f"eagle31-mla: the source is refused: {one_line(err)}", file=sys.stderr)
-        return 1
+    # a refused source (ConvertError, exit 1) and unusable input (InputError, OSError, exit 2): main's one line
+    result = convert(
+        args.src,
+        args.dst,
+        prune_vocab=args.prune_vocab,
+        token_counts=args.token_counts,
+        max_shard_size=args.max_shard_size,
+        dtype=args.dtype,
+        repo_id=args.repo_id,
+        target_name=args.target,
+        force=args.force,
+        progress=not args.quiet,
+    )
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "folder": str(result.folder),
-                    "files": result.files,
-                    "tensors": result.num_tensors,
-                    "tensor_bytes": result.total_bytes,
-                    "source": result.source_layout,
-                    "vocab_size": result.vocab_size,
-                    "draft_vocab_size": result.draft_vocab_size,
-                    "notes": result.notes,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(
-            f"wrote {result.folder}: {result.num_tensors} tensors, {result.total_bytes:,} bytes of weights "
-            f"(source: {result.source_layout})"
-        )
-        for name in result.files:
-            print(f"  {name}")
+        summary = dict(folder=str(result.folder), files=result.files, tensors=result.num_tensors)
+        summary.update(tensor_bytes=result.total_bytes, source=result.source_layout, vocab_size=result.vocab_size)
+        summary.update(draft_vocab_size=result.draft_vocab_size, notes=result.notes)
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"wrote {result.folder}: {result.num_tensors} tensors, {result.total_bytes:,} bytes of weights "
+        f"(source: {result.source_layout})"
+    )
+    print("".join(f"  {name}\n" for name in result.files), end="")
     return 0
