@@ -1,12 +1,6 @@
-"""EAGLE-3 capture for SGLang's Kimi-K3 target, which 0.5.23 lacks.
-
-Kimi-K3 replaces the residual sum with block AttnRes: a bank of completed blocks plus a running
-within-block prefix. The drafter was trained on the prefix-only stream: after zero-based layer L,
-the sum of the layer outputs since L's block began (SGLang's written residual plus the pending
-output: ``residual.batch.snapshot``), never the AttnRes mixture that DSpark drafters read. Ids are
-one-based completed-layer ids (Kimi-K3: [2, 46, 90]), as upstream SGLang stores them in
-``eagle3_layers_to_capture``. Capture uses forward hooks on the chosen layers, so the model's long
-forward is not copied.
+"""EAGLE-3 capture for SGLang's Kimi-K3 target, which 0.5.23 lacks: the prefix-only stream the drafter was trained
+on (after zero-based layer L, the layer outputs since L's AttnRes block began: ``residual.batch.snapshot``), never
+the AttnRes mixture. Ids are one-based (Kimi-K3: [2, 46, 90]); forward hooks on the chosen layers capture them.
 """
 
 from __future__ import annotations

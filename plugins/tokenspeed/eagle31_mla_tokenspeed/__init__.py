@@ -1,48 +1,69 @@
-"""TokenSpeed plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
+"""TokenSpeed plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded through the ``tokenspeed.plugins`` entry point.
 
-Loaded in every TokenSpeed process through the ``tokenspeed.plugins`` entry point. The model card's
-command, ``python3 -m tokenspeed.cli serve --model <Kimi-K3> --speculative-algorithm EAGLE3
---speculative-draft-model-path <the drafter> ...``, then needs nothing else to feed the drafter the
-tensors it was trained on:
-
-* **The drafter** is TokenSpeed's own ``Eagle3DeepseekV2ForCausalLM`` (:mod:`.drafter`), registered again
-  under its name with ``override=True``: the same model, plus a profile that gives it MLA's latent cache
-  and checkpoint names read in every layout (published, NeMo's ``model.`` prefix, ``midlayer.*``).
-* **Aux ids.** TokenSpeed hands the target the first ids it finds in the draft config (nested
-  ``eagle_config`` first), raw, and each target class reads them its own way (Kimi-K3 one-based,
-  DeepSeek-V3 / Kimi-K2.5 add 1). The profile reads the draft's ids by this library's one rule
-  (:mod:`eagle31_mla.model.aux_layers`) and writes them back in the form the served target class needs,
-  checked on what that class's own setter stores; a form it cannot capture, or an explicit
-  ``--eagle3-layers-to-capture`` that names other layers, stops serving with the reason.
-* **Kimi-K3 stream.** TokenSpeed's Kimi-K3 target captures ``prefix_sum``, the prefix-only stream the
-  drafter was trained on; the plugin confirms that in the installed TokenSpeed and refuses otherwise.
-* **Loud failure.** TokenSpeed only warns when a plugin fails. If its plugin API version, registry or any
-  symbol the plugin needs differs, the plugin registers a stand-in for the drafter whose profile raises
-  :class:`PluginAPIError` naming them, so serving this drafter stops (other models are not affected).
+It registers TokenSpeed's own ``Eagle3DeepseekV2ForCausalLM`` again with a profile (:mod:`.drafter`): MLA's latent
+cache, checkpoint names in every layout, the draft's aux ids (:mod:`eagle31_mla.model.aux_layers`) written in the form
+the served target class stores as those layers, and a check that Kimi-K3 captures the prefix-only stream. TokenSpeed
+only warns when a plugin fails, so a TokenSpeed whose plugin API or needed symbols differ gets a stand-in drafter
+whose profile raises :class:`PluginAPIError` naming them.
 """
 
 from __future__ import annotations
 
 import logging
+import pkgutil
+from importlib.metadata import version
 
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
-
-from .contract import SUPPORTED_RELEASES, PluginAPIError, api_problems, refusal
+from eagle31_mla.serving.engine_facts import release_label
+from eagle31_mla.serving.engine_facts.tokenspeed import PLUGIN_API_VERSION, PLUGIN_SYMBOLS, RELEASES
 
 __all__ = ["register", "DRAFT_ARCHITECTURE", "PluginAPIError", "api_problems", "SUPPORTED_RELEASES"]
 
 logger = logging.getLogger(__name__)
+SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
+
+
+class PluginAPIError(RuntimeError):
+    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers."""
+
+
+def api_problems() -> list[str]:
+    """What differs from the TokenSpeed the plugin was written for (empty when nothing does)."""
+    from tokenspeed.runtime.plugins import PLUGIN_API_VERSION as installed_api
+
+    problems = []
+    if installed_api != PLUGIN_API_VERSION:
+        problems.append(f"plugin API version {installed_api!r} (the plugin is written for {PLUGIN_API_VERSION})")
+    for symbol in PLUGIN_SYMBOLS:
+        try:
+            pkgutil.resolve_name(symbol)
+        except (ImportError, AttributeError, ValueError) as err:
+            problems.append(f"`{symbol}` is missing ({type(err).__name__}: {err})")
+    return problems
 
 
 def register() -> None:
     """Called by TokenSpeed's plugin loader (``tokenspeed.runtime.plugins.ensure_loaded``), once per process."""
     from tokenspeed.runtime.plugins.registry import register_model  # without it there is no plugin API at all
 
-    problems = api_problems()
-    if problems:
-        logger.error("eagle31-mla: TokenSpeed plugin disabled for %s: %s", DRAFT_ARCHITECTURE, "; ".join(problems))
-        register_model(refusal(problems), architectures=(DRAFT_ARCHITECTURE,), override=True)
-        return
-    from .drafter import Eagle31MLADrafter
+    if not (problems := api_problems()):
+        from .drafter import Eagle31MLADrafter
 
-    register_model(Eagle31MLADrafter, architectures=(DRAFT_ARCHITECTURE,), override=True)
+        register_model(Eagle31MLADrafter, architectures=(DRAFT_ARCHITECTURE,), override=True)
+        return
+    logger.error("eagle31-mla: TokenSpeed plugin disabled for %s: %s", DRAFT_ARCHITECTURE, "; ".join(problems))
+    message = (
+        "eagle31-mla: the TokenSpeed plugin cannot serve this drafter: " + "; ".join(problems) + ". Without it "
+        "TokenSpeed would capture target layers for the drafter by its own reading of the draft config, which is "
+        f"silently wrong for some configs and targets. The plugin supports TokenSpeed {SUPPORTED_RELEASES} "
+        f"(installed: {version('tokenspeed')}); install a supported release, or serve without the plugin "
+        "(TOKENSPEED_DISABLE_PLUGINS=eagle31_mla) and pass --eagle3-layers-to-capture in the target's convention "
+        "(`eagle31-mla serve-command --engine tokenspeed` prints it)."
+    )
+
+    class Eagle31MLAUnsupportedTokenSpeed:
+        @classmethod
+        def model_profile(cls, hf_config):
+            raise PluginAPIError(message)
+
+    register_model(Eagle31MLAUnsupportedTokenSpeed, architectures=(DRAFT_ARCHITECTURE,), override=True)

@@ -1,9 +1,7 @@
 """TokenSpeed's own MLA drafter with a profile: MLA's latent cache, and the aux ids in the served target's form.
 
-``model_profile(hf_config)`` is where a TokenSpeed plugin model states its facts; its ``configure_attention``
-runs while TokenSpeed builds the draft's ``ModelConfig``, with the launch's ``ServerArgs``, on the same
-draft config object that ``configure_draft_target`` later reads the ids from
-(``tokenspeed.runtime.execution.factory``). That is where the ids are put right.
+The profile's ``configure_attention`` runs while TokenSpeed builds the draft's ``ModelConfig``, on the draft config
+object that ``configure_draft_target`` later reads the ids from: that is where the ids are put right.
 """
 
 from __future__ import annotations
@@ -28,22 +26,14 @@ from eagle31_mla.model.aux_layers import (
     aux_layer_ids_from_attributes,
     write_aux_layer_ids,
 )
-from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
 from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
 from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
 from eagle31_mla.serving.engines import Target, tokenspeed_flag_form
 
-from .contract import SUPPORTED_RELEASES, PluginAPIError
+from . import SUPPORTED_RELEASES, PluginAPIError
 
-__all__ = [
-    "Eagle31MLADrafter",
-    "ServingConfigError",
-    "configure_draft",
-    "target_form",
-    "stored_layers",
-    "k3_stream_problem",
-]
+__all__ = ["Eagle31MLADrafter", "ServingConfigError", "configure_draft", "target_form", "k3_stream_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +66,9 @@ class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
 
 
 def draft_ids(hf_config, num_target_layers: int | None = None) -> AuxLayerIds:
-    depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
     try:
-        ids, _ = aux_layer_ids_from_attributes(hf_config, depth if isinstance(depth, int) else None)
+        depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
+        ids, _ = aux_layer_ids_from_attributes(hf_config, depth)
     except AuxLayerIdError as err:
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
     return ids
@@ -87,7 +77,7 @@ def draft_ids(hf_config, num_target_layers: int | None = None) -> AuxLayerIds:
 def configure_draft(model_config, server_args) -> None:
     """The profile's ``configure_attention``: MLA geometry, then the ids for the served target."""
     configure_mla_attention(model_config, server_args)
-    if getattr(server_args, "speculative_algorithm", None) != "EAGLE3":
+    if server_args.speculative_algorithm != "EAGLE3":
         return
     from tokenspeed.runtime.models.registry import ModelRegistry
     from tokenspeed.runtime.utils.hf_transformers_utils import get_config
@@ -97,26 +87,20 @@ def configure_draft(model_config, server_args) -> None:
     )
     target = Target.from_config(config.to_dict(), server_args.model)
     target_cls, _ = ModelRegistry.resolve_model_cls(list(target.architectures))
-    flag = getattr(server_args, "eagle3_layers_to_capture", None)
-    target_form(model_config.hf_config, target, target_cls, flag)
+    target_form(model_config.hf_config, target, target_cls, server_args.eagle3_layers_to_capture)
 
 
 def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
-    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right; return it.
-
-    Refuses (:class:`ServingConfigError`) what would feed the drafter other layers: a target of other sizes,
-    ids it cannot reach, a ``--eagle3-layers-to-capture`` naming other layers, a Kimi-K3 stream other than the
-    prefix-only one."""
+    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right; return it. Refuses
+    (:class:`ServingConfigError`) a target of other sizes, ids it cannot reach, a flag naming other layers, a
+    Kimi-K3 stream other than the prefix-only one."""
     ids = draft_ids(hf_config, target.num_layers)
     name = target_cls.__name__
     built_for = Sizes(
-        getattr(hf_config, "target_hidden_size", None),
-        getattr(hf_config, "vocab_size", None),
-        getattr(hf_config, "target_num_hidden_layers", None),
+        *(getattr(hf_config, k, None) for k in ("target_hidden_size", "vocab_size", "target_num_hidden_layers"))
     )
     refusals = size_mismatches(built_for, Sizes(target.hidden_size, target.vocab_size, target.num_layers))
-    reading = facts.target_reading(target.architectures, target.model_type)
-    if reading is None:
+    if (reading := facts.target_reading(target.architectures, target.model_type)) is None:
         raise ServingConfigError(
             f"eagle31-mla: how TokenSpeed's {name} reads EAGLE-3 layer ids is not known to the plugin, so it cannot "
             f"make it capture {ids.describe()}; serve a target in the table ({', '.join(facts.ONE_BASED_TARGETS)}, "
@@ -159,9 +143,7 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
             f"eagle31-mla: TokenSpeed reads {read} from the draft config where the plugin wrote {form}; its "
             "`_eagle_aux_layer_ids` has changed, so the plugin cannot tell the target which layers to capture"
         )
-    logger.info(
-        "eagle31-mla: TokenSpeed's %s captures %s for %s (handed %s)", name, ids.describe(), DRAFT_ARCHITECTURE, form
-    )
+    logger.info("eagle31-mla: TokenSpeed's %s captures %s (handed %s)", name, ids.describe(), form)
     return form
 
 
@@ -173,44 +155,25 @@ def _bare(cls) -> nn.Module:
 
 
 def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[int]:
-    """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores, as one-based
-    completed-layer ids (where :data:`~eagle31_mla.serving.engine_facts.tokenspeed.STORED_IDS` says each class keeps
-    them). Raises ValueError where the setter refuses ``given``."""
+    """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores (one-based, where
+    ``facts.STORED_IDS`` says); ValueError where the setter refuses ``given``."""
     model = text = _bare(target_cls)
     inner = facts.LANGUAGE_MODELS.get(target_cls.__name__)
     if inner is not None:
         model.language_model = text = _bare(pkgutil.resolve_name(inner))
     text.config = SimpleNamespace(num_hidden_layers=num_layers)
     text.model = SimpleNamespace(layers=[None] * num_layers, **{slot: None for slot in facts.STORED_IDS.values()})
-    try:
-        model.set_eagle3_layers_to_capture(list(given))
-    except (AttributeError, TypeError) as err:
-        raise PluginAPIError(
-            f"eagle31-mla: TokenSpeed's {target_cls.__name__}.set_eagle3_layers_to_capture no longer works as the "
-            f"plugin expects ({type(err).__name__}: {err})"
-        ) from None
-    stored = [value for value in (getattr(text.model, slot) for slot in facts.STORED_IDS.values()) if value is not None]
-    if len(stored) != 1:
-        raise PluginAPIError(
-            f"eagle31-mla: TokenSpeed's {target_cls.__name__} keeps its EAGLE-3 layers somewhere other than "
-            f"{' or '.join(facts.STORED_IDS.values())}; the plugin cannot check what it captures"
-        )
-    return sorted(stored[0])
+    model.set_eagle3_layers_to_capture(list(given))
+    stored = (getattr(text.model, slot) for slot in facts.STORED_IDS.values())
+    return sorted(next((value for value in stored if value is not None), []))  # [] never matches: refused
 
 
 def k3_stream_problem() -> str | None:
-    """Why TokenSpeed's Kimi-K3 EAGLE-3 capture is not known to be the prefix-only stream (None: it is).
-
-    Read from the installed ``KimiLinearModel.forward``: under the EAGLE-3 condition it must append
-    :data:`~eagle31_mla.serving.engine_facts.tokenspeed.K3_EAGLE3_CAPTURE`, and ``prefix_sum`` must be what each
-    layer returns."""
+    """Why Kimi-K3's EAGLE-3 capture is not known to be the prefix-only stream (None: it is): its forward
+    must append only ``facts.K3_EAGLE3_CAPTURE`` for EAGLE-3, and each layer return ``prefix_sum``."""
     from tokenspeed.runtime.models.kimi_k3 import KimiLinearModel
 
-    where = "TokenSpeed's KimiLinearModel.forward"
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(KimiLinearModel.forward)))
-    except (OSError, TypeError, SyntaxError) as err:
-        return f"cannot read {where} to confirm it captures the prefix-only stream ({err})"
+    tree = ast.parse(textwrap.dedent(inspect.getsource(KimiLinearModel.forward)))
     captures = [
         ast.unparse(statement)
         for node in ast.walk(tree)
@@ -229,7 +192,7 @@ def k3_stream_problem() -> str | None:
     if captures == [facts.K3_EAGLE3_CAPTURE] and layer_returns_prefix:
         return None
     return (
-        f"{where} captures {captures or 'nothing recognisable'} for EAGLE-3, not `{facts.K3_EAGLE3_CAPTURE}` after "
-        "each layer; the drafter was trained on Kimi-K3's prefix-only stream and the plugin cannot confirm that "
-        "this TokenSpeed captures it (the AttnRes mixture would drop acceptance silently)"
+        f"TokenSpeed's KimiLinearModel.forward captures {captures or 'nothing recognisable'} for EAGLE-3, not "
+        f"`{facts.K3_EAGLE3_CAPTURE}` after each layer; the drafter was trained on Kimi-K3's prefix-only stream "
+        "and the plugin cannot confirm this TokenSpeed captures it (the AttnRes mixture would drop acceptance silently)"
     )
