@@ -14,17 +14,16 @@ import pkgutil
 from importlib.metadata import version
 
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
-from eagle31_mla.serving.engine_facts import release_label
-from eagle31_mla.serving.engine_facts.tokenspeed import PLUGIN_API_VERSION, PLUGIN_SYMBOLS, RELEASES
+from eagle31_mla.serving.engine_facts.tokenspeed import (
+    PLUGIN_API_VERSION,
+    PLUGIN_SYMBOLS,
+    SUPPORTED_RELEASES,
+    PluginAPIError,
+)
 
 __all__ = ["register", "DRAFT_ARCHITECTURE", "PluginAPIError", "api_problems", "SUPPORTED_RELEASES"]
 
 logger = logging.getLogger(__name__)
-SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
-
-
-class PluginAPIError(RuntimeError):
-    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers."""
 
 
 def api_problems() -> list[str]:

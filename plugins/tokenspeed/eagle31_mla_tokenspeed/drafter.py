@@ -29,9 +29,8 @@ from eagle31_mla.model.aux_layers import (
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
 from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
 from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
+from eagle31_mla.serving.engine_facts.tokenspeed import SUPPORTED_RELEASES, PluginAPIError
 from eagle31_mla.serving.engines import Target, tokenspeed_flag_form
-
-from . import SUPPORTED_RELEASES, PluginAPIError
 
 __all__ = ["Eagle31MLADrafter", "ServingConfigError", "configure_draft", "target_form", "k3_stream_problem"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import KIMI_K3_ARCHITECTURES, KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL, ONE_BASED, PLUS_ONE
+from . import KIMI_K3_ARCHITECTURES, KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL, ONE_BASED, PLUS_ONE, release_label
 
 __all__ = [
     "RELEASES",
@@ -44,6 +44,13 @@ __all__ = [
 ]
 
 RELEASES = ((0, 1, 1),)
+SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
+
+
+class PluginAPIError(RuntimeError):
+    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers (raised by the
+    plugin; here so that the plugin's package and its drafter module share it without importing each other)."""
+
 
 # ---- the plugin contract (``runtime/plugins/__init__.py``, ``runtime/plugins/registry.py``) ----
 #
