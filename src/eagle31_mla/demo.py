@@ -109,7 +109,11 @@ def _run_vllm(prompts, max_new_tokens, num_steps) -> DemoResult:
     llm = LLM(model=str(DEMO_DIR / "target"), **options, **backend, speculative_config=draft)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    metrics = {m.name: list(m.values) if hasattr(m, "values") else m.value for m in llm.get_metrics()}
+    metrics = {  # the spec-decode counters and the per-position vector (other metrics are histograms)
+        m.name: list(m.values) if hasattr(m, "values") else m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
     drafts = metrics["vllm:spec_decode_num_drafts"]
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
     per_position = [n / drafts for n in metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]]
