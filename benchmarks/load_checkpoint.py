@@ -10,8 +10,9 @@ published file's exact size) plus its config.json, then loads it in fresh proces
 reading every byte of every tensor, so lazily mapped loads pay for their reads too. Peak RSS is the
 process's VmHWM (it counts file pages mapped into the process as well as anonymous memory).
 Ratios matter, not seconds: the page cache is warm for all runs after the first (the order is
-plain, library, plain, library). Then `convert` (to a Hub-ready folder, in a fresh process): it streams
-tensor by tensor, so its peak RSS should be a small fraction of the file, never a second copy.
+plain, library, plain, library). Then `convert` (to a Hub-ready folder, in a fresh process): it loads the
+model once through Transformers and writes it with `save_pretrained`, so its peak RSS should stay near one copy of
+the file (about 1.07x), never two.
 """
 
 from __future__ import annotations

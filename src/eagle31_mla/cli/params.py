@@ -145,7 +145,7 @@ CONFIG = Checked("a model folder, its config.json, or a Hub repo id like org/nam
 
 
 class RolePath(click.Path):
-    """click.Path, marked "input" or "output" (:func:`.common.check_paths`), then ``check``-ed (a ValueError or
+    """click.Path, marked "input" or "output" (:func:`.common.check_rules`), then ``check``-ed (a ValueError or
     OSError refuses it, its words the message)."""
 
     def __init__(self, role: str, check: Callable[[str], None] | None = None, **kwargs):
