@@ -521,7 +521,7 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
                 model.t2d, missing = t2d_from_d2t(model.d2t, vocab), missing - {"t2d"}
         problems += [f"missing tensor {name!r}" for name in sorted(missing)]
         problems += [f"unexpected tensor {name!r}" for name in sorted(info.get("unexpected_keys") or ())]
-        if not problems:  # one fused min/max pass per weight, one host sync for all (about 1 s for 6 GB on CPU)
+        if not problems:  # one fused min/max pass per weight (3.4 s for the whole 6 GB load on 2 CPUs, RESULTS.md)
             weights = [(n, p) for n, p in model.named_parameters() if p.device.type != "meta"]
             probes = torch.stack([torch.stack(torch.aminmax(p.detach())).float().cpu() for _, p in weights])
             problems += [
