@@ -38,20 +38,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "AuxLayerIds",
-    "AuxLayerIdError",
-    "ONE_BASED",
-    "ZERO_BASED",
-    "KIMI_K3_NUM_LAYERS",
-    "KIMI_K3_AUX_LAYER_IDS",
-    "aux_layer_ids_from_config",
-    "aux_layer_ids_from_attributes",
-    "aux_layer_ids_config_entries",
-    "write_aux_layer_ids",
-    "engine_default_one_based_ids",
-]
-
 ONE_BASED = "one_based"
 ZERO_BASED = "zero_based"
 CONVENTIONS = (ONE_BASED, ZERO_BASED)
@@ -70,10 +56,8 @@ class AuxLayerIdError(ValueError):
 
 @dataclass(frozen=True)
 class AuxLayerIds:
-    """Aux-layer ids in canonical form: one-based completed-layer counts, ascending and distinct.
-
-    ``num_target_layers`` (the target's depth) is optional; when known, ids beyond it are refused.
-    """
+    """Aux-layer ids in canonical form: one-based completed-layer counts, ascending and distinct; when the
+    target's depth ``num_target_layers`` is known, ids beyond it are refused."""
 
     one_based: tuple[int, ...]
     num_target_layers: int | None = None
@@ -117,22 +101,18 @@ class AuxLayerIds:
         return cls(tuple(ids), num_target_layers)
 
     @classmethod
-    def from_zero_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> AuxLayerIds:
-        ids = tuple(ids)
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise AuxLayerIdError(f"zero-based aux-layer ids: every id must be an int, got {i!r}")
-            if i < 0:
-                raise AuxLayerIdError(f"zero-based aux-layer ids: {list(ids)} contains {i}; ids must be >= 0")
-        return cls(tuple(i + 1 for i in ids), num_target_layers)
-
-    @classmethod
     def from_convention(cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None) -> AuxLayerIds:
-        if convention == ONE_BASED:
-            return cls.from_one_based(ids, num_target_layers)
+        if convention not in CONVENTIONS:
+            raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+        ids = tuple(ids)
         if convention == ZERO_BASED:
-            return cls.from_zero_based(ids, num_target_layers)
-        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+            for i in ids:
+                if isinstance(i, bool) or not isinstance(i, int):
+                    raise AuxLayerIdError(f"zero-based aux-layer ids: every id must be an int, got {i!r}")
+                if i < 0:
+                    raise AuxLayerIdError(f"zero-based aux-layer ids: {list(ids)} contains {i}; ids must be >= 0")
+            ids = tuple(i + 1 for i in ids)
+        return cls(ids, num_target_layers)
 
     @property
     def zero_based(self) -> tuple[int, ...]:
@@ -170,13 +150,9 @@ def _read_ids(value: Any, where: str) -> list[int]:
 def aux_layer_ids_from_config(
     config: Mapping[str, Any], num_target_layers: int | None = None
 ) -> tuple[AuxLayerIds, str]:
-    """Read the aux-layer ids of a drafter ``config.json`` dict by the module's documented rule.
-
-    Returns the canonical ids and a one-line account of how they were read (for logs and the CLI).
-    """
-    convention = config.get(CONVENTION_KEY)
-    if convention is not None and convention not in CONVENTIONS:
-        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+    """The aux-layer ids of a drafter ``config.json`` dict, read by the module's rule, and a one-line account of
+    how they were read (for logs and the CLI)."""
+    convention = config.get(CONVENTION_KEY)  # an unknown one is refused by from_convention
     eagle_config = config.get("eagle_config") or {}
     if not isinstance(eagle_config, Mapping):
         raise AuxLayerIdError(f"eagle_config: expected a dict, got {type(eagle_config).__name__}")
@@ -257,11 +233,8 @@ def aux_layer_ids_config_entries(ids: AuxLayerIds, convention: str = ONE_BASED) 
 
 
 def write_aux_layer_ids(config: Any, ids: AuxLayerIds, convention: str = ONE_BASED) -> None:
-    """Set :func:`aux_layer_ids_config_entries` on a config object (a ``PretrainedConfig``, an engine's
-    parsed draft config): the one way ids are written back, so every writer labels them alike.
-
-    Other keys of an existing ``eagle_config`` dict are kept; the ids in it are replaced.
-    """
+    """Set :func:`aux_layer_ids_config_entries` on a config object (a ``PretrainedConfig``, an engine's parsed
+    draft config), so every writer labels them alike; other keys of an existing ``eagle_config`` are kept."""
     entries = aux_layer_ids_config_entries(ids, convention)
     config.eagle_aux_hidden_state_layer_ids = entries[IDS_KEY]
     config.aux_layer_ids_convention = entries[CONVENTION_KEY]

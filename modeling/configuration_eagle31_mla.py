@@ -20,19 +20,16 @@ import torch
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
 
 from .aux_layers import (
     KIMI_K3_AUX_LAYER_IDS,
     ONE_BASED,
     AuxLayerIdError,
     AuxLayerIds,
-    aux_layer_ids_from_config,
+    aux_layer_ids_from_attributes,
     write_aux_layer_ids,
 )
-
-__all__ = ["Eagle31MLAConfig", "ConfigError", "ENGINE_ARCHITECTURE", "AUTO_MAP", "REMOTE_CODE_FILES"]
-__all__ += ["KIMI_K3_ROPE_PARAMETERS", "MAX_INDEX", "ACCEPTED_MODEL_TYPES", "describe_rope", "resolve_dtype"]
-__all__ += ["rope_frequencies"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +97,6 @@ def describe_rope(config: Any) -> str:
     return text
 
 
-def _yarn_mscale(factor: float, mscale: float) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
 def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Tensor, float]:
     """The inverse frequencies [R/2] and attention scaling of the rope slice: YaRN through Transformers' own
     rope init, plain RoPE by the usual formula. The model and the config's check share it."""
@@ -121,8 +114,7 @@ def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Ten
 class Eagle31MLAConfig(PretrainedConfig):
     r"""The drafter's settings. Two readings of a missing key, on purpose:
 
-    * the constructor: a missing key takes the published Kimi-K3 drafter's value (``Eagle31MLAConfig()`` is that
-      drafter, as is :meth:`kimi_k3`);
+    * the constructor: a missing key takes the published drafter's value (as :meth:`kimi_k3`);
     * a ``config.json`` (``from_pretrained``, ``from_dict``, ``from_json_file``): absent ``fc_norm`` /
       ``norm_output`` mean EAGLE-3 (off), absent rope settings mean plain RoPE, absent aux-layer ids are an error
       (:mod:`aux_layers`). Another framework's EAGLE-3 file omits them meaning exactly that. Every file this
@@ -185,7 +177,6 @@ class Eagle31MLAConfig(PretrainedConfig):
             self.rope_parameters = dict(KIMI_K3_ROPE_PARAMETERS)
             if kwargs.get("rope_theta") is not None:
                 self.rope_parameters["rope_theta"] = kwargs.pop("rope_theta")
-        ids_given = {k: kwargs.get(k) for k in ("target_layer_ids",) if kwargs.get(k) is not None}
         torch_dtype = kwargs.pop("torch_dtype", None)  # the legacy name
         self.dtype = resolve_dtype(self.dtype if self.dtype is not None else torch_dtype) or torch.bfloat16
         super().__post_init__(**kwargs)  # Transformers: rope_scaling + rope_theta -> rope_parameters
@@ -201,7 +192,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         for name, value in _KIMI_K3_TOKEN_IDS.items():  # K3's ids are dropped beyond a smaller vocabulary
             if getattr(self, name) == value and value >= self.vocab_size:
                 setattr(self, name, None)
-        self._set_aux_layer_ids(ids_given)
+        self._set_aux_layer_ids()
 
     @classmethod
     def kimi_k3(cls, **overrides) -> "Eagle31MLAConfig":
@@ -243,9 +234,7 @@ class Eagle31MLAConfig(PretrainedConfig):
             output.pop("target_num_hidden_layers", None)
         return output
 
-    # -- aux layers ---------------------------------------------------------------------------------------------
-
-    def _set_aux_layer_ids(self, extra: dict) -> None:
+    def _set_aux_layer_ids(self) -> None:
         if (self.eagle_config or {}).get("use_aux_hidden_state", True) is not True:
             raise ConfigError(
                 f"`eagle_config.use_aux_hidden_state` is {self.eagle_config['use_aux_hidden_state']!r} (EAGLE-1 style: "
@@ -255,16 +244,8 @@ class Eagle31MLAConfig(PretrainedConfig):
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
             ids = AuxLayerIds(KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers)  # no-arg config
         else:
-            raw = dict(
-                eagle_aux_hidden_state_layer_ids=self.eagle_aux_hidden_state_layer_ids,
-                eagle_config=self.eagle_config,
-                aux_layer_ids_convention=self.aux_layer_ids_convention,
-                **extra,
-            )
-            try:
-                ids, how = aux_layer_ids_from_config(
-                    {k: v for k, v in raw.items() if v is not None}, self.target_num_hidden_layers
-                )
+            try:  # `target_layer_ids` (vLLM's key, refused alone) is an attribute here once given
+                ids, how = aux_layer_ids_from_attributes(self, self.target_num_hidden_layers)
             except AuxLayerIdError as err:
                 raise ConfigError(str(err)) from None
             logger.info("aux layers: %s -> %s", how, ids.describe())
@@ -283,15 +264,13 @@ class Eagle31MLAConfig(PretrainedConfig):
     def num_aux_hidden_states(self) -> int:
         return len(self.eagle_aux_hidden_state_layer_ids)
 
-    # -- derived numbers ----------------------------------------------------------------------------------------
-
     @property
     def softmax_scale(self) -> float:
         """1/sqrt(nope + rope), times mscale² under YaRN (DeepSeek's long-context correction)."""
         scale = self.qk_head_dim**-0.5
         rope = self.rope_parameters
-        if rope["rope_type"] == "yarn" and rope.get("mscale_all_dim"):
-            scale *= _yarn_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2
+        if rope["rope_type"] == "yarn" and rope.get("mscale_all_dim") and rope["factor"] > 1:
+            scale *= (0.1 * rope["mscale_all_dim"] * math.log(rope["factor"]) + 1.0) ** 2
         return scale
 
     @property
@@ -326,8 +305,6 @@ class Eagle31MLAConfig(PretrainedConfig):
             )
         if self.tie_word_embeddings:
             raise ConfigError("`tie_word_embeddings` is true; expected false (the drafter has its own `lm_head`)")
-        from transformers.activations import ACT2FN
-
         if self.hidden_act not in ACT2FN:
             raise ConfigError(f"`hidden_act` {self.hidden_act!r} is not one of Transformers' ACT2FN names ('silu')")
 

@@ -1,5 +1,9 @@
+import contextlib
+import importlib
 import os
+import re
 import tempfile
+from importlib.metadata import PackageNotFoundError, version as distribution_version
 from pathlib import Path
 
 import pytest
@@ -27,8 +31,7 @@ os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 _NETGUARD_LOG = _HF_HOME / "netguard.log"
 os.environ[netguard.LOG_ENV] = str(_NETGUARD_LOG)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(Path(netguard.__file__).parent / "netguard_site")]
-    + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    [str(Path(netguard.__file__).parent / "netguard_site"), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
 netguard.install()
 
@@ -40,56 +43,17 @@ netguard.install()
 # collection skip whose reason names the engine (an importorskip, "needs vllm"), is a failure; and at
 # least one test marked with the engine must be selected. The only skips kept are those raised by
 # `engine_version_skip`, which say which engine version makes the test inapplicable.
+# Likewise scripts/gpu_check.sh sets EAGLE31_REQUIRE_GPU=1: a skipped test marked `gpu` is then a failure (no
+# CUDA, or flashinfer missing, must not pass as "skipped"), and at least one must be selected.
 REQUIRE_ENGINES_ENV = "EAGLE31_REQUIRE_ENGINES"
-ENGINES = ("vllm", "sglang", "tokenspeed")  # each is also a pytest marker
-
-
-def required_engines(environ=os.environ) -> dict[str, str | None]:
-    """{engine: exact version or None} from EAGLE31_REQUIRE_ENGINES ("vllm==0.32.0 sglang", comma or space)."""
-    required = {}
-    for entry in environ.get(REQUIRE_ENGINES_ENV, "").replace(",", " ").split():
-        name, _, version = entry.partition("==")
-        if name not in ENGINES:
-            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV}: unknown engine {name!r} (expected one of {ENGINES})")
-        required[name] = version or None
-    return required
-
-
-def _names_engine(text: str, engine: str) -> bool:
-    import re
-
-    return re.search(rf"(?<![a-z]){engine}(?![a-z])", text, re.IGNORECASE) is not None
-
-
-def _skip_reason(report) -> str:
-    longrepr = report.longrepr
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2])
-    return str(longrepr)
-
-
-def _forbidden_skip(report, markers=()) -> str | None:
-    """The required engine a skip report stands in for, or None if the skip is acceptable."""
-    if not report.skipped or hasattr(report, "wasxfail"):
-        return None
-    reason = _skip_reason(report)
-    if ENGINE_VERSION_SKIP in reason:
-        return None
-    for engine in _REQUIRED:
-        if engine in markers or _names_engine(reason, engine):
-            return engine
-    return None
-
-
-_REQUIRED: dict[str, str | None] = {}
-
-# ---- the GPU path: scripts/gpu_check.sh sets EAGLE31_REQUIRE_GPU=1, and then a skipped test marked `gpu` is a
-# failure (no CUDA, or flashinfer missing, must not pass as "skipped"), and at least one must be selected.
 REQUIRE_GPU_ENV = "EAGLE31_REQUIRE_GPU"
+ENGINES = ("vllm", "sglang", "tokenspeed")  # each is also a pytest marker
+_REQUIRED: dict[str, str | None] = {}  # engine -> the exact version required, or None
+_SELECTED: dict[str, int] = {}  # "gpu" and each required engine -> the number of tests selected marked with it
 
 
-def gpu_required(environ=os.environ) -> bool:
-    value = environ.get(REQUIRE_GPU_ENV, "")
+def gpu_required() -> bool:
+    value = os.environ.get(REQUIRE_GPU_ENV, "")
     if value not in ("", "0", "1"):
         raise pytest.UsageError(f"{REQUIRE_GPU_ENV}={value!r}: expected 1 (require the gpu tests) or 0 / unset")
     return value == "1"
@@ -98,10 +62,12 @@ def gpu_required(environ=os.environ) -> bool:
 def pytest_configure(config):
     gpu_required()  # a bad value stops the run before any test
     _REQUIRED.clear()
-    _REQUIRED.update(required_engines())
+    for entry in os.environ.get(REQUIRE_ENGINES_ENV, "").replace(",", " ").split():
+        name, _, version = entry.partition("==")
+        if name not in ENGINES:
+            raise pytest.UsageError(f"{REQUIRE_ENGINES_ENV}: unknown engine {name!r} (expected one of {ENGINES})")
+        _REQUIRED[name] = version or None
     for engine, version in _REQUIRED.items():
-        import importlib
-
         try:
             module = importlib.import_module(engine)
         except Exception as err:  # noqa: BLE001 - any failure to import a required engine stops the run
@@ -110,12 +76,8 @@ def pytest_configure(config):
             ) from err
         found = getattr(module, "__version__", None)
         if found is None:  # tokenspeed keeps its version in its distribution's metadata only
-            from importlib.metadata import PackageNotFoundError, version as distribution_version
-
-            try:
+            with contextlib.suppress(PackageNotFoundError):
                 found = distribution_version(engine)
-            except PackageNotFoundError:
-                pass
         if version is not None and found != version:
             raise pytest.UsageError(
                 f"{REQUIRE_ENGINES_ENV} requires {engine}=={version}, but {engine} {found} is installed "
@@ -123,12 +85,24 @@ def pytest_configure(config):
             )
 
 
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
+
+
+def _forbidden_skip(report, markers=()) -> str | None:
+    """The required engine a skip report stands in for, or None if the skip is acceptable."""
+    reason = _skip_reason(report)
+    if not report.skipped or hasattr(report, "wasxfail") or ENGINE_VERSION_SKIP in reason:
+        return None
+    named = (e for e in _REQUIRED if e in markers or re.search(rf"(?<![a-z]){e}(?![a-z])", reason, re.IGNORECASE))
+    return next(named, None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    outcome = yield
-    report = outcome.get_result()
-    engine = _forbidden_skip(report)
-    if engine:
+    report = (yield).get_result()
+    if engine := _forbidden_skip(report):
         report.outcome = "failed"
         report.longrepr = (
             f"{collector.nodeid} was skipped at collection ({_skip_reason(report)}), but this run requires "
@@ -138,14 +112,11 @@ def pytest_make_collect_report(collector):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
+    report = (yield).get_result()
     if report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("gpu") and gpu_required():
         report.outcome = "failed"
         report.longrepr = f"skipped ({_skip_reason(report)}), but this run requires the GPU tests ({REQUIRE_GPU_ENV}=1)"
-        return
-    engine = _forbidden_skip(report, {m.name for m in item.iter_markers()})
-    if engine:
+    elif engine := _forbidden_skip(report, {m.name for m in item.iter_markers()}):
         report.outcome = "failed"
         report.longrepr = (
             f"skipped ({_skip_reason(report)}), but this run requires {engine} "
@@ -154,26 +125,21 @@ def pytest_runtest_makereport(item, call):
         )
 
 
-_SELECTED_BY_ENGINE: dict[str, int] = {}
-
-
 def pytest_collection_finish(session):
-    _SELECTED_BY_ENGINE.clear()
-    _SELECTED_BY_ENGINE["gpu"] = sum(1 for item in session.items if item.get_closest_marker("gpu"))
-    for engine in _REQUIRED:
-        _SELECTED_BY_ENGINE[engine] = sum(1 for item in session.items if item.get_closest_marker(engine))
+    _SELECTED.clear()
+    for marker in ("gpu", *_REQUIRED):
+        _SELECTED[marker] = sum(1 for item in session.items if item.get_closest_marker(marker))
 
 
 def pytest_sessionfinish(session, exitstatus):
     if getattr(session.config.option, "collectonly", False):
         return
-    missing = [f"{engine} ({REQUIRE_ENGINES_ENV})" for engine in _REQUIRED if not _SELECTED_BY_ENGINE.get(engine)]
-    if gpu_required() and not _SELECTED_BY_ENGINE.get("gpu"):
+    missing = [f"{engine} ({REQUIRE_ENGINES_ENV})" for engine in _REQUIRED if not _SELECTED.get(engine)]
+    if gpu_required() and not _SELECTED.get("gpu"):
         missing.append(f"gpu ({REQUIRE_GPU_ENV}=1)")
     if missing:
         session.config.get_terminal_writer().line(
-            f"\nFAILED: this run requires {', '.join(missing)}, but no test marked with it was selected",
-            red=True,
+            f"\nFAILED: this run requires {', '.join(missing)}, but no test marked with it was selected", red=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -1,11 +1,6 @@
-"""The main job, on the embedded pair: speculative decoding of a tiny Kimi-K3-style target (DeepSeek-V3
-architecture, MLA) with an EAGLE-3.1 MLA drafter trained against it, reporting what users read:
-the generated text, the accept length and the acceptance at each draft position.
-
-The pair ships inside the package (``eagle31_mla/demo_pair``, built by ``scripts/build_demo_pair.py``),
-so nothing is downloaded. ``engine="hf"`` runs the reference loop of :mod:`eagle31_mla.decoding.speculative`;
-``engine="vllm"`` runs the same through vLLM with this project's plugin.
-"""
+"""Speculative decoding of the embedded pair (a tiny Kimi-K3-style MLA target and an EAGLE-3.1 MLA drafter trained
+against it; ``eagle31_mla/demo_pair``, built by ``scripts/build_demo_pair.py``: no download), by the reference loop
+of :mod:`eagle31_mla.decoding.speculative` (``engine="hf"``) or by vLLM with this project's plugin."""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-__all__ = ["DEMO_DIR", "DemoResult", "demo_prompts", "run_demo"]
 
 DEMO_DIR = Path(__file__).parent / "demo_pair"
 
@@ -45,11 +38,7 @@ class DemoResult:
             "acceptance by draft position: "
             + ", ".join(f"{j + 1}: {rate:.2f}" for j, rate in enumerate(self.acceptance_per_position)),
         ]
-        lines += [f"note: {note}" for note in self.notes]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:

@@ -3,9 +3,10 @@ weight files; and the one atomic writer of the files this library writes."""
 
 from __future__ import annotations
 
+import json
 import os
-
-__all__ = ["looks_like_a_local_path", "is_hub_repo_id", "model_folder", "safetensors_files", "atomic_write"]
+import tempfile
+from pathlib import Path
 
 
 def looks_like_a_local_path(name_or_path: str | os.PathLike) -> bool:
@@ -27,11 +28,8 @@ def is_hub_repo_id(text: str) -> bool:
     return True
 
 
-def model_folder(name_or_path: str | os.PathLike, **hub_options):
-    """A local folder as it is, else the Hub snapshot huggingface_hub downloads (its cache, offline mode,
-    ``revision``, ``token``, ... passed through)."""
-    from pathlib import Path
-
+def model_folder(name_or_path: str | os.PathLike) -> Path:
+    """A local folder as it is, else the Hub snapshot huggingface_hub downloads (its cache, offline mode)."""
     path = Path(name_or_path)
     if path.is_dir() or looks_like_a_local_path(name_or_path):
         if not path.is_dir():
@@ -39,26 +37,20 @@ def model_folder(name_or_path: str | os.PathLike, **hub_options):
         return path
     from huggingface_hub import snapshot_download
 
-    return Path(
-        snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"], **hub_options)
-    )
+    return Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"]))
 
 
-def safetensors_files(folder) -> list:
+def safetensors_files(folder) -> list[Path]:
     """The weight files of a model folder: the shards its ``model.safetensors.index.json`` names (each inside the
     folder), or ``model.safetensors``."""
-    import json
-    from pathlib import Path
-
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / name for name in names]
         outside = [name for name in names if folder.resolve() not in (folder / name).resolve().parents]
         if outside:
             raise ValueError(f"{index} names shards outside its folder: {outside}; expected file names inside it")
-        return files
+        return [folder / name for name in names]
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
@@ -67,9 +59,6 @@ def safetensors_files(folder) -> list:
 def atomic_write(path, write) -> None:
     """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one, and a
     failure leaves the old one as it was (shards, manifests, trainer states, checkpoint pointers, reports)."""
-    import tempfile
-    from pathlib import Path
-
     path = Path(path).expanduser()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
     os.close(fd)

@@ -12,10 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROMPT_SHAPES", "PromptError", "check_prompt_shape", "conversation_tokens", "conversation_sequences"]
-__all__ += ["eos_token_ids", "is_int", "prompt_tensor", "prompt_token_ids", "read_conversations", "read_corpus"]
-__all__ += ["read_prompt_lines", "read_prompts"]
-
 PROMPT_SHAPES = (
     'a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" '
     '(a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)'

@@ -1,23 +1,10 @@
-"""Helpers the library ships for its tests, benchmarks and the demo build.
-
-Tiny models that real engines can serve are made the same way in the test suite, the benchmarks and
-``scripts/build_demo_pair.py``; keeping those recipes here, in the installed package, lets each of them
-import one copy instead of reaching into another folder through ``sys.path``. Nothing here is needed to
-run a drafter. Heavy imports (tokenizers, transformers) happen on first use.
-"""
+"""The recipes for tiny engine-servable models that the tests, the benchmarks and ``scripts/build_demo_pair.py``
+share, in the installed package so that each imports one copy (not through ``sys.path``). Not needed to run a
+drafter."""
 
 from __future__ import annotations
 
 import random
-
-__all__ = [
-    "DEMO_CHAT_TEMPLATE",
-    "cpu_servable_target_config",
-    "demo_corpus",
-    "demo_story",
-    "held_out_prompts",
-    "train_byte_level_bpe",
-]
 
 
 def train_byte_level_bpe(texts, vocab_size: int, folder):
@@ -138,12 +125,8 @@ def demo_story(r: random.Random) -> tuple[str, tuple[str, str, str]]:
 def demo_corpus(seed: int, n: int) -> tuple[list[str], set[tuple[str, str, str]]]:
     """``n`` stories (deterministic for ``seed``) and the set of their (name, animal, colour)."""
     r = random.Random(seed)
-    texts, used = [], set()
-    for _ in range(n):
-        text, key = demo_story(r)
-        texts.append(text)
-        used.add(key)
-    return texts, used
+    stories = [demo_story(r) for _ in range(n)]
+    return [text for text, _ in stories], {key for _, key in stories}
 
 
 def held_out_prompts(seed: int, n: int, seen: set[tuple[str, str, str]]) -> list[str]:

@@ -33,6 +33,7 @@ BAD = [
      " a model folder (with config.json) or a Hub repo id like org/name, got '{r}/prompts.txt': a file, not a folder"),
     # numbers out of their range, or not numbers
     ("demo --prompts -1", 2, "argument --prompts: -1 is not in the range x>=1."),
+    ("demo --max-new-tokens -3", 2, "argument --max-new-tokens: -3 is not in the range 1<=x<=10000000."),
     ("demo --prompts 9999", 2, "argument --prompts: expected at most 24 (the held-out prompts shipped), got 9999"),
     ("serve-command --engine vllm --num-steps 100", 2, "argument --num-steps: 100 is not in the range 1<=x<=64."),
     ("serve-command --engine vllm --tp x", 2, "argument --tp: 'x' is not a valid integer range."),
@@ -89,6 +90,11 @@ BAD = [
      "'{r}/hard-link.txt' is the same file as --prompts '{r}/prompts.txt', which it would overwrite"),
     ("convert {r}/model {r}/a-folder/../model/sub", 2, "argument DST: expected a path apart from the inputs: "
      "'{r}/a-folder/../model/sub' is inside SRC '{r}/model', which it would overwrite"),
+    ("convert {r}/model {r}/model", 2, "argument DST: expected a path apart from the inputs: '{r}/model' is the same "
+     "file as SRC '{r}/model', which it would overwrite"),
+    ("convert {r}/model {r}/model/../.", 2, "argument DST: expected a path apart from the inputs: '{r}/model/../.' "
+     "contains SRC '{r}/model', which it would overwrite"),
+    ("convert {r}/model {r}/loop --force", 2, "DST {r}/loop: cannot follow its links (a symlink loop)"),
     (f"{TRAIN} --out {{r}}", 2, "argument --out: expected a path apart from the inputs: '{r}' contains --target "
      "'{r}/model', which it would overwrite"),
     # the command line itself
@@ -110,6 +116,7 @@ def root(tmp_path_factory):
     (root / "blank.txt").write_text("\n   \n\n")
     (root / "a-file.txt").write_text("x")
     (root / "a-folder").mkdir()
+    (root / "loop").symlink_to(root / "loop")
     (root / "offline.json").write_text(json.dumps({"settings": {}, "total": {"mean_accept_length": 2.5}}))
     return root
 

@@ -4,6 +4,7 @@ roster (headers only), and which engine releases serve it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -26,9 +27,7 @@ def published_shaped_folder(folder: Path) -> Path:
     (folder / "config.json").write_text(Eagle31MLAConfig().to_json_string(use_diff=True))
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in sorted(PUBLISHED_ROSTER.items()):
-        size = 2
-        for d in shape:
-            size *= d
+        size = 2 * math.prod(shape)  # bfloat16
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header).encode()
@@ -39,7 +38,7 @@ def published_shaped_folder(folder: Path) -> Path:
     return folder
 
 
-def test_inspect_the_published_layout(tmp_path, capsys):
+def test_inspect_the_published_layout_by_folder_and_by_hub_id(tmp_path, capsys):
     folder = published_shaped_folder(tmp_path / "kimi-k3-eagle3.1-mla")
     assert main(["inspect", str(folder)]) == 0
     out = capsys.readouterr().out
@@ -55,6 +54,15 @@ def test_inspect_the_published_layout(tmp_path, capsys):
     assert "vLLM 0.27-0.33     as is" in out and "vLLM 0.20-0.26     no  (vllm-kimi-k3-version)" in out
     assert "SGLang 0.5.23      with the eagle31-mla plugin  (sglang-k3-no-capture)" in out
     assert "TokenSpeed 0.1.1   as is" in out
+    # by Hub id (from the offline cache here): only config.json is fetched, the tensors are not checked
+    snapshot = Path(os.environ["HF_HUB_CACHE"]) / "models--someone--config-only-drafter" / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(folder / "config.json", snapshot / "config.json")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("c" * 40)
+    assert main(["inspect", "someone/config-only-drafter"]) == 0
+    out = capsys.readouterr().out
+    assert "tensors: not checked" in out and "parameters: 3,015,625,728" in out
 
 
 def test_inspect_json_for_a_training_checkpoint(tmp_path, capsys):
@@ -80,73 +88,27 @@ def test_inspect_json_for_a_training_checkpoint(tmp_path, capsys):
     assert tokenspeed["status"] == "with the eagle31-mla plugin (or --eagle3-layers-to-capture 2,46,90)"
 
 
-def test_inspect_refusals_and_unreadable_input(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "changes, expected",
+    [(dict(rms_norm_eps=math.nan), "`rms_norm_eps` is nan; expected a number > 0 and < 1"),
+     (dict(num_attention_heads=True), "Field 'num_attention_heads' expected int, got bool"),
+     (dict(torch_dtype="fp16"), "`dtype` is 'fp16'; expected a floating-point torch dtype"),
+     (dict(torch_dtype="int32"), "`dtype` is 'int32'; expected a floating-point torch dtype"),
+     (dict(rope_theta=math.inf), "`rope_parameters.rope_theta` is inf; expected a finite number"),
+     (dict(rope_scaling={"type": "yarn", "factor": "32", "original_max_position_embeddings": 256}),
+      "`rope_parameters.factor` is '32'; expected a finite number"),
+     (dict(vocab_size=10**30), "`vocab_size` is 1000000000000000000000000000000; expected an int"),
+     (dict(num_hidden_layers=2), "`num_hidden_layers` is 2; this drafter has exactly 1 layer")],
+)  # fmt: skip
+def test_inspect_refuses_a_bad_value_in_one_line(tmp_path, capsys, changes, expected):
+    """Refused (exit 1), one line naming the field and what was given, no traceback: a config rule's own words (the
+    wrapper of huggingface_hub's strict check dropped), a strict type check's."""
     model = tiny_drafter(seed=3)
-    state = dict(model.state_dict())
-    del state["fc_norm.1.weight"]
-    folder = write_checkpoint(tmp_path / "broken", published_style_config(model), state)
+    folder = write_checkpoint(tmp_path, {**published_style_config(model), **changes}, model.state_dict())
     assert main(["inspect", str(folder)]) == 1
-    out = capsys.readouterr().out
-    assert "DO NOT match the config" in out and "missing tensor 'fc_norm.1.weight'" in out
-    config = published_style_config(model)
-    config["num_hidden_layers"] = 2
-    assert main(["inspect", str(write_checkpoint(tmp_path / "two-layers", config, {}))]) == 1
-    assert "num_hidden_layers" in capsys.readouterr().out
-    assert main(["inspect", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere" in capsys.readouterr().err
-
-
-def test_inspect_by_hub_id_reads_only_the_config(tmp_path, capsys):
-    """A Hub id (from the offline cache here): only config.json is fetched, the tensors are not checked."""
-    cache = Path(os.environ["HF_HUB_CACHE"])
-    snapshot = cache / "models--someone--config-only-drafter" / "snapshots" / ("c" * 40)
-    snapshot.mkdir(parents=True)
-    shutil.copy(published_shaped_folder(tmp_path / "src") / "config.json", snapshot / "config.json")
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("c" * 40)
-    assert main(["inspect", "someone/config-only-drafter"]) == 0
-    out = capsys.readouterr().out
-    assert "tensors: not checked" in out and "parameters: 3,015,625,728" in out
-
-
-def test_inspect_refuses_bad_numbers(tmp_path, capsys):
-    """A config with a non-finite, mistyped or out-of-domain number, or a misspelt dtype: refused (exit 1), one
-    line naming the field and what was given, no traceback. The wording is the config's own (through
-    huggingface_hub's strict check, whose wrapper is dropped)."""
-    import math
-
-    model = tiny_drafter(seed=3)
-
-    def config(**changes):
-        c = published_style_config(model)
-        for key, value in changes.items():
-            if key.startswith("rope_scaling."):
-                c["rope_scaling"][key.partition(".")[2]] = value
-            else:
-                c[key] = value
-        return json.dumps(c)
-
-    cases = {
-        "nan-eps": (config(rms_norm_eps=math.nan), ("`rms_norm_eps` is nan", "expected a number > 0 and < 1")),
-        "inf-theta": (config(rope_theta=math.inf), "`rope_parameters.rope_theta` is inf; expected a finite number"),
-        "string-factor": (
-            config(**{"rope_scaling.factor": "32"}),
-            "`rope_parameters.factor` is '32'; expected a finite number",
-        ),
-        "huge-vocab": (config(vocab_size=10**30), "`vocab_size` is 1000000000000000000000000000000; expected an int"),
-        "bool-heads": (config(num_attention_heads=True), "Field 'num_attention_heads' expected int, got bool"),
-        "fp16": (config(torch_dtype="fp16"), "`dtype` is 'fp16'; expected a floating-point torch dtype"),
-        "int32": (config(torch_dtype="int32"), "`dtype` is 'int32'; expected a floating-point torch dtype"),
-    }
-    for name, (text, expected) in cases.items():
-        folder = write_checkpoint(tmp_path / name, {}, model.state_dict())
-        (folder / "config.json").write_text(text)
-        assert main(["inspect", str(folder)]) == 1, name
-        captured = capsys.readouterr()
-        refused = [line for line in captured.out.splitlines() if line.strip().startswith("refused:")]
-        expected = (expected,) if isinstance(expected, str) else expected  # the field and domain, then what was given
-        assert len(refused) == 1 and all(part in refused[0] for part in expected), (name, captured.out)
-        assert "Traceback" not in captured.out + captured.err, name
+    captured = capsys.readouterr()
+    refused = [line for line in captured.out.splitlines() if line.strip().startswith("refused:")]
+    assert len(refused) == 1 and expected in refused[0] and "Traceback" not in captured.out + captured.err
 
 
 def test_inspect_unreadable_config_files_are_one_line_naming_the_file(tmp_path, capsys):
@@ -165,20 +127,28 @@ def test_inspect_unreadable_config_files_are_one_line_naming_the_file(tmp_path, 
         assert len(lines) == 1 and str(path) in lines[0] and not captured.out, (path, captured.err)
 
 
-def test_inspect_names_layouts_and_misshaped_tensors(tmp_path, capsys):
-    """Layouts are named from the loader's KEY_MAPPING; a tensor of the wrong shape is named with both shapes."""
+def test_inspect_names_layouts_and_tensors_that_do_not_match(tmp_path, capsys):
+    """Layouts are named (and tensors renamed, as the loader and the engine plugins rename them) from the loader's
+    KEY_MAPPING; a missing tensor is named, a misshaped one with both shapes."""
     from eagle31_mla.hub.inspection import layout_of
+    from eagle31_mla.model.modeling_eagle31_mla import KEY_MAPPING, canonical_tensor_name
 
+    assert KEY_MAPPING == {r"^model\.": "", r"^midlayer\.": "layers.0."}
+    assert canonical_tensor_name("model.midlayer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
     assert layout_of("norm.weight") == "published" and layout_of("midlayer.mlp.up_proj.weight") == "midlayer.*"
     assert layout_of("model.norm.weight") == layout_of("model.midlayer.mlp.up_proj.weight") == "model. prefix"
     model = tiny_drafter(seed=4)
     state = {("model." + k if k != "lm_head.weight" else k): v for k, v in model.state_dict().items()}
+    del state["model.fc_norm.1.weight"]
     state["model.norm.weight"] = state["model.norm.weight"][:-1]
     folder = write_checkpoint(tmp_path / "nemo", published_style_config(model), state)
+    assert main(["inspect", str(folder)]) == 1
+    assert "DO NOT match the config (2 problem(s))" in capsys.readouterr().out
     assert main(["inspect", str(folder), "--json"]) == 1
     tensors = json.loads(capsys.readouterr().out)["tensors"]
     assert tensors["layout"] == ["model. prefix", "published"] and not tensors["matches_config"]
-    assert tensors["problems"] == ["tensor 'norm.weight' has shape [63], expected [64]"]
+    missing, misshaped = "missing tensor 'fc_norm.1.weight'", "tensor 'norm.weight' has shape [63], expected [64]"
+    assert tensors["problems"] == [missing, misshaped]
 
 
 def test_inspect_refuses_weights_outside_the_folder_and_dangling_links(tmp_path, capsys):

@@ -19,7 +19,7 @@ from eagle31_mla.hub.convert import choose_vocabulary, convert, parse_size, read
 from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from eagle31_mla.serving.engines import InputError
 from tests.support.paths import ROOT
-from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+from tests.support.tiny import aux_inputs, published_style_config, same_logits, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -29,11 +29,8 @@ IDS = [2, 5, 9]  # one-based = zero-based [1, 4, 8]
 
 def training_checkpoint(folder: Path, model) -> Path:
     """The training framework's export: `midlayer.*`, nested zero-based ids, no convention label."""
-    config = published_style_config(model, ids_form="training")
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in IDS]
-    return write_checkpoint(
-        folder, config, {k.replace("layers.0.", "midlayer."): v for k, v in model.state_dict().items()}
-    )
+    tensors = {k.replace("layers.0.", "midlayer."): v for k, v in model.state_dict().items()}
+    return write_checkpoint(folder, published_style_config(model, ids_form="training"), tensors)
 
 
 def published(folder: Path, model) -> Path:
@@ -45,20 +42,13 @@ def nemo_checkpoint(folder: Path, model) -> Path:
     return write_checkpoint(folder, published_style_config(model), tensors)
 
 
-def same_logits(folder: Path, model) -> None:
-    loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
-    ids, aux = aux_inputs(model.config, 2, 6)
-    # exact on purpose: the same weights and ops in one process; a tolerance would hide a wrong copy of a few rows
-    assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
-
-
 @pytest.mark.parametrize("layout", ["training", "nemo", "published", "eagle3"])
 def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout):
     extra = {"fc_norm": False, "norm_output": False} if layout == "eagle3" else {}
     model = tiny_drafter(seed=3, eagle_aux_hidden_state_layer_ids=IDS, **extra)
     src = {"training": training_checkpoint, "nemo": nemo_checkpoint}.get(layout, published)(tmp_path / "src", model)
     dst = convert(src, tmp_path / "hub", progress=False).folder
-    same_logits(dst, model)
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(dst), model)
     names = [k for file in dst.glob("*.safetensors") for k in safe_open(file, "pt").keys()]
     assert sorted(names) == sorted(model.state_dict())  # the published names
     config = json.loads((dst / "config.json").read_text())
@@ -123,7 +113,7 @@ def test_converting_twice_gives_byte_identical_folders_sharded_above_the_thresho
     assert index["metadata"]["total_size"] == total
     for shard in shards:  # each shard within the limit unless a single tensor exceeds it
         assert sum(n for k, n in sizes.items() if index["weight_map"][k] == shard) <= max(total // 3, *sizes.values())
-    same_logits(a, model)
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(a), model)
 
 
 def test_dtype_option_and_float16_underflow(tmp_path):

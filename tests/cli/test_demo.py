@@ -15,15 +15,9 @@ pytestmark = pytest.mark.transformers
 def test_embedded_pair_is_small_and_complete():
     files = [p for p in DEMO_DIR.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 20 * 2**20
-    for name in (
-        "target/config.json",
-        "target/model.safetensors",
-        "target/tokenizer.json",
-        "draft/config.json",
-        "draft/model.safetensors",
-        "prompts.jsonl",
-    ):
-        assert (DEMO_DIR / name).is_file(), name
+    for part in ("target", "draft"):
+        assert (DEMO_DIR / part / "config.json").is_file() and (DEMO_DIR / part / "model.safetensors").is_file()
+    assert (DEMO_DIR / "target" / "tokenizer.json").is_file() and (DEMO_DIR / "prompts.jsonl").is_file()
     config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
     assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576  # what vLLM's CPU MLA kernels take
@@ -52,30 +46,6 @@ def test_demo_reaches_the_accept_length_goal(hf_result, capsys):
     assert hf_result.num_generated_tokens == 8 * 48
     with capsys.disabled():
         print("\n" + hf_result.report(show=1))
-
-
-def test_demo_command(capsys):
-    from eagle31_mla.cli import main
-
-    assert main(["demo", "--prompts", "2", "--max-new-tokens", "16"]) == 0
-    out = capsys.readouterr().out
-    assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--prompts", "0"], "argument --prompts: 0 is not in the range x>=1."),
-        (["--max-new-tokens", "-3"], "argument --max-new-tokens: -3 is not in the range 1<=x<=10000000."),
-        (["--num-steps", "nan"], "argument --num-steps: 'nan' is not a valid integer range."),
-        (["--num-steps", "99999999999"], "argument --num-steps: 99999999999 is not in the range 1<=x<=64."),
-    ],
-)
-def test_demo_command_refuses_bad_counts_before_running(argv, message, capsys):
-    from eagle31_mla.cli import main
-
-    assert main(["demo", *argv]) == 2
-    assert capsys.readouterr().err == f"eagle31-mla: error: {message}\n"
 
 
 @pytest.mark.vllm
@@ -107,11 +77,9 @@ def test_rebuild_script_is_deterministic(tmp_path):
             timeout=600,
         )
         assert run.returncode == 0, run.stderr[-3000:]
-    files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(folders[1]) for p in folders[1].rglob("*") if p.is_file())
-    assert {"target/model.safetensors", "draft/model.safetensors", "prompts.jsonl"} <= {str(f) for f in files}
-    for name in files:
-        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), f"{name} differs between builds"
+    a, b = ({str(p.relative_to(f)): p.read_bytes() for p in f.rglob("*") if p.is_file()} for f in folders)
+    assert {"target/model.safetensors", "draft/model.safetensors", "prompts.jsonl"} <= set(a)
+    assert a.keys() == b.keys() and [n for n in a if a[n] != b[n]] == [], "files differ between builds"
 
     def config(path):
         return {k: v for k, v in json.loads(path.read_text()).items() if k != "transformers_version"}
@@ -128,10 +96,11 @@ def test_rebuild_script_is_deterministic(tmp_path):
     assert {**json.loads((folders[0] / "draft" / "training.json").read_text()), "steps": shipped["steps"]} == shipped
 
 
-def test_demo_past_the_context_limit_stops_there_with_a_note(capsys):
+def test_demo_command_past_the_context_limit_stops_there_with_a_note(capsys):
     """--max-new-tokens beyond the pair's 512 positions: generation stops at the limit, said in one note."""
     from eagle31_mla.cli import main
 
     assert main(["demo", "--prompts", "1", "--max-new-tokens", "1000000"]) == 0
     out = capsys.readouterr().out
+    assert "mean accept length" in out and "acceptance by draft position: 1:" in out and "output:" in out
     assert "note: 1 prompt(s) stopped at the context limit of 512 positions" in out

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from eagle31_mla.cli import main
-from eagle31_mla.serving.doctor import CHECKS, KIMI_K3_STREAM_ENV, NOTE, diagnose
+from eagle31_mla.serving.doctor import CHECKS, NOTE, diagnose
+from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV, features
 from eagle31_mla.serving.engines import Target
 from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, llama_target, nested_only, write_config
 
@@ -122,10 +123,14 @@ def test_check_reports_the_misconfiguration_and_not_its_fix(check):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])
-def test_a_target_without_a_readable_depth_is_never_ok(engine):
-    """Null, a string, zero, a bool (missing: test_cli_exit_codes): every engine reports it with its fix."""
-    for depth in (None, "93", 0, True):
-        report = Case(draft(), kimi_k3_target(num_hidden_layers=depth), engine, plugin=True).run()
+def test_target_layer_ids_alone_and_a_target_without_a_readable_depth_are_never_ok(engine):
+    """On every engine: target_layer_ids without eagle ids; a depth missing, null, a string, zero or a bool."""
+    bad = draft(**NO_IDS, **EMPTY_EAGLE, target_layer_ids=[1, 45, 89])
+    assert "target-layer-ids" in {f.id for f in Case(bad, K3, engine).run().problems}
+    missing = kimi_k3_target()
+    del missing["text_config"]["num_hidden_layers"]
+    for target in [missing] + [kimi_k3_target(num_hidden_layers=depth) for depth in (None, "93", 0, True)]:
+        report = Case(draft(), target, engine, plugin=True).run()
         finding = next(f for f in report.problems if f.id == "target-depth-unknown")
         assert not report.ok and "num_hidden_layers" in finding.problem and "num_hidden_layers" in finding.fix
 
@@ -147,22 +152,14 @@ def test_sglang_id_forms_it_cannot_take():
     assert at(V, draft([2, 30, 61]), DS).run().ok
 
 
-def test_target_layer_ids_alone_is_refused_for_every_engine():
-    bad = draft(**NO_IDS, **EMPTY_EAGLE, target_layer_ids=[1, 45, 89])
-    for engine in ("vllm", "sglang", "tokenspeed"):
-        assert "target-layer-ids" in {f.id for f in Case(bad, K3, engine).run().problems}
-
-
 def test_what_is_right_and_notes_where_nothing_is_wrong_yet():
-    """The form `convert` writes is right on vLLM (both runners, 0.27+), SGLang (DeepSeek rule) and TokenSpeed
-    (K3). Kimi-K3's default (2, 46, 90) is the drafter's: nested-only ids work by luck on V2 (a note); the stream
-    variable matters only where vLLM has it (0.28+), and unset is the prefix stream."""
-    assert at("vllm 0.33").run().ok and at(T).run().ok
-    assert at(S, draft(K2), DS).run().ok and at(V, draft(K2), DS).run().ok
+    """The form `convert` writes is right on vLLM with a DeepSeek target too (K3 on every engine, SGLang's DeepSeek
+    rule, unset stream variable: CASES' fixed configs). Kimi-K3's default (2, 46, 90) is the drafter's: nested-only
+    ids work by luck on V2 (a note); the stream variable matters only where vLLM has it (0.28+)."""
+    assert at(V, draft(K2), DS).run().ok
     report = at(V, nested_only([2, 46, 90], "one_based")).run()
     assert report.ok and "vllm-v2-runner-nested-ids" in {f.id for f in report.notes}
     assert at("vllm 0.27", env={KIMI_K3_STREAM_ENV: "1"}).run().ok
-    assert at(V, env={}).run().ok
 
 
 def test_the_plugin_handles_what_it_corrects_and_nothing_else():
@@ -195,7 +192,6 @@ def test_serve_time_rules_are_worded_once():
     """doctor reports the rules of eagle31_mla.serving.compatibility as they are (the vLLM plugin and
     speculative_generate raise the same text)."""
     from eagle31_mla.serving import compatibility
-    from eagle31_mla.serving.engine_facts.vllm import features
 
     report = at(V, target=kimi_k3_target(hidden_size=4096), env={KIMI_K3_STREAM_ENV: "1"}).run()
     found = {f.id: (f.problem, f.fix) for f in report.problems}
@@ -235,42 +231,23 @@ def test_unreadable_target_fields_are_a_finding(key, value):
     assert any(f.id == "target-config-unreadable" and repr(key) in f.problem for f in report.problems), report.format()
 
 
-@pytest.fixture
-def folders(tmp_path):
-    target = kimi_k3_target()
-    del target["text_config"]["num_hidden_layers"]
-    return {
-        "k3": write_config(tmp_path / "Kimi-K3", K3),
-        "draft": write_config(tmp_path / "draft", draft()),
-        "training": write_config(tmp_path / "training-draft", nested_only([1, 45, 89])),
-        "no-depth": write_config(tmp_path / "no-depth", target),
-    }
-
-
-def test_cli_exit_codes(folders, capsys, tmp_path):
-    args = ["doctor", "--target", str(folders["k3"]), "--engine", "vllm", "--engine-version", "0.30"]
-    assert main(args + ["--draft", str(folders["draft"])]) == 0
+def test_cli_exit_codes_json_env_and_plugin(capsys, tmp_path):
+    k3, good = write_config(tmp_path / "Kimi-K3", K3), write_config(tmp_path / "draft", draft())
+    args = ["doctor", "--target", str(k3), "--engine", "vllm", "--engine-version", "0.30"]
+    assert main(args + ["--draft", str(good)]) == 0
     assert "ok: nothing is wrong" in capsys.readouterr().out
-    assert main(args + ["--draft", str(folders["training"])]) == 1
+    assert main(args + ["--draft", str(write_config(tmp_path / "training-draft", nested_only([1, 45, 89])))]) == 1
     out = capsys.readouterr().out
     assert "problem [vllm-ids-convention]" in out and "fix: in " in out
-    no_depth = ["doctor", "--draft", str(folders["draft"]), "--target", str(folders["no-depth"]), "--engine", "vllm"]
-    assert main(no_depth) == 1
-    out = capsys.readouterr().out
-    assert "problem [target-depth-unknown]" in out and "ok: nothing is wrong" not in out and "fix: " in out
-    assert main(args + ["--draft", str(tmp_path / "nowhere")]) == 2
-    assert main(["doctor", "--draft", str(folders["draft"]), "--engine", "vllm"]) == 2  # no --target
+    assert main(["doctor", "--draft", str(good), "--engine", "vllm"]) == 2  # no --target
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert main(args + ["--draft", str(tmp_path / "broken" / "config.json")]) == 2
-    assert main(args + ["--draft", str(folders["draft"]), "--eagle3-layers-to-capture", "2,46,90"]) == 2
+    assert main(args + ["--draft", str(good), "--eagle3-layers-to-capture", "2,46,90"]) == 2
     assert main(["doctor", "--list-checks"]) == 0
     out = capsys.readouterr().out
     assert all(check in out for check in CHECKS)
-
-
-def test_cli_json_env_and_plugin(folders, capsys):
-    args = ["doctor", "--draft", str(folders["draft"]), "--target", str(folders["k3"] / "config.json"), "--json"]
+    args = ["doctor", "--draft", str(good), "--target", str(k3 / "config.json"), "--json"]
     assert main(args + ["--engine", "vllm", "--engine-version", "0.30", "--env", f"{KIMI_K3_STREAM_ENV}=1"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert not report["ok"] and [p["id"] for p in report["problems"]] == ["k3-aux-stream"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 
 import pytest
 
@@ -15,7 +16,7 @@ from eagle31_mla.serving.doctor import CHECKS
 from eagle31_mla.serving.engine_facts import vllm as vllm_facts
 from eagle31_mla.serving.engines import InputError
 from eagle31_mla.serving.pd import parse_launch
-from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, write_config
+from tests.support.engine_configs import K3_IDS, deepseek_target, draft, kimi_k3_target, write_config
 
 
 def run(argv, capsys) -> tuple[int, str, str]:
@@ -29,9 +30,7 @@ def models(tmp_path_factory):
     and a DeepSeek-style (not hybrid) stand-in target, as local folders."""
     root = tmp_path_factory.mktemp("pd-models")
     mha = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=7168, vocab_size=163840)
-    mha.update(
-        num_attention_heads=64, num_key_value_heads=8, head_dim=128, eagle_aux_hidden_state_layer_ids=[2, 46, 90]
-    )
+    mha.update(num_attention_heads=64, num_key_value_heads=8, head_dim=128, eagle_aux_hidden_state_layer_ids=K3_IDS)
     return {
         "k3": str(write_config(root / "k3", kimi_k3_target())),
         "draft": str(write_config(root / "draft", draft())),
@@ -76,18 +75,9 @@ def test_the_pair_serve_command_prints_is_one_doctor_passes(engine, models, caps
         assert "--disaggregation-bootstrap-port 8998" in lines(printed)[0]
 
 
-def test_the_cli_offers_the_connectors_the_library_takes():
-    """The CLI keeps its own list (importing eagle31_mla.serving.pd would load torch for --help): the same."""
-    from eagle31_mla.cli.serve_command import CONNECTORS
-    from eagle31_mla.serving.pd import PD_CONNECTORS
-
-    assert {engine: tuple(c) for engine, c in CONNECTORS.items()} == PD_CONNECTORS
-
-
 def test_the_text_form_lists_the_two_sides_and_the_router(models, capsys):
-    code, out, err = run(
-        ["serve-command", "--engine", "sglang", "--pd", "--target", models["k3"], "--draft", models["draft"]], capsys
-    )
+    argv = ["serve-command", "--engine", "sglang", "--pd", "--target", models["k3"], "--draft", models["draft"]]
+    code, out, err = run(argv, capsys)
     assert code == 0, err
     assert out.index("# 1. prefill") < out.index("# 2. decode") < out.index("# 3. the router")
     assert out.count("--disaggregation-mode prefill") == 1 and out.count("--disaggregation-mode decode") == 1
@@ -127,21 +117,14 @@ def edit(command: str, flag: str, value: str | None) -> str:
     return shlex.join(words)
 
 
-def json_flag(flag: str):
-    """``change(command, **keys)``: ``command`` with those keys of its JSON ``flag`` changed."""
-
-    def change(command: str, **changes) -> str:
-        words = shlex.split(command)
-        return edit(command, flag, json.dumps({**json.loads(words[words.index(flag) + 1]), **changes}))
-
-    return change
+def json_edit(flag: str, command: str, **changes) -> str:
+    """``command`` with those keys of its JSON ``flag`` changed."""
+    words = shlex.split(command)
+    return edit(command, flag, json.dumps({**json.loads(words[words.index(flag) + 1]), **changes}))
 
 
-transfer, speculative = json_flag("--kv-transfer-config"), json_flag("--speculative-config")
-
-
-def example(command: str) -> str:
-    return transfer(command, kv_connector="ExampleConnector")
+transfer, speculative = partial(json_edit, "--kv-transfer-config"), partial(json_edit, "--speculative-config")
+example = partial(transfer, kv_connector="ExampleConnector")
 
 
 def env(command: str, name: str, value: str) -> str:
@@ -149,45 +132,34 @@ def env(command: str, name: str, value: str) -> str:
     return shlex.join([f"{name}={value}", *words])
 
 
-def both(change):
-    return lambda p, d, m: (change(p, m), change(d, m))
-
-
-def on_prefill(change):
-    return lambda p, d, m: (change(p, m), d)
-
-
-def on_decode(change):
-    return lambda p, d, m: (p, change(d, m))
-
-
+P, D, BOTH = ("prefill",), ("decode",), ("prefill", "decode")
 NOTES = {"pd-draft-steps-differ", "pd-nixl-side-channel", "pd-example-connector", "pd-mha-draft-cache"}
-#: (engine, how the (prefill, decode) pair is changed, the check id expected): one case per check, and one per
-#: engine-specific way to fail it
+#: (engine, the sides changed, how, the check id expected): one case per check, and one per engine-specific way to
+#: fail it
 CASES = [
-    ("vllm", on_prefill(lambda c, m: edit(c, "--speculative-config", None)), "pd-prefill-without-draft"),
-    ("vllm", on_decode(lambda c, m: edit(c, "--speculative-config", None)), "pd-decode-without-draft"),
-    ("vllm", on_prefill(lambda c, m: speculative(c, model=m["draft-off"])), "pd-draft-differs"),
-    ("sglang", on_prefill(lambda c, m: edit(c, "--speculative-num-steps", "2")), "pd-draft-differs"),
-    ("vllm", on_prefill(lambda c, m: edit(c, "--kv-cache-dtype", "fp8")), "pd-kv-dtype-differs"),
-    ("vllm", on_decode(lambda c, m: transfer(c, kv_role="kv_producer")), "pd-roles"),
-    ("sglang", on_prefill(lambda c, m: edit(c, "--disaggregation-mode", "decode")), "pd-roles"),
-    ("vllm", both(lambda c, m: transfer(c, kv_connector="P2pNcclConnector")), "pd-connector-unknown"),
-    ("sglang", both(lambda c, m: edit(c, "--disaggregation-transfer-backend", "fake")), "pd-connector-unknown"),
-    ("vllm", on_prefill(lambda c, m: transfer(c, kv_connector="MooncakeConnector")), "pd-connector-mismatch"),
-    ("vllm", on_prefill(lambda c, m: edit(c, "--model", m["deepseek"])), "pd-target-differs"),
-    ("vllm", on_prefill(lambda c, m: edit(c, "--kv-transfer-config", None)), "pd-not-disaggregated"),
-    ("vllm", both(lambda c, m: example(c)), "pd-hybrid-target-connector"),
-    ("vllm", on_prefill(lambda c, m: speculative(c, num_speculative_tokens=1)), "pd-draft-steps-differ"),
-    ("vllm", on_prefill(lambda c, m: env(c, "VLLM_NIXL_SIDE_CHANNEL_PORT", "5601")), "pd-nixl-side-channel"),
-    ("vllm", both(lambda c, m: edit(example(c), "--model", m["deepseek"])), "pd-example-connector"),
-    ("vllm", both(lambda c, m: speculative(c, model=m["mha"])), "pd-mha-draft-cache"),
+    ("vllm", P, lambda c, m: edit(c, "--speculative-config", None), "pd-prefill-without-draft"),
+    ("vllm", D, lambda c, m: edit(c, "--speculative-config", None), "pd-decode-without-draft"),
+    ("vllm", P, lambda c, m: speculative(c, model=m["draft-off"]), "pd-draft-differs"),
+    ("sglang", P, lambda c, m: edit(c, "--speculative-num-steps", "2"), "pd-draft-differs"),
+    ("vllm", P, lambda c, m: edit(c, "--kv-cache-dtype", "fp8"), "pd-kv-dtype-differs"),
+    ("vllm", D, lambda c, m: transfer(c, kv_role="kv_producer"), "pd-roles"),
+    ("sglang", P, lambda c, m: edit(c, "--disaggregation-mode", "decode"), "pd-roles"),
+    ("vllm", BOTH, lambda c, m: transfer(c, kv_connector="P2pNcclConnector"), "pd-connector-unknown"),
+    ("sglang", BOTH, lambda c, m: edit(c, "--disaggregation-transfer-backend", "fake"), "pd-connector-unknown"),
+    ("vllm", P, lambda c, m: transfer(c, kv_connector="MooncakeConnector"), "pd-connector-mismatch"),
+    ("vllm", P, lambda c, m: edit(c, "--model", m["deepseek"]), "pd-target-differs"),
+    ("vllm", P, lambda c, m: edit(c, "--kv-transfer-config", None), "pd-not-disaggregated"),
+    ("vllm", BOTH, lambda c, m: example(c), "pd-hybrid-target-connector"),
+    ("vllm", P, lambda c, m: speculative(c, num_speculative_tokens=1), "pd-draft-steps-differ"),
+    ("vllm", P, lambda c, m: env(c, "VLLM_NIXL_SIDE_CHANNEL_PORT", "5601"), "pd-nixl-side-channel"),
+    ("vllm", BOTH, lambda c, m: edit(example(c), "--model", m["deepseek"]), "pd-example-connector"),
+    ("vllm", BOTH, lambda c, m: speculative(c, model=m["mha"]), "pd-mha-draft-cache"),
 ]
 
 
 def test_every_pd_check_has_a_case():
     pd_checks = {check for check in CHECKS if check.startswith("pd-")}
-    assert pd_checks == {case[2] for case in CASES}, pd_checks ^ {case[2] for case in CASES}
+    assert pd_checks == {case[3] for case in CASES}, pd_checks ^ {case[3] for case in CASES}
 
 
 def doctor(engine: str, prefill: str, decode: str, capsys) -> tuple[int, dict]:
@@ -197,11 +169,12 @@ def doctor(engine: str, prefill: str, decode: str, capsys) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
-@pytest.mark.parametrize("engine, change, check", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
-def test_doctor_names_each_trap_of_a_pair(engine, change, check, models, capsys):
+@pytest.mark.parametrize("engine, sides, change, check", CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
+def test_doctor_names_each_trap_of_a_pair(engine, sides, change, check, models, capsys):
     good = lines(pair(engine, models, capsys))
     assert doctor(engine, *good, capsys)[0] == 0
-    code, report = doctor(engine, *change(*good, models), capsys)
+    changed = [change(c, models) if side in sides else c for side, c in zip(("prefill", "decode"), good)]
+    code, report = doctor(engine, *changed, capsys)
     assert check in [f["id"] for f in report["notes" if check in NOTES else "problems"]], report
     assert code == (1 if report["problems"] else 0)
     assert all(f["fix"] for f in report["problems"] + report["notes"])
@@ -229,20 +202,17 @@ def test_launch_commands_are_read_as_the_engines_read_them():
             parse_launch(engine, bad)
 
 
+PAIR = "--prefill-command 'vllm serve T' --decode-command 'vllm serve T'"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         ("--engine vllm --prefill-command 'vllm serve T'", "a PD pair needs --decode-command"),
-        ("--prefill-command 'vllm serve T' --decode-command 'vllm serve T'", "a PD pair needs --engine"),
-        (
-            "--engine vllm --draft D --prefill-command 'vllm serve T' --decode-command 'vllm serve T'",
-            "argument --draft",
-        ),
-        (
-            "--engine sglang --prefill-command 'vllm serve T' --decode-command 'vllm serve T'",
-            "argument --prefill-command: expected SGLang's launch command",
-        ),
-        ("--engine vllm --prefill-command 'vllm serve nowhere/x' --decode-command 'vllm serve nowhere/x'", "nowhere/x"),
+        (PAIR, "a PD pair needs --engine"),
+        (f"--engine vllm --draft D {PAIR}", "argument --draft"),
+        (f"--engine sglang {PAIR}", "argument --prefill-command: expected SGLang's launch command"),
+        ("--engine vllm " + PAIR.replace(" T'", " nowhere/x'"), "nowhere/x"),
     ],
 )
 def test_doctor_pd_misuse_is_one_line(argv, message, models, capsys):

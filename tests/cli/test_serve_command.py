@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 
 import pytest
 
@@ -35,12 +36,8 @@ def test_vllm_kimi_k3_defaults_offline(capsys):
     assert code == 0
     cmd = result["command"]
     assert cmd["env"] == {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
-    assert cmd["argv"][:3] == ["vllm", "serve", "moonshotai/Kimi-K3"]
-    assert json.loads(cmd["argv"][cmd["argv"].index("--speculative-config") + 1]) == {
-        "model": DRAFT,
-        "method": "eagle3",
-        "num_speculative_tokens": 3,
-    }
+    assert cmd["argv"][:4] == ["vllm", "serve", "moonshotai/Kimi-K3", "--speculative-config"]
+    assert json.loads(cmd["argv"][4]) == {"model": DRAFT, "method": "eagle3", "num_speculative_tokens": 3}
     assert shlex.split(cmd["shell"].replace("\\\n", " ")) == [f"{k}={v}" for k, v in cmd["env"].items()] + cmd["argv"]
     assert any("one-based [2, 46, 90] = zero-based [1, 45, 89]" in c for c in cmd["comments"])
     assert result["doctor"]["ok"] and result["doctor"]["versions"] == ["0.33"]
@@ -48,18 +45,10 @@ def test_vllm_kimi_k3_defaults_offline(capsys):
 
 def test_sglang_command(capsys):
     code, result = command(capsys, "--engine", "sglang", "--tp", "16")
-    argv = result["command"]["argv"]
-    assert code == 0 and argv[:4] == ["sglang", "serve", "--model-path", "moonshotai/Kimi-K3"]
-    flags = dict(zip(argv[4::2], argv[5::2]))
-    assert flags == {
-        "--speculative-algorithm": "EAGLE3",
-        "--speculative-draft-model-path": DRAFT,
-        "--speculative-num-steps": "3",
-        "--speculative-eagle-topk": "1",
-        "--speculative-num-draft-tokens": "4",
-        "--tp-size": "16",
-    }
-    assert result["command"]["env"] == {}
+    spec = f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {DRAFT} --speculative-num-steps 3"
+    spec += " --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 16"
+    assert code == 0 and result["command"]["env"] == {}
+    assert result["command"]["argv"] == ["sglang", "serve", "--model-path", "moonshotai/Kimi-K3", *spec.split()]
     assert [h["id"] for h in result["doctor"]["handled_by_plugin"]] == ["sglang-k3-no-capture"]
 
 
@@ -82,25 +71,16 @@ def test_every_command_passes_doctor_for_the_canonical_and_the_training_form(tmp
     for config in (draft(), nested_only([1, 45, 89])):
         for engine in ("vllm", "sglang", "tokenspeed"):
             cmd = serve_command(engine, "moonshotai/Kimi-K3", DRAFT, KIMI_K3_TARGET, config)
-            flag = cmd.argv[cmd.argv.index("--eagle3-layers-to-capture") + 1] if engine == "tokenspeed" else None
-            report = diagnose(
-                config,
-                KIMI_K3_TARGET,
-                engine,
-                {"vllm": "0.33", "sglang": "0.5.23"}.get(engine),
-                environ=cmd.env,
-                with_plugin=engine != "tokenspeed",
-                layers_to_capture=[int(i) for i in flag.split(",")] if flag else None,
-            )
+            version = {"vllm": "0.33", "sglang": "0.5.23"}.get(engine)
+            options = dict(environ=cmd.env, with_plugin=engine != "tokenspeed", layers_to_capture=cmd.layers_to_capture)
+            report = diagnose(config, KIMI_K3_TARGET, engine, version, **options)
             assert report.ok, report.format()
 
 
 def test_usage_errors_and_remaining_problems(tmp_path, capsys):
-    assert main(["serve-command", "--engine", "tokenspeed", "--topk", "4", "--num-draft-tokens", "8"]) == 2
-    assert "topk" in capsys.readouterr().err
+    """TokenSpeed's topk and a --draft that is nowhere: test_cli_corpus."""
     assert main(["serve-command", "--engine", "vllm", "--topk", "2", "--num-draft-tokens", "6"]) == 2
     assert main(["serve-command", "--engine", "sglang", "--num-draft-tokens", "7"]) == 2  # chain: steps + 1
-    assert main(["serve-command", "--engine", "vllm", "--draft", str(tmp_path / "nowhere")]) == 2
     k3 = write_config(tmp_path / "k3", kimi_k3_target())
     assert main(["serve-command", "--engine", "vllm", "--target", str(k3), "--engine-version", "0.26"]) == 1
     captured = capsys.readouterr()
@@ -109,15 +89,8 @@ def test_usage_errors_and_remaining_problems(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "bad",
-    [
-        dict(num_steps=0),
-        dict(topk=-1),
-        dict(num_steps=2.5),
-        dict(num_steps=True),
-        dict(tensor_parallel_size=0),
-        dict(tensor_parallel_size=-8),
-        dict(num_draft_tokens=0, topk=2),
-    ],
+    [dict(num_steps=0), dict(topk=-1), dict(num_steps=2.5), dict(num_steps=True), dict(num_draft_tokens=0, topk=2)]
+    + [dict(tensor_parallel_size=0), dict(tensor_parallel_size=-8)],
 )
 def test_the_library_function_checks_its_numbers_too(bad):
     with pytest.raises(ValueError, match="must be"):
@@ -133,27 +106,14 @@ def test_shell_text_quotes_and_continues_lines():
 
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
 def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys):
-    """The tree size rule of the reference loop (engines.max_tree_draft_tokens) bounds --num-draft-tokens."""
-    from eagle31_mla.serving.engines import max_tree_draft_tokens
+    """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens."""
+    from eagle31_mla.decoding.limits import max_tree_draft_tokens
 
     most = max_tree_draft_tokens(topk, steps)
     assert most == 1 + topk + (steps - 1) * topk * topk  # written out: root, first step, later steps
-    serve_command("sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most)
+    tree = partial(serve_command, "sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk)
+    tree(num_draft_tokens=most)
     with pytest.raises(ValueError, match=f"holds 2 to {most} tokens"):
-        serve_command(
-            "sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk, num_draft_tokens=most + 1
-        )
-    code = main(
-        [
-            "serve-command",
-            "--engine",
-            "sglang",
-            "--topk",
-            str(topk),
-            "--num-steps",
-            str(steps),
-            "--num-draft-tokens",
-            "1000",
-        ]
-    )
-    assert code == 2 and "holds 2 to" in capsys.readouterr().err
+        tree(num_draft_tokens=most + 1)
+    argv = f"serve-command --engine sglang --topk {topk} --num-steps {steps} --num-draft-tokens 1000".split()
+    assert main(argv) == 2 and "holds 2 to" in capsys.readouterr().err

@@ -29,6 +29,7 @@ RAW = {
 @pytest.mark.parametrize("form", sorted(RAW))
 def test_vllm_runners_read_what_the_table_says(form):
     pytest.importorskip("vllm", reason="needs the vLLM CPU build (.venv)")
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -36,14 +37,9 @@ def test_vllm_runners_read_what_the_table_says(form):
 
     raw = RAW[form]
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**raw)))
-    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
-
     # what vLLM's own DeepSeek target captures when the draft names no ids (asked of vLLM, not restated)
-    default = tuple(
-        DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers(
-            SimpleNamespace(model=SimpleNamespace(layers=[None] * 61))
-        )
-    )
+    target = SimpleNamespace(model=SimpleNamespace(layers=[None] * 61))
+    default = tuple(DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers(target))
     v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) or default
     v2 = get_eagle3_aux_layers_from_config(spec) or default
     engine = features((0, 32, 0))
@@ -58,8 +54,6 @@ def test_sglang_targets_store_what_the_table_says(form, target):
     pytest.importorskip("sglang", reason="runs in .venv-sglang")
     from sglang.srt.models import deepseek_v2, llama
 
-    from eagle31_mla.serving.engine_facts.sglang import features
-
     raw = RAW[form]
     module = deepseek_v2 if target.startswith("Deepseek") else llama
     model = bare(
@@ -71,7 +65,7 @@ def test_sglang_targets_store_what_the_table_says(form, target):
     nested = raw.get("eagle_config") or {}
     model.set_eagle3_layers_to_capture(nested.get("eagle_aux_hidden_state_layer_ids"))  # SGLang passes these, raw
     config = deepseek_target(layers=61) if target.startswith("Deepseek") else llama_target(layers=61)
-    capture = sglang_capture(raw, Target.from_config(config, target), features((0, 5, 23)))
+    capture = sglang_capture(raw, Target.from_config(config, target))
     assert capture.layers == tuple(model.model.layers_to_capture)
 
 

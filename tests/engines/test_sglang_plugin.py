@@ -1,7 +1,5 @@
-"""The SGLang plugin with the real SGLang 0.5.23 package (its own virtual environment), as deep as runs on CPU: the
-real plugin loading in a fresh process, registry and ModelConfig, id resolution under the plugin's hooks, the target
-classes' `set_eagle3_layers_to_capture`, and the real Kimi-K3 model forward and residual stream for the capture.
-"""
+"""The SGLang plugin with the real SGLang 0.5.23 package (its own virtual environment), as deep as runs on CPU (what
+is reached: docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +7,6 @@ import importlib
 import json
 import os
 import pkgutil
-import subprocess
-import sys
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,38 +18,23 @@ pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang", reason="runs in .venv-sglang, which scripts/test.sh creates")
 os.environ["SGLANG_PLUGINS"] = "eagle31_mla"  # ours only: the wheel ships two unrelated plugins
 
+from sglang.srt.plugins import load_plugins  # noqa: E402
+
 import eagle31_mla_sglang as plugin  # noqa: E402
 from eagle31_mla.model.aux_layers import AuxLayerIds  # noqa: E402
 from tests.support.engine_configs import K3_IDS, LastRank, bare, deepseek_target, write_config  # noqa: E402
-from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint  # noqa: E402
+from tests.support.plugin_tests import FORMS, K3_LAYERS, write_drafts  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
+from tests.support.tiny import write_checkpoint  # noqa: E402
 
-K3_LAYERS = 93
-FORMS = ["published", "training", "top_level", "both", "exported"]
-
-
-def write_draft(folder: Path, form: str) -> Path:
-    model = tiny_drafter(hidden_size=128, target_hidden_size=128, eagle_aux_hidden_state_layer_ids=K3_IDS)
-    if form == "exported":
-        model.save_pretrained(folder)
-        return folder
-    return write_checkpoint(folder, published_style_config(model, ids_form=form), model.state_dict())
+load_plugins()  # in this process too, as in SGLang's
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("sglang")
     target = deepseek_target(K3_LAYERS, hidden_size=128, vocab_size=300, intermediate_size=256, n_routed_experts=8)
-    return SimpleNamespace(
-        target=write_config(root / "target", target),
-        drafts={form: write_draft(root / f"draft-{form}", form) for form in FORMS},
-    )
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
+    return SimpleNamespace(target=write_config(root / "target", target), drafts=write_drafts(root))
 
 
 LOADERS = {  # SGLang's two ways of loading the plugin: (environment, code); the entry point is loaded twice
@@ -73,11 +53,11 @@ def test_the_plugin_loads_in_a_fresh_process_with_its_hooks_in_place(loader):
         "import eagle31_mla_sglang as p, sglang.srt.model_executor.model_runner\n"
         "from sglang.srt.plugins.hook_registry import HookRegistry\n"
         "hooks = sum(len(HookRegistry._hooks[t]) for t in (p.RESOLVE_TARGET, p.CONFIGURE_TARGET))\n"
-        "print(cls is kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM, p.hook_problems(), hooks)\n"
+        "print(cls is kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM, p.check_hooks(), hooks)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    result = run_python(["-c", code], env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().splitlines()[-1] == "True [] 2"  # SGLang's drafter; each hook registered once
+    assert result.stdout.strip().splitlines()[-1] == "True None 2"  # SGLang's drafter; each hook registered once
 
 
 def resolve(folders, draft: Path):
@@ -100,7 +80,7 @@ def resolve(folders, draft: Path):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_every_form_gets_an_mla_cache_and_resolves_to_the_same_layers(folders, plugins_loaded, form):
+def test_every_form_gets_an_mla_cache_and_resolves_to_the_same_layers(folders, form):
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
 
     config = ModelConfig(str(folders.drafts[form]), is_draft_model=True, trust_remote_code=False)
@@ -123,14 +103,14 @@ def test_without_the_plugin_sglang_reads_only_the_raw_nested_ids(folders, monkey
 
 @pytest.mark.parametrize("how", ["renamed", "not hooked"])
 @pytest.mark.parametrize("which", ["resolve", "configure"])
-def test_a_hook_that_is_not_in_place_stops_serving(folders, plugins_loaded, monkeypatch, which, how):
+def test_a_hook_that_is_not_in_place_stops_serving(folders, monkeypatch, which, how):
     """As if this SGLang had renamed the function (SGLang would log the failure and go on) or had not applied the
     hook: building the drafter raises, naming the symbol and the supported releases; so does resolving the ids."""
     from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM as cls
 
     module, name = {"resolve": plugin.RESOLVE_TARGET, "configure": plugin.CONFIGURE_TARGET}[which].rsplit(".", 1)
     module = importlib.import_module(module)
-    assert plugin.hook_problems() == []
+    plugin.check_hooks()  # in place, until changed here
     if how == "renamed":
         monkeypatch.delattr(module, name)
     else:
@@ -145,42 +125,53 @@ def test_a_hook_that_is_not_in_place_stops_serving(folders, plugins_loaded, monk
             resolve(folders, folders.drafts["published"])
 
 
-@pytest.mark.parametrize(
-    "key, ids, message",
-    [
-        ("top", [3, 47, 91], "contradictory about aux layers"),
-        ("nested", [2, 46, 95], "beyond the target's depth of 93"),
-    ],
-)
-def test_ids_that_cannot_be_served_are_refused(folders, plugins_loaded, tmp_path, key, ids, message):
-    config = json.loads((folders.drafts["published"] / "config.json").read_text())
-    (config if key == "top" else config["eagle_config"])["eagle_aux_hidden_state_layer_ids"] = ids
-    with pytest.raises(ValueError, match=message):
-        resolve(folders, write_checkpoint(tmp_path / "draft", config, {}))
-
-
-def test_an_mha_cache_and_a_form_the_target_cannot_capture_are_refused(folders, plugins_loaded, tmp_path):
+def test_what_cannot_be_served_is_refused(folders, tmp_path):
+    """Ids the draft config contradicts or the target lacks; a draft given an MHA cache; a form the target
+    cannot capture."""
     from sglang.srt.configs.model_config import ModelConfig
 
-    renamed = json.loads((folders.drafts["published"] / "config.json").read_text()) | {"architectures": ["KimiK3MLA"]}
-    config = ModelConfig(str(write_config(tmp_path, renamed)), is_draft_model=True, trust_remote_code=False)
+    published = json.loads((folders.drafts["published"] / "config.json").read_text())
+    nested = published["eagle_config"] | {"eagle_aux_hidden_state_layer_ids": [2, 46, 95]}
+    for change, message in [
+        ({"eagle_aux_hidden_state_layer_ids": [3, 47, 91]}, "contradictory about aux layers"),
+        ({"eagle_config": nested}, "beyond the target's depth of 93"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            resolve(folders, write_checkpoint(tmp_path / message, published | change, {}))
+    renamed = write_config(tmp_path / "renamed", published | {"architectures": ["KimiK3MLA"]})
+    config = ModelConfig(str(renamed), is_draft_model=True, trust_remote_code=False)
     with pytest.raises(ValueError, match="KV cache, not MLA"):
-        plugin.canonical_ids_for_draft(config.hf_config, K3_LAYERS, attention_arch=config.attention_arch)
+        plugin.canonical_ids_for_draft(config.hf_config, K3_LAYERS, config.attention_arch)
     # one-based [1, ...]: given [1, ...] a DeepSeek target adds 1, given [0, ...] it keeps 0; neither is right
     with pytest.raises(ValueError, match=r"cannot capture layers one-based \[1, 46, 90\].*first id is 1"):
-        configure(text_target("deepseek_v2", "DeepseekV3ForCausalLM"), canonical([1, 46, 90]))
-    llama = text_target("llama", "LlamaForCausalLM")  # Llama adds 1 always: it can, given zero-based [0, 45, 89]
+        configure(target_model("DeepseekV3ForCausalLM"), canonical([1, 46, 90]))
+    llama = target_model("LlamaForCausalLM")  # Llama adds 1 always: it can, given zero-based [0, 45, 89]
     configure(llama, canonical([1, 46, 90]))
     assert plugin.captured_layers(llama) == [1, 46, 90]
 
 
 # ---- the ids each real target class ends up capturing ------------------------------------------
 
+TARGETS = {  # class -> (its module, the text target a multimodal wrapper delegates to)
+    "DeepseekV2ForCausalLM": ("deepseek_v2", None),
+    "DeepseekV3ForCausalLM": ("deepseek_v2", None),
+    "LlamaForCausalLM": ("llama", None),
+    "KimiK3LinearForCausalLM": ("kimi_k3", None),
+    "KimiK25ForConditionalGeneration": ("kimi_k25", "DeepseekV3ForCausalLM"),
+    "KimiK3ForConditionalGeneration": ("kimi_k3", "KimiK3LinearForCausalLM"),
+}
 
-def text_target(module: str, cls_name: str):
-    """A DeepSeek-family or Llama target class without its weights, storing in ``layers_to_capture``."""
+
+def target_model(name: str):
+    """A real SGLang target class without its weights (DeepSeek-family and Llama store in ``layers_to_capture``)."""
+    module, text = TARGETS[name]
+    cls = pkgutil.resolve_name(f"sglang.srt.models.{module}:{name}")
+    if text:
+        return bare(cls, language_model=target_model(text))
+    if name == "KimiK3LinearForCausalLM":
+        return kimi_k3_language_model()
     state = dict(config=SimpleNamespace(num_hidden_layers=K3_LAYERS), model=SimpleNamespace(layers_to_capture=[]))
-    return bare(pkgutil.resolve_name(f"sglang.srt.models.{module}:{cls_name}"), pp_group=LastRank(), **state)
+    return bare(cls, pp_group=LastRank(), **state)
 
 
 class StubLayer(nn.Module):
@@ -213,52 +204,31 @@ def kimi_k3_language_model(layers=K3_LAYERS, hidden=16, vocab=32):
     return bare(kimi_k3.KimiK3LinearForCausalLM, **text)
 
 
-def wrapped(module, cls_name, language_model):
-    """A multimodal wrapper around a text target."""
-    return lambda: bare(pkgutil.resolve_name(f"sglang.srt.models.{module}:{cls_name}"), language_model=language_model())
-
-
-TARGETS = {
-    "DeepseekV2ForCausalLM": partial(text_target, "deepseek_v2", "DeepseekV2ForCausalLM"),
-    "DeepseekV3ForCausalLM": partial(text_target, "deepseek_v2", "DeepseekV3ForCausalLM"),
-    "LlamaForCausalLM": partial(text_target, "llama", "LlamaForCausalLM"),
-    "KimiK3LinearForCausalLM": kimi_k3_language_model,
-}
-for module, name, text in [
-    ("kimi_k25", "KimiK25", "DeepseekV3ForCausalLM"),
-    ("kimi_k3", "KimiK3", "KimiK3LinearForCausalLM"),
-]:
-    TARGETS[f"{name}ForConditionalGeneration"] = wrapped(module, f"{name}ForConditionalGeneration", TARGETS[text])
-
-
 def configure(model, ids):
-
     no_dflash = dict(dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
     configure = pkgutil.resolve_name(plugin.CONFIGURE_TARGET)  # SGLang's function, the plugin's hook around it
     configure(model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids, **no_dflash)
 
 
 def canonical(one_based):
-
     return plugin.CanonicalAuxLayerIds(AuxLayerIds.from_one_based(one_based, K3_LAYERS))
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_each_target_class_captures_the_canonical_layers(plugins_loaded, target):
-
-    model = TARGETS[target]()
+def test_each_target_class_captures_the_canonical_layers(target):
+    model = target_model(target)
     configure(model, canonical(K3_IDS))
     assert list(plugin.captured_layers(model)) == K3_IDS  # the inputs of layers 2, 46, 90 = outputs of 1, 45, 89
 
 
-def test_newer_sglang_k3_capture_is_left_alone_and_checked(plugins_loaded, monkeypatch):
+def test_newer_sglang_k3_capture_is_left_alone_and_checked(monkeypatch):
     from sglang.srt.models import kimi_k3
 
     def upstream(self, layer_ids=None):  # stands in for a newer SGLang's own method
         self.model.eagle3_layers_to_capture = [i + 1 for i in layer_ids]  # a convention that disagrees
 
     monkeypatch.setattr(kimi_k3.KimiK3LinearForCausalLM, "set_eagle3_layers_to_capture", upstream, raising=False)
-    model = kimi_k3_language_model(layers=K3_LAYERS)
+    model = kimi_k3_language_model()
     configure(model, canonical(K3_IDS))  # one-based fails the check, zero-based passes: that form is used
     assert model.model.eagle3_layers_to_capture == K3_IDS
     assert kimi_k3.KimiK3LinearForCausalLM.set_eagle3_layers_to_capture is upstream  # not replaced
@@ -267,7 +237,7 @@ def test_newer_sglang_k3_capture_is_left_alone_and_checked(plugins_loaded, monke
 # ---- the Kimi-K3 capture itself -----------------------------------------------------------------
 
 
-def test_k3_capture_runs_in_the_real_model_forward(plugins_loaded):
+def test_k3_capture_runs_in_the_real_model_forward():
     """The real KimiK3LinearModel.forward with stub layers: the captured states are the stream after
     zero-based layers 1, 2, 4 (one-based 2, 3, 5), where the plain stream == the prefix stream."""
     from unittest.mock import patch
@@ -292,9 +262,8 @@ def test_k3_capture_runs_in_the_real_model_forward(plugins_loaded):
 
 
 def test_k3_capture_is_the_prefix_stream_not_the_attnres_mixture():
-    """A synthetic AttnRes state: bank rows of completed blocks, a within-block prefix (written residual) and a
-    pending MLP output. The capture is prefix + pending; the mixture DSpark reads (SGLang's own
-    aggregate_stream_torch over bank + prefix) is different."""
+    """A synthetic AttnRes state (completed blocks' bank rows, the within-block prefix, a pending MLP output): the
+    capture is prefix + pending, not the mixture DSpark reads (SGLang's own aggregate_stream_torch)."""
     from sglang.srt.layers.attn_residual import aggregate_stream_torch
     from sglang.srt.layers.layer_boundary.residual.add_norm import PLAIN_ADD
     from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream

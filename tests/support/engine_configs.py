@@ -9,18 +9,6 @@ from pathlib import Path
 K3_IDS = [2, 46, 90]  # one-based = zero-based [1, 45, 89]
 
 
-def usage_error_line(argv: list[str], capsys) -> str:
-    """Runs the CLI, expects a usage error (exit 2, no traceback) and returns its one-line message."""
-    from eagle31_mla.cli import main
-
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]  # after any weight-loading progress bar
-    assert last.startswith("eagle31-mla: error:"), last
-    return last
-
-
 class LastRank:
     """A single-rank pipeline group, as engine model classes query it."""
 
@@ -93,11 +81,10 @@ def draft(ids=K3_IDS, **changes) -> dict:
 
 def nested_only(ids, convention=None, **changes) -> dict:
     """A draft whose ids are only in eagle_config (the training framework's layout)."""
-    labelled = {"aux_layer_ids_convention": convention} if convention else {"aux_layer_ids_convention": None}
     return draft(
         eagle_aux_hidden_state_layer_ids=None,
         eagle_config={"eagle_aux_hidden_state_layer_ids": list(ids), "use_aux_hidden_state": True},
-        **labelled,
+        aux_layer_ids_convention=convention or None,
         **changes,
     )
 

@@ -27,8 +27,6 @@ import os
 import socket
 import sys
 
-__all__ = ["ATTEMPTS", "LOG_ENV", "NetworkAccessBlocked", "install", "is_installed"]
-
 LOG_ENV = "EAGLE31_NETGUARD_LOG"
 ATTEMPTS: list[str] = []
 
@@ -37,26 +35,23 @@ class NetworkAccessBlocked(OSError):
     """A test tried to reach another machine."""
 
 
+def _ip(host):
+    """``host`` as an IP address, or None for a name."""
+    try:
+        return ipaddress.ip_address(
+            (host.decode(errors="replace") if isinstance(host, bytes) else str(host)).split("%")[0]
+        )
+    except ValueError:
+        return None
+
+
 def _is_local(host) -> bool:
     if isinstance(host, bytes):
         host = host.decode(errors="replace")
-    if host in (None, "", "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+    if host in (None, "", "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", socket.gethostname()):
         return True
-    if host == socket.gethostname():
-        return True
-    try:
-        address = ipaddress.ip_address(str(host).split("%")[0])
-    except ValueError:
-        return False  # any other host name: resolving it may already query a DNS server
-    return address.is_loopback or address.is_unspecified
-
-
-def _is_ip_literal(host) -> bool:
-    try:
-        ipaddress.ip_address((host.decode() if isinstance(host, bytes) else str(host)).split("%")[0])
-    except ValueError:
-        return False
-    return True
+    address = _ip(host)  # any other host name: resolving it may already query a DNS server
+    return address is not None and (address.is_loopback or address.is_unspecified)
 
 
 def _refuse(what: str) -> None:
@@ -95,7 +90,7 @@ def install() -> None:
         return connect_ex(self, address)
 
     def guarded_getaddrinfo(host, *args, **kwargs):
-        if not _is_local(host) and not _is_ip_literal(host):  # an IP literal needs no lookup; connect() judges it
+        if not _is_local(host) and _ip(host) is None:  # an IP literal needs no lookup; connect() judges it
             _refuse(f"DNS lookup of {host!r}")
         return getaddrinfo(host, *args, **kwargs)
 

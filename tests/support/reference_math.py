@@ -140,11 +140,7 @@ def config_dict(config) -> dict:
         config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     if not isinstance(config, dict):
         raise TypeError(f"pass a raw config.json (a dict, or the folder or file path), got {type(config).__name__}")
-    return _from_raw(config)
-
-
-def _from_raw(raw: dict) -> dict:
-    nested = raw.get("eagle_config") or {}
+    raw, nested = config, config.get("eagle_config") or {}
     ids = (
         raw.get("eagle_aux_hidden_state_layer_ids")
         or nested.get("eagle_aux_hidden_state_layer_ids")

@@ -1,6 +1,6 @@
-"""A capture process for the spool tests that needs no engine: the demo target's states from Transformers (as
-tests/unit/test_captured.py's ``capture_folder`` makes them), written by the library's ``write_shards``, the
-loop ``eagle31-mla capture`` runs around vLLM: the same back-pressure, atomic shards, manifest and resume.
+"""Captures for the training tests, without an engine: the demo target's states from Transformers, written by the
+library's ``write_shards`` (the loop ``eagle31-mla capture`` runs around vLLM: the same back-pressure, atomic
+shards, manifest and resume). As a process, the capture side of the spool tests:
 
     python -m tests.support.spool_writer OUT [--spool-bytes N --part I/N] [--per-shard S] [--shard-delay SECONDS]
 
@@ -10,6 +10,7 @@ Without --spool-bytes, OUT is a stored capture folder; with it, OUT is a spool a
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import time
 from pathlib import Path
@@ -19,9 +20,25 @@ import torch
 from eagle31_mla.training.captured import MANIFEST, CaptureManifest, inputs_digest, read_manifest, write_manifest
 from eagle31_mla.training.spool import part_folder, part_sequences, plan_part, write_shards
 
-IDS = [1, 2, 4]
+IDS = [1, 2, 4]  # 4 = the demo target's last layer: its output before the final norm
 TOP_K = 64
 DEMO = dict(name="demo", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=4, hidden_size=128, vocab_size=512)
+
+
+@functools.cache
+def demo_target():
+    """The embedded demo target in Transformers, float32 (loaded once per process)."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle31_mla.demo import DEMO_DIR
+
+    return AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
+
+
+def trained_weights(folder) -> dict[str, torch.Tensor]:
+    from eagle31_mla import Eagle31MLAForCausalLM
+
+    return dict(Eagle31MLAForCausalLM.from_pretrained(folder).named_parameters())
 
 
 def input_sequences() -> list[list[int]]:
@@ -29,6 +46,34 @@ def input_sequences() -> list[list[int]]:
     generator = torch.Generator().manual_seed(3)
     lengths = torch.randint(10, 25, (21,), generator=generator).tolist()
     return [torch.randint(3, 500, (n,), generator=generator).tolist() for n in lengths]
+
+
+def demo_states(sequences, *, top_k=TOP_K, dtype=torch.float32, layers=IDS, delay=0.0):
+    """``write_shards``' run_target over ``sequences``: the demo target's states at ``layers``, its top-k
+    log-probabilities (top_k 512: every one)."""
+    from eagle31_mla.decoding.target import capture_target_states
+    from eagle31_mla.model.aux_layers import AuxLayerIds
+
+    def run(chunk: list[int]) -> list[tuple]:
+        time.sleep(delay)
+        items = []
+        for i in chunk:
+            seq = torch.tensor(sequences[i])
+            aux, probs = capture_target_states(demo_target(), seq[None], AuxLayerIds(tuple(layers)))
+            logprobs, ids = torch.log(probs[0]).topk(top_k, dim=-1)
+            items.append((i, seq, aux[0].view(len(seq), len(layers), -1).to(dtype), logprobs, ids))
+        return items
+
+    return run
+
+
+def capture_folder(folder: Path, sequences, *, top_k=512, per_shard=4, dtype=torch.float32, layers=IDS) -> Path:
+    """What `eagle31-mla capture --out` writes, from the demo target; ``layers``: the layers really captured,
+    labelled as IDS (a control: a capture one layer off)."""
+    manifest = CaptureManifest(DEMO, IDS, str(dtype).removeprefix("torch."), top_k, "", 0, "transformers")
+    run = functools.partial(demo_states, top_k=top_k, dtype=dtype, layers=layers)
+    sequences = [list(map(int, s)) for s in sequences]
+    return write_part(folder, sequences, run, manifest, per_shard=per_shard, say=lambda _: None)
 
 
 def plan(lengths, manifest: CaptureManifest, **where):
@@ -55,7 +100,7 @@ def write_part(out: Path, everything, run_target, manifest: CaptureManifest, spo
         manifest.num_inputs, manifest.inputs_sha256 = len(sequences), inputs_digest(sequences)
         if spool_bytes:
             where = dict(part=part, parts=parts, inputs=len(everything), sequences_per_shard=per_shard)
-            manifest.spool = plan([len(s) for s in sequences], manifest, max_bytes=spool_bytes, **where).to_json()
+            manifest.spool = plan([len(s) for s in sequences], manifest, max_bytes=spool_bytes, **where)
         write_manifest(out, manifest)
     shards = write_shards(out, manifest, sequences, run_target(sequences), sequences_per_shard=per_shard, say=say)
     for count, tokens in itertools.islice(shards, kw.get("limit")):
@@ -71,34 +116,12 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=2)
     parser.add_argument("--shard-delay", type=float, default=0.0, help="seconds per shard: a slower engine")
     args = parser.parse_args()
-    from transformers import AutoModelForCausalLM
-
-    from eagle31_mla.decoding.target import capture_target_states
-    from eagle31_mla.demo import DEMO_DIR
-    from eagle31_mla.model.aux_layers import AuxLayerIds
-
-    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
-
-    def run_target(sequences):
-        def run(chunk: list[int]) -> list[tuple]:
-            time.sleep(args.shard_delay)
-            items = []
-            for i in chunk:
-                seq = torch.tensor(sequences[i])
-                aux, probs = capture_target_states(target, seq[None], AuxLayerIds(tuple(IDS)))
-                logprobs, ids = torch.log(probs[0]).topk(TOP_K, dim=-1)
-                items.append((i, seq, aux[0].view(len(seq), len(IDS), -1), logprobs, ids))
-            return items
-
-        return run
-
-    manifest = CaptureManifest(DEMO, IDS, "float32", TOP_K, "", 0, "transformers")
     part, parts = map(int, args.part.split("/"))
     write_part(
         Path(args.out),
         input_sequences(),
-        run_target,
-        manifest,
+        functools.partial(demo_states, delay=args.shard_delay),
+        CaptureManifest(DEMO, IDS, "float32", TOP_K, "", 0, "transformers"),
         spool_bytes=args.spool_bytes,
         part=part,
         parts=parts,

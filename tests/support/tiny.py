@@ -60,10 +60,9 @@ def randomize(model: Eagle31MLAForCausalLM, seed: int = 0) -> Eagle31MLAForCausa
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
         if model.d2t is not None:  # a permuted subset of the target vocabulary, as offsets
-            targets = (
-                torch.randperm(model.config.vocab_size, generator=g)[: model.config.draft_vocab_size].sort().values
-            )
-            model.d2t.copy_(targets - torch.arange(model.config.draft_vocab_size))
+            vocab, draft_vocab = model.config.vocab_size, model.config.draft_vocab_size
+            targets = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
+            model.d2t.copy_(targets - torch.arange(draft_vocab))
             model.t2d.zero_()
             model.t2d[targets] = True
     return model.eval()
@@ -78,6 +77,13 @@ def aux_inputs(config: Eagle31MLAConfig, batch: int, length: int, seed: int = 1)
     ids = torch.randint(0, config.vocab_size, (batch, length), generator=g)
     aux = 3 * torch.randn(batch, length, config.num_aux_hidden_states * config.target_hidden_size, generator=g)
     return ids, aux
+
+
+def same_logits(loaded: Eagle31MLAForCausalLM, model: Eagle31MLAForCausalLM) -> bool:
+    """Exact on purpose: the same weights (copied through a file), kernels and shapes in one process: any difference
+    is a loading difference, not rounding (a tolerance would hide a wrong copy of a few rows)."""
+    ids, aux = aux_inputs(model.config, 2, 6)
+    return torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
 
 
 def write_checkpoint(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
@@ -96,7 +102,6 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
     both        top-level one-based and nested zero-based"""
     c = model.config
     one_based = list(c.aux_layer_ids.one_based)
-    zero_based = [i - 1 for i in one_based]
     rope = dict(c.rope_parameters)
     theta = rope.pop("rope_theta")
     rope_type = rope.pop("rope_type")
@@ -129,7 +134,7 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
         "pad_token_id": 0,
     }
     if ids_form in ("training", "both"):
-        out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = zero_based
+        out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in one_based]
     if ids_form in ("top_level", "both"):
         out["eagle_aux_hidden_state_layer_ids"] = one_based
     if ids_form == "top_level":
@@ -138,11 +143,7 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
         raise ValueError(f"unknown ids_form {ids_form!r}")
     if rope_type != "default":
         out["rope_scaling"] = {"type": rope_type, **rope}
-    if c.fc_norm:
-        out["fc_norm"] = True
-    if c.norm_output:
-        out["norm_output"] = True
-    return out
+    return out | {flag: True for flag in ("fc_norm", "norm_output") if getattr(c, flag)}
 
 
 def demo_layer() -> dict:

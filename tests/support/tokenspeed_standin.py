@@ -1,18 +1,13 @@
-"""Stand-ins for the GPU that TokenSpeed's engine modules look for when they are imported (test-only).
-
-TokenSpeed 0.1.1's registry, configs and model modules import ``tokenspeed_kernel``, which asks its platform module
-for a GPU, loads native kernels linked against ``libcuda.so.1`` and asks Triton for its active driver; its
-``ServerArgs`` asks ``nvidia-smi`` for the GPU's memory. :func:`install` stands in for exactly these four: TokenSpeed's
-own ``Platform.override`` hook, a driver library whose every function answers CUDA_ERROR_NO_DEVICE, Triton's own
-``driver.set_active``, and an ``nvidia-smi`` on ``PATH``. No TokenSpeed, Triton or plugin code is replaced; nothing
-that needs a GPU can run.
+"""Stand-ins for the GPU that TokenSpeed 0.1.1's engine modules probe for when imported (test-only): its own
+``Platform.override``, a ``libcuda.so.1`` whose every function answers CUDA_ERROR_NO_DEVICE, Triton's own
+``driver.set_active`` and an ``nvidia-smi`` on ``PATH`` (docs/engines.md). No TokenSpeed, Triton or plugin code is
+replaced; nothing that needs a GPU can run.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -24,47 +19,28 @@ import tempfile
 import types
 from pathlib import Path
 
-__all__ = ["install", "driver_stand_in"]
-
 _DRIVER_SONAME = "libcuda.so.1"
 CUDA_ERROR_NO_DEVICE = 100
-
-
-def _driver_functions(site: Path) -> list[str]:
-    """The driver functions the native kernels that link ``libcuda.so.1`` import."""
-    names = set()
-    for path in site.rglob("*.so*"):
-        if not path.is_file() or f"[{_DRIVER_SONAME}]" not in _run("readelf", "-d", path):
-            continue
-        for line in _run("nm", "-D", "--undefined-only", path).splitlines():
-            name = line.split()[-1].split("@")[0]
-            if re.fullmatch(r"cu[A-Z]\w*", name):  # driver API (cuInit, cuLaunchKernel...); cuda* is the runtime's
-                names.add(name)
-    return sorted(names)
 
 
 def _run(*command) -> str:
     return subprocess.run([str(part) for part in command], capture_output=True, text=True).stdout
 
 
-def driver_stand_in() -> Path:
-    """The stand-in ``libcuda.so.1`` for this environment's native kernels (built once, then cached)."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    functions = _driver_functions(site)
-    key = hashlib.sha256(" ".join(functions).encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / f"eagle31-tokenspeed-driver-stand-in-{key}"
-    library = folder / _DRIVER_SONAME
-    if library.is_file():
-        return library
-    folder.mkdir(parents=True, exist_ok=True)
-    source = folder / f"stand_in_{os.getpid()}.c"
-    # a driver with no device: every function fails with CUDA_ERROR_NO_DEVICE
-    source.write_text("".join(f"int {name}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n" for name in functions))
-    partial = folder / f".{_DRIVER_SONAME}.{os.getpid()}"
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{_DRIVER_SONAME}", "-o", str(partial), str(source)], check=True
-    )
-    os.replace(partial, library)
+def driver_stand_in(folder: Path) -> Path:
+    """A ``libcuda.so.1`` in ``folder`` with every driver function this environment's native kernels import."""
+    functions = set()
+    for path in Path(sysconfig.get_paths()["purelib"]).rglob("*.so*"):
+        if not path.is_file() or f"[{_DRIVER_SONAME}]" not in _run("readelf", "-d", path):
+            continue
+        for line in _run("nm", "-D", "--undefined-only", path).splitlines():
+            name = line.split()[-1].split("@")[0]
+            if re.fullmatch(r"cu[A-Z]\w*", name):  # driver API (cuInit, cuLaunchKernel...); cuda* is the runtime's
+                functions.add(name)
+    source, library = folder / "driver_stand_in.c", folder / _DRIVER_SONAME
+    source.write_text("".join(f"int {name}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n" for name in sorted(functions)))
+    command = ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{_DRIVER_SONAME}", "-o", str(library), str(source)]
+    subprocess.run(command, check=True)
     return library
 
 
@@ -73,7 +49,8 @@ def install() -> None:
     """Install the four stand-ins in this process; call before anything imports ``tokenspeed_kernel``."""
     if "tokenspeed_kernel" in sys.modules:
         raise RuntimeError("tokenspeed_kernel was imported before the stand-ins: call install() first")
-    ctypes.CDLL(str(driver_stand_in()), mode=ctypes.RTLD_GLOBAL)  # found by soname when the kernels load
+    tools = Path(tempfile.mkdtemp(prefix="eagle31-tokenspeed-stand-ins-"))
+    ctypes.CDLL(str(driver_stand_in(tools)), mode=ctypes.RTLD_GLOBAL)  # found by soname when the kernels load
 
     # The platform module alone, without the package __init__ (which probes the platform at once).
     spec = importlib.util.find_spec("tokenspeed_kernel")
@@ -106,7 +83,6 @@ def install() -> None:
     driver.set_active(NoDeviceTritonDriver())
     importlib.import_module("tokenspeed_kernel")
 
-    tools = Path(tempfile.mkdtemp(prefix="eagle31-tokenspeed-nvidia-smi-"))
     smi = tools / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\n# eagle31-mla test stand-in: the stand-in device's memory in MiB\necho {80 << 10}\n")
     smi.chmod(0o755)

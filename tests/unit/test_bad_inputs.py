@@ -11,8 +11,6 @@ strict xfails, so a fix turns them into failures until the mark is removed.
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import re
 from collections.abc import Callable
@@ -23,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
-from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from eagle31_mla import CheckpointError, ConfigError, DraftInputError, Eagle31MLAConfig, Eagle31MLAForCausalLM
@@ -74,20 +71,16 @@ DROP = object()  # a key the file leaves out (None is JSON null)
 
 def config_file(tmp: Path, base: str = "full", **changes) -> Eagle31MLAConfig:
     """The tiny drafter's published-style config.json with ``changes`` (DROP removes a key), read as a file."""
-    return Eagle31MLAConfig.from_pretrained(folder(tmp, base=base, config=changes, weights=False))
+    return Eagle31MLAConfig.from_pretrained(folder(tmp, base=base, config=changes))
 
 
-def folder(tmp: Path, base="full", config=None, drop=(), put=None, weights=True) -> Path:
+def folder(tmp: Path, base="full", config=None, drop=(), put=None) -> Path:
     """A checkpoint folder of the tiny drafter (``base`` full or pruned), its config and tensors edited."""
     model = ctx()[0] if base == "full" else ctx()[4]
-    cfg = copy.deepcopy(published_style_config(model))
+    cfg = published_style_config(model)  # a fresh dict
     for key, value in (config or {}).items():
         cfg.pop(key) if value is DROP else cfg.__setitem__(key, value)
     tensors = {k: v for k, v in model.state_dict().items() if k not in drop} | (put or {})
-    if not weights:
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.json").write_text(json.dumps(cfg))
-        return tmp
     return write_checkpoint(tmp, cfg, tensors)
 
 
@@ -303,18 +296,6 @@ def test_draft_reaches_exactly_the_last_position():
     """The position check is exact: the last allowed position drafts, one more is refused (table)."""
     assert draft(position_ids=torch.arange(4092, 4096).expand(2, 4), num_tokens=1).tokens.shape == (2, 1)
     assert draft(past_key_values=long_cache(4090), num_tokens=3).tokens.shape == (2, 3)
-
-
-def test_pickle_only_folder_is_refused_unless_asked_for(tmp_path):
-    """Safetensors only by default (pickle runs code); use_safetensors=False is Transformers' own opt-in."""
-    model = ctx()[0]
-    path = folder(tmp_path)
-    torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
-    (path / "model.safetensors").unlink()
-    with pytest.raises(OSError, match=re.escape(f"Error no file named model.safetensors found in directory {path}.")):
-        Eagle31MLAForCausalLM.from_pretrained(path)
-    loaded = Eagle31MLAForCausalLM.from_pretrained(path, use_safetensors=False)
-    assert torch.equal(loaded.fc.weight, model.fc.weight)
 
 
 def test_an_unknown_hub_keyword_reaches_transformers(tmp_path, monkeypatch):

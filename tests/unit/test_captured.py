@@ -1,9 +1,6 @@
-"""Captured target states on disk (eagle31_mla.training.captured) and training from them, without an engine.
-
-The states here come from a Transformers target (the library's own capture), written in the capture
-format with every token's log-probability kept (top-k = the vocabulary): training from the folder must
-then give the drafter that training against the live target gives. The vLLM side is in
-tests/engines/test_vllm_capture.py."""
+"""Captured target states on disk (eagle31_mla.training.captured) and training from them, without an engine:
+the demo target's states from Transformers (tests/support/spool_writer.py), every log-probability kept. The vLLM
+side: tests/engines/test_vllm_capture.py."""
 
 from __future__ import annotations
 
@@ -22,73 +19,36 @@ from eagle31_mla.training.captured import (
     CaptureManifest,
     bytes_per_token,
     inputs_digest,
-    read_manifest,
     write_manifest,
     write_shard,
 )
-from eagle31_mla.training.trainer import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on
+from eagle31_mla.training.trainer import (
+    CapturedTarget,
+    TrainingConfig,
+    drafter_for_target,
+    drafter_from_files,
+    train_drafter,
+    train_on,
+)
+from tests.support.spool_writer import capture_folder, demo_target
 from tests.support.tiny import demo_layer
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 IDS = AuxLayerIds((1, 2, 4))
+SEQUENCES = torch.randint(3, 500, (6, 24), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module")
-def target():
-    from transformers import AutoModelForCausalLM
-
-    from eagle31_mla.demo import DEMO_DIR
-
-    return AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def sequences():
-    return torch.randint(3, 500, (6, 24), generator=torch.Generator().manual_seed(0))
-
-
-def capture_folder(folder, target, sequences, *, top_k=None, per_shard=4, dtype=torch.float32, layers=IDS):
-    """What `eagle31-mla capture` writes, from the Transformers target (every log-probability kept);
-    ``layers``: the layers really captured, labelled as IDS (a control: a capture one layer off)."""
-    vocab = target.config.vocab_size
-    top_k = top_k or vocab
-    manifest = CaptureManifest(
-        target={
-            "name": "demo",
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "num_hidden_layers": 4,
-            "hidden_size": 128,
-            "vocab_size": vocab,
-        },
-        aux_layer_ids=list(IDS.one_based),
-        dtype=str(dtype).removeprefix("torch."),
-        top_k=top_k,
-        inputs_sha256=inputs_digest(sequences.tolist()),
-        num_inputs=len(sequences),
-        engine="transformers",
+def test_a_capture_reads_back_what_was_captured(tmp_path):
+    data = CapturedStates(capture_folder(tmp_path / "c", SEQUENCES))
+    assert (
+        len(data) == data.manifest.num_inputs == 6 and data.longest == 24 and data.manifest.aux_layer_ids == [1, 2, 4]
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    items = []
-    for i, seq in enumerate(sequences):
-        aux, probs = capture_target_states(target, seq[None], layers)
-        logprobs, ids = torch.log(probs[0]).topk(top_k, dim=-1)
-        items.append((i, seq, aux[0].view(len(seq), len(IDS), -1).to(dtype), logprobs, ids))
-    for start in range(0, len(items), per_shard):
-        manifest.shards.append(write_shard(folder, len(manifest.shards), items[start : start + per_shard]))
-    write_manifest(folder, manifest)
-    return folder
-
-
-def test_a_capture_reads_back_what_was_captured(tmp_path, target, sequences):
-    folder = capture_folder(tmp_path / "c", target, sequences)
-    data = CapturedStates(folder, aux_layer_ids=IDS.one_based)
-    assert len(data) == 6 and data.complete and data.longest == 24
     for i in (0, 5):
         ids, aux, logprobs, top = data.sequence(i)
-        reference_aux, reference_probs = capture_target_states(target, sequences[i][None], IDS)
-        assert torch.equal(ids, sequences[i]) and torch.equal(aux, reference_aux[0])  # stored as computed
+        reference_aux, reference_probs = capture_target_states(demo_target(), SEQUENCES[i][None], IDS)
+        assert torch.equal(ids, SEQUENCES[i]) and torch.equal(aux, reference_aux[0])  # stored as computed
         # exp(log p) renormalised: equal to the softmax within float32 rounding of the log and exp
         assert torch.allclose(data.target_probs(i, 512), reference_probs[0], rtol=1e-5, atol=1e-7)
         assert torch.equal(data.loss_mask(i), torch.ones(24))  # a text capture trains on every token
@@ -96,35 +56,26 @@ def test_a_capture_reads_back_what_was_captured(tmp_path, target, sequences):
     assert bytes_per_token(3, 7168, torch.bfloat16, 64) == 3 * 7168 * 2 + 64 * 8 + 8 + 1
 
 
-def test_training_from_a_capture_gives_the_drafter_live_training_gives(tmp_path, target, sequences):
+def test_training_from_a_capture_gives_the_drafter_live_training_gives(tmp_path):
     """Same sequences, same steps: the only difference is exp(log p) instead of p (float32 rounding, about
     1e-7 relative). AdamW carries it into the weights: each trained tensor of the two drafters differs by
     under 5% of how far training moved it (measured with the demo drafter's layer: 0.2% on torch 2.13; more than
     1% once on torch 2.14 in a full-suite process); frozen ones are equal. The control below, a capture one
     layer off, is far outside."""
-    folder = capture_folder(tmp_path / "c", target, sequences)
+    target = demo_target()
     start = drafter_for_target(target, eagle_aux_hidden_state_layer_ids=list(IDS.one_based), **demo_layer())
     config = dict(steps=4, batch_size=2, seq_len=24, depth=3, lr=3e-3, warmup=1, save_every=100)
-    live = train_drafter(target, copy.deepcopy(start), sequences, tmp_path / "live", TrainingConfig(**config), False)
-    captured = train_on(
-        CapturedTarget(CapturedStates(folder), 512),
-        copy.deepcopy(start),
-        tmp_path / "cap",
-        TrainingConfig(**config),
-        progress=False,
-    )
-    assert_same_training(start, live, captured, share=0.05)
+    live = train_drafter(target, copy.deepcopy(start), SEQUENCES, tmp_path / "live", TrainingConfig(**config), False)
+
+    def from_capture(layers):
+        folder = capture_folder(tmp_path / f"c{layers[-1]}", SEQUENCES, layers=layers)
+        out, config_ = tmp_path / f"d{layers[-1]}", TrainingConfig(**config)
+        return train_on(CapturedTarget(CapturedStates(folder), 512), copy.deepcopy(start), out, config_, progress=False)
+
+    assert_same_training(start, live, from_capture([1, 2, 4]), share=0.05)
     # control: the same capture one layer off at its last aux id trains a drafter the check tells apart
-    shifted = capture_folder(tmp_path / "shifted", target, sequences, layers=AuxLayerIds((1, 2, 3)))
-    wrong = train_on(
-        CapturedTarget(CapturedStates(shifted), 512),
-        copy.deepcopy(start),
-        tmp_path / "w",
-        TrainingConfig(**config),
-        progress=False,
-    )
     with pytest.raises(AssertionError):
-        assert_same_training(start, live, wrong, share=0.05)
+        assert_same_training(start, live, from_capture([1, 2, 3]), share=0.05)
 
 
 def assert_same_training(start, a, b, share: float = 0.01) -> None:
@@ -137,19 +88,34 @@ def assert_same_training(start, a, b, share: float = 0.01) -> None:
         assert (x - y).abs().max() <= share * moved, (name, float((x - y).abs().max() / moved))
 
 
-def test_sequences_of_different_lengths_are_padded_and_masked(tmp_path, target, sequences):
-    folder = tmp_path / "c"
-    capture_folder(folder, target, sequences[:2])
-    short = sequences[2, :10]
-    aux, probs = capture_target_states(target, short[None], IDS)
-    logprobs, ids = torch.log(probs[0]).topk(512, dim=-1)
-    manifest = read_manifest(folder)
-    manifest.shards.append(write_shard(folder, 1, [(2, short, aux[0].view(10, 3, -1), logprobs, ids)]))
-    manifest.num_inputs = 3
-    write_manifest(folder, manifest)
-    batch, aux_b, probs_b, mask = CapturedTarget(CapturedStates(folder), 512).batch(torch.tensor([2, 0]), IDS)
-    assert batch.shape == (2, 24) and mask[0].tolist() == [1] * 10 + [0] * 14 and mask[1].eq(1).all()
-    assert torch.equal(batch[0, :10], short) and aux_b[0, 10:].eq(0).all() and probs_b[0, 10:].eq(0).all()
+def test_captured_batches_are_padded_and_carry_the_loss_masks(tmp_path):
+    """Sequences of different lengths are padded at the end and masked out; a conversation's stored loss mask
+    (its non-assistant tokens 0) is carried into the batch; resuming checks the masks (the digest)."""
+    masks = [[0, 0, 1, 1, 1], [0, 1, 1]]
+    target = dict(name="t", architectures=[], num_hidden_layers=4, hidden_size=8, vocab_size=16)
+    digest = inputs_digest([[7] * 5, [7] * 3], masks)
+    manifest = CaptureManifest(target, [1, 2], "float32", 2, digest, 2, "test", loss_mask="assistant")
+    items = [
+        (i, torch.full((n,), 7), torch.ones(n, 2, 8), torch.zeros(n, 2), torch.ones(n, 2), m)
+        for i, (n, m) in enumerate(zip((5, 3), masks))
+    ]
+    manifest.shards.append(write_shard(tmp_path, 0, items))
+    write_manifest(tmp_path, manifest)
+    ids, aux, probs, mask = CapturedTarget(CapturedStates(tmp_path), 16).batch(torch.tensor([1, 0]), IDS)
+    assert mask.tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 1]] and ids.tolist() == [[7] * 3 + [0] * 2, [7] * 5]
+    assert aux[0, :3].eq(1).all() and aux[0, 3:].eq(0).all() and probs[0, :3, 1].eq(1).all()
+    assert probs[0, 3:].eq(0).all()
+    assert digest != inputs_digest([[7] * 5, [7] * 3])  # a resumed capture must be given the same masks
+
+
+def test_drafter_from_files_is_drafter_for_target():
+    """The drafter a capture trains starts from the target's embeddings and head read from its checkpoint."""
+    from eagle31_mla.demo import DEMO_DIR
+
+    a = drafter_from_files(DEMO_DIR / "target", eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
+    b = drafter_for_target(demo_target(), eagle_aux_hidden_state_layer_ids=[1, 2, 4], **demo_layer())
+    assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight) and torch.equal(a.lm_head.weight, b.lm_head.weight)
+    assert a.config.to_dict() == b.config.to_dict() and not a.embed_tokens.weight.requires_grad
 
 
 # ---- what is refused, by class ---------------------------------------------------------------------
@@ -200,8 +166,8 @@ def _edit_manifest(folder, **changes):
 
 
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-def test_a_bad_capture_is_refused_by_name_before_training(tmp_path, target, sequences, corruption):
-    folder = capture_folder(tmp_path / "c", target, sequences, top_k=16)
+def test_a_bad_capture_is_refused_by_name_before_training(tmp_path, corruption):
+    folder = capture_folder(tmp_path / "c", SEQUENCES, top_k=16)
     damage, message = CORRUPTIONS[corruption]
     damage(folder)
     with pytest.raises(CapturedDataError) as err:
@@ -209,18 +175,36 @@ def test_a_bad_capture_is_refused_by_name_before_training(tmp_path, target, sequ
     assert message in str(err.value) and str(folder) in str(err.value)
 
 
-def test_other_aux_layers_than_the_drafters_are_refused(tmp_path, target, sequences):
-    folder = capture_folder(tmp_path / "c", target, sequences, top_k=16)
-    with pytest.raises(CapturedDataError, match=r"captured at aux layers \[1, 2, 4\].*reads \[2, 3, 4\]"):
-        CapturedStates(folder, aux_layer_ids=[2, 3, 4])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--aux-layers", "2,3,4"], "--aux-layers: the capture holds aux layers [1, 2, 4] (one-based), not [2, 3, 4]"),
+        (
+            ["--target", "{other}"],
+            "--data: captured from a target with (layers, hidden size, vocabulary) (4, 128, 512)",
+        ),
+    ],
+)
+def test_train_refuses_a_target_or_aux_layers_other_than_the_captures(tmp_path, capsys, option, message):
+    from eagle31_mla.cli import main
+    from eagle31_mla.demo import DEMO_DIR
+
+    (tmp_path / "other").mkdir()
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    (tmp_path / "other" / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
+    folder = capture_folder(tmp_path / "c", SEQUENCES[:2], top_k=16)
+    argv = ["train", "--target", str(DEMO_DIR / "target"), "--data", str(folder), "--out", str(tmp_path / "o")]
+    assert main([*argv, *(arg.format(other=tmp_path / "other") for arg in option)]) == 2
+    assert f"eagle31-mla: error: argument {message}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
-def test_an_interrupted_write_leaves_the_old_file(tmp_path, target, sequences, monkeypatch):
+def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
     """Written under a temporary name and renamed: a failure mid-write leaves the previous manifest and
     no temporary file behind."""
     import safetensors.torch
 
-    folder = capture_folder(tmp_path / "c", target, sequences[:4], top_k=16)
+    folder = capture_folder(tmp_path / "c", SEQUENCES[:4], top_k=16)
     before = (folder / MANIFEST).read_bytes()
 
     def fail(*args, **kwargs):
@@ -228,6 +212,6 @@ def test_an_interrupted_write_leaves_the_old_file(tmp_path, target, sequences, m
 
     monkeypatch.setattr(safetensors.torch, "save_file", fail)
     with pytest.raises(OSError, match="disk full"):
-        write_shard(folder, 1, [(4, sequences[4], torch.zeros(24, 3, 128), torch.zeros(24, 16), torch.zeros(24, 16))])
+        write_shard(folder, 1, [(4, SEQUENCES[4], torch.zeros(24, 3, 128), torch.zeros(24, 16), torch.zeros(24, 16))])
     assert (folder / MANIFEST).read_bytes() == before
     assert sorted(p.name for p in folder.iterdir()) == [MANIFEST, "shard-00000.safetensors"]

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP
-from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+from tests.support.tiny import published_style_config, same_logits, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -52,12 +52,16 @@ def test_default_config_reproduces_the_published_roster():
     assert all(p.is_meta for p in model.parameters())
 
 
-def test_library_roster_table_matches_spec():
-    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS, PUBLISHED_ROSTER, roster_differences
+def test_the_library_roster_is_spec_and_compares_names_shapes_dtypes_and_counts():
+    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS as N, PUBLISHED_ROSTER, roster_differences
 
-    assert {k: list(v) for k, v in PUBLISHED_ROSTER.items()} == PUBLISHED
-    assert PUBLISHED_NUM_PARAMETERS == 3_015_625_728
+    assert {k: list(v) for k, v in PUBLISHED_ROSTER.items()} == PUBLISHED and N == 3_015_625_728
     assert roster_differences({**PUBLISHED, "g_proj.weight": [1]}) == ["extra g_proj.weight [1]"]
+    assert (
+        roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
+    )
+    assert roster_differences(PUBLISHED, dtypes=["F32"]) == ["dtypes ['float32'], published bfloat16"]
+    assert roster_differences(PUBLISHED, num_parameters=N + 1) == [f"{N + 1:,} parameters, published {N:,}"]
 
 
 def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
@@ -67,50 +71,68 @@ def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
         assert sorted(f.keys()) == sorted(PUBLISHED)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
-    assert (
-        config["auto_map"]
-        == AUTO_MAP
-        == {  # the classes, as Transformers names them from their modules
-            "AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig",
-            "AutoModelForCausalLM": "modeling_eagle31_mla.Eagle31MLAForCausalLM",
-        }
-    )
-    again = Eagle31MLAForCausalLM.from_pretrained(tmp_path)
-    ids, aux = aux_inputs(model.config, 1, 6)
-    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
-    assert torch.equal(again(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
+    auto_map = {"AutoConfig": "configuration_eagle31_mla.Eagle31MLAConfig"}  # as Transformers names them
+    auto_map["AutoModelForCausalLM"] = "modeling_eagle31_mla.Eagle31MLAForCausalLM"
+    assert config["auto_map"] == AUTO_MAP == auto_map
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path), model)
 
 
-def relayout(model, rename) -> dict:
-    return {rename(k): v for k, v in model.state_dict().items()}
+def renamed(rename):
+    def write(folder: Path, model) -> Path:
+        tensors = {rename(k): v for k, v in model.state_dict().items()}
+        return write_checkpoint(folder, published_style_config(model), tensors)
+
+    return write
 
 
-@pytest.mark.parametrize(
-    "layout, rename",
-    [
-        ("published", lambda k: k),
-        ("training midlayer", lambda k: k.replace("layers.0.", "midlayer.")),
-        ("NeMo model. prefix", lambda k: k if k.startswith("lm_head") else "model." + k),
-    ],
-)
-def test_layouts_load_with_identical_logits(tmp_path, layout, rename):
-    model = tiny_drafter(seed=1)
-    folder = write_checkpoint(tmp_path, published_style_config(model), relayout(model, rename))
-    loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
-    ids, aux = aux_inputs(model.config, 2, 6)
-    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
-    assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
+def indexed(file_of):
+    """A folder whose model.safetensors.index.json puts the i-th tensor (sorted by name) in ``file_of(i)``."""
+
+    def write(folder: Path, model) -> Path:
+        state, files = model.state_dict(), {}
+        for i, name in enumerate(sorted(state)):
+            files.setdefault(file_of(i), {})[name] = state[name].contiguous()
+        for file, tensors in files.items():
+            (folder / file).parent.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(folder / file))
+        index = {"metadata": {}, "weight_map": {name: file for file, tensors in files.items() for name in tensors}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        (folder / "config.json").write_text(json.dumps(published_style_config(model)))
+        return folder
+
+    return write
 
 
-def test_eagle3_checkpoint_without_fc_norm(tmp_path):
-    model = tiny_drafter(seed=2, fc_norm=False, norm_output=False)
-    folder = write_checkpoint(tmp_path, published_style_config(model), model.state_dict())
-    assert "fc_norm" not in json.loads((folder / "config.json").read_text())
-    loaded = Eagle31MLAForCausalLM.from_pretrained(folder)
-    assert not loaded.config.fc_norm and not hasattr(loaded, "fc_norm")
-    ids, aux = aux_inputs(model.config, 1, 6)
-    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
-    assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
+def hub_cache(folder: Path, model) -> Path:
+    """A huggingface_hub snapshot: links to ../../blobs, outside the snapshot folder, and fine."""
+    source = renamed(str)(folder / "source", model)
+    snapshot = folder / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (source / name).rename(folder / "blobs" / name)
+        (snapshot / name).symlink_to(Path("../../blobs") / name)
+    return snapshot
+
+
+LAYOUTS = {  # name: (how the folder is written, the drafter's config changes)
+    "published": (renamed(str), {}),
+    "training midlayer": (renamed(lambda k: k.replace("layers.0.", "midlayer.")), {}),
+    "NeMo model. prefix": (renamed(lambda k: k if k.startswith("lm_head") else "model." + k), {}),
+    "EAGLE-3, no fc_norm": (renamed(str), {"fc_norm": False, "norm_output": False}),
+    "sharded with an index": (indexed(lambda i: f"model-0000{1 + (i >= 10)}-of-00002.safetensors"), {}),
+    "index naming a subfolder": (indexed(lambda i: "shards/all.safetensors"), {}),
+    "hub cache links to blobs": (hub_cache, {}),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_load_with_identical_logits(tmp_path, layout):
+    write, changes = LAYOUTS[layout]
+    model = tiny_drafter(seed=1, **changes)
+    loaded = Eagle31MLAForCausalLM.from_pretrained(write(tmp_path, model))
+    assert loaded.config.fc_norm == hasattr(loaded, "fc_norm") == model.config.fc_norm
+    assert same_logits(loaded, model)
 
 
 def test_pruned_vocabulary_with_d2t_and_t2d(tmp_path):
@@ -142,23 +164,6 @@ def test_dtype_choice(tmp_path):
     assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="bfloat16").dtype == torch.bfloat16
 
 
-def test_sharded_checkpoint_with_index(tmp_path):
-    model = tiny_drafter(seed=6)
-    state = model.state_dict()
-    names = sorted(state)
-    shards = {"model-00001-of-00002.safetensors": names[:10], "model-00002-of-00002.safetensors": names[10:]}
-    tmp_path.mkdir(exist_ok=True)
-    for file, keys in shards.items():
-        save_file({k: state[k].contiguous() for k in keys}, str(tmp_path / file))
-    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
-    loaded = Eagle31MLAForCausalLM.from_pretrained(tmp_path)
-    ids, aux = aux_inputs(model.config, 1, 4)
-    # exact on purpose: the same weights (copied through the file), kernels and shapes in one process
-    assert torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
-
-
 def test_loading_never_initialises_random_weights(tmp_path, monkeypatch):
     """Build on the meta device and assign the file's tensors: no init pass runs at all."""
     model = tiny_drafter()
@@ -176,58 +181,3 @@ def test_loading_never_initialises_random_weights(tmp_path, monkeypatch):
     assert set(touched) <= {"meta"}  # module constructors may "init" meta tensors: free, no storage
     Eagle31MLAForCausalLM(model.config)  # control: the spy does see a real initialisation
     assert "cpu" in touched
-
-
-def test_hub_cache_layout_with_symlinks_to_blobs_loads(tmp_path):
-    """huggingface_hub snapshots are symlinks to ../../blobs: outside the snapshot folder, and fine."""
-    model = tiny_drafter(seed=4)
-    source = write_checkpoint(tmp_path / "source", published_style_config(model), model.state_dict())
-    blobs = tmp_path / "models--org--drafter" / "blobs"
-    snapshot = tmp_path / "models--org--drafter" / "snapshots" / ("a" * 40)
-    blobs.mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        (source / name).rename(blobs / f"blob-{name}")
-        (snapshot / name).symlink_to(Path("../../blobs") / f"blob-{name}")
-    loaded = Eagle31MLAForCausalLM.from_pretrained(snapshot)
-    assert torch.equal(loaded.norm.weight, model.norm.weight)
-
-
-def test_index_may_name_shards_in_a_subfolder(tmp_path):
-    model = tiny_drafter(seed=5)
-    (tmp_path / "shards").mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "shards" / "all.safetensors"))
-    (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": dict.fromkeys(model.state_dict(), "shards/all.safetensors")})
-    )
-    (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
-    assert torch.equal(Eagle31MLAForCausalLM.from_pretrained(tmp_path).fc.weight, model.fc.weight)
-
-
-def test_layouts_are_one_key_mapping():
-    """The other layouts are Transformers' key_mapping (the default of from_pretrained), and the engine plugins
-    rename through the same table."""
-    from eagle31_mla.model.modeling_eagle31_mla import KEY_MAPPING, canonical_tensor_name
-
-    assert KEY_MAPPING == {r"^model\.": "", r"^midlayer\.": "layers.0."}
-    assert canonical_tensor_name("model.midlayer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
-    assert canonical_tensor_name("lm_head.weight") == "lm_head.weight"
-
-
-def test_t2d_is_derived_from_d2t_in_one_place():
-    from eagle31_mla.model.modeling_eagle31_mla import t2d_from_d2t
-
-    d2t = torch.tensor([0, 2, 5])  # draft ids 0, 1, 2 -> target ids 0, 3, 7
-    assert t2d_from_d2t(d2t, 9).nonzero().flatten().tolist() == [0, 3, 7]
-
-
-def test_the_roster_compares_dtypes_in_either_spelling():
-    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS, roster_differences
-
-    assert (
-        roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
-    )
-    assert roster_differences(PUBLISHED, dtypes=["F32"]) == ["dtypes ['float32'], published bfloat16"]
-    assert roster_differences(PUBLISHED, num_parameters=PUBLISHED_NUM_PARAMETERS + 1) == [
-        f"{PUBLISHED_NUM_PARAMETERS + 1:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}"
-    ]

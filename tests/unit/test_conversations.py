@@ -1,14 +1,15 @@
 """Chat-rendered training data: conversations rendered with the target's chat template, the loss on assistant
-content only (every turn, or the last), carried through live training, captures and the CLI."""
+content only (every turn, or the last), carried through live training. Captured batches carry their masks:
+tests/unit/test_captured.py; the CLI: tests/unit/test_training.py and tests/engines/test_vllm_capture.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 import torch
 
-from eagle31_mla.cli import main
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
 
@@ -39,14 +40,8 @@ def tokenizer():
 
 def masked_spans(tokenizer, ids, mask) -> list[str]:
     """The decoded runs of masked tokens."""
-    spans, run = [], []
-    for i, m in zip(ids + [None], mask + [0]):
-        if m:
-            run.append(i)
-        elif run:
-            spans.append(tokenizer.decode(run))
-            run = []
-    return spans
+    runs = itertools.groupby(zip(ids, mask), key=lambda pair: pair[1])
+    return [tokenizer.decode([i for i, _ in run]) for masked, run in runs if masked]
 
 
 def test_the_mask_covers_assistant_content_only(tokenizer):
@@ -133,12 +128,11 @@ def test_conversations_whose_assistant_content_is_cut_off_are_left_out_and_count
 
 
 def test_live_batches_carry_the_conversation_masks(tokenizer):
-    from transformers import AutoModelForCausalLM
-
     from eagle31_mla.model.aux_layers import AuxLayerIds
     from eagle31_mla.training.trainer import LiveTarget
+    from tests.support.spool_writer import demo_target
 
-    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
+    target = demo_target()
     first, second = conversation_tokens(CHAT, tokenizer), conversation_tokens(CHAT[:3], tokenizer)
     states = LiveTarget(target, [first[0], second[0]], [first[1], second[1]])
     ids, aux, probs, mask = states.batch(torch.tensor([1, 0]), AuxLayerIds((1, 2, 4)))
@@ -149,60 +143,3 @@ def test_live_batches_carry_the_conversation_masks(tokenizer):
     # the target is causal: the padding after the shorter conversation leaves its states as they are alone
     alone_aux, _ = LiveTarget(target, [second[0]], [second[1]]).batch(torch.tensor([0]), AuxLayerIds((1, 2, 4)))[1:3]
     assert torch.allclose(aux[0, :n], alone_aux[0], atol=1e-5)
-
-
-def test_captured_batches_carry_the_conversation_masks(tmp_path):
-    from eagle31_mla.model.aux_layers import AuxLayerIds
-    from eagle31_mla.training.captured import (
-        CapturedStates,
-        CaptureManifest,
-        inputs_digest,
-        write_manifest,
-        write_shard,
-    )
-    from eagle31_mla.training.trainer import CapturedTarget
-
-    masks = [[0, 0, 1, 1, 1], [0, 1, 1]]
-    manifest = CaptureManifest(
-        target={"name": "t", "architectures": [], "num_hidden_layers": 4, "hidden_size": 8, "vocab_size": 16},
-        aux_layer_ids=[1, 2],
-        dtype="float32",
-        top_k=2,
-        inputs_sha256=inputs_digest([[1] * 5, [1] * 3], masks),
-        num_inputs=2,
-        engine="test",
-        loss_mask="assistant",
-    )
-    items = [
-        (i, torch.ones(n, dtype=torch.long), torch.zeros(n, 2, 8), torch.zeros(n, 2), torch.ones(n, 2), m)
-        for i, (n, m) in enumerate(zip((5, 3), masks))
-    ]
-    manifest.shards.append(write_shard(tmp_path, 0, items))
-    write_manifest(tmp_path, manifest)
-    data = CapturedStates(tmp_path)
-    assert data.manifest.loss_mask == "assistant"
-    *_, mask = CapturedTarget(data, 16).batch(torch.tensor([0, 1]), AuxLayerIds((1, 2)))
-    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
-    assert inputs_digest([[1] * 5, [1] * 3], masks) != inputs_digest([[1] * 5, [1] * 3])  # resuming checks masks
-
-
-def test_train_on_conversations_from_the_command_line(tmp_path, capsys):
-    path = tmp_path / "chats.jsonl"
-    lines = [
-        {
-            "messages": [
-                {"role": "user", "content": f"tell me about the {animal}"},
-                {"role": "assistant", "content": f"the {animal} sat on the mat and looked at the {animal} next door"},
-            ]
-        }
-        for animal in ("cat", "dog", "bird", "fish")
-    ]
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    out = tmp_path / "drafter"
-    argv = ["train", "--target", str(DEMO_DIR / "target"), "--conversations", str(path), "--out", str(out)]
-    argv += ["--steps", "2", "--batch-size", "2", "--seq-len", "40", "--anchors", "4", "--anchor-max-gap", "1"]
-    argv += ["--draft-config", str(DEMO_DIR / "draft")]  # a small layer: a small checkpoint
-    assert main(argv + ["--last-turn-only", "--quiet", "--device", "cpu"]) == 0, capsys.readouterr().err
-    recipe = json.loads((out / "training.json").read_text())
-    assert recipe["num_anchors"] == 4 and recipe["anchor_max_gap"] == 1
-    assert (out / "model.safetensors").is_file()

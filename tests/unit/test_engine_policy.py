@@ -1,12 +1,6 @@
-"""The engine policy of tests/conftest.py can fail. In a run that requires an engine, a plain skip of one
-of its tests, a skip at collection that names it, a wrong version, an engine that does not import, and a
-run that selects none of its tests each fail the run; a skip through ``engine_version_skip`` does not. The
-GPU policy likewise: with EAGLE31_REQUIRE_GPU=1 a skipped ``gpu`` test, or a run selecting none, fails.
-
-Each case runs pytest in a subprocess on a scratch folder holding a copy of this project's conftest.py
-(which imports the network guard from the repository's tests.support) and a stand-in ``vllm`` package
-that only has a version, so the policy is exercised in every environment, the engine-free one included,
-in a few seconds."""
+"""The engine and GPU policies of tests/conftest.py can fail: each case runs pytest in a subprocess on a scratch
+folder holding a copy of the conftest and a stand-in ``vllm`` package that only has a version, so the policy is
+exercised in every environment, the engine-free one included."""
 
 from __future__ import annotations
 
@@ -14,15 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.support.paths import ROOT
 
-STAND_IN_VERSION = "9.9.9"
-
-TESTS = """
+CASES = """
 import pytest
 from tests.support.engine_policy import engine_version_skip
 
@@ -42,7 +33,7 @@ def test_unmarked_skip_naming_no_engine():
     pytest.skip("nothing to do with engines")
 """
 
-GPU_TESTS = """
+GPU_CASES = """
 import pytest
 
 @pytest.mark.gpu
@@ -61,95 +52,45 @@ def test_never_runs():
     pass
 """
 
+VLLM = "vllm==9.9.9"  # the stand-in's version
+USAGE, STOPPED = pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED
+
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("policy")
     shutil.copy(ROOT / "tests" / "conftest.py", root / "conftest.py")  # it imports tests.support from ROOT
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    vllm: engine\n    sglang: engine\n    gpu: gpu\n")
-    (root / "test_cases.py").write_text(TESTS)
-    (root / "test_gpu_cases.py").write_text(GPU_TESTS)
-    stand_in = root / "stand_in" / "vllm"
-    stand_in.mkdir(parents=True)
-    (stand_in / "__init__.py").write_text(f"__version__ = {STAND_IN_VERSION!r}\n")
+    files = {"test_cases.py": CASES, "test_gpu_cases.py": GPU_CASES, "test_collection_skip.py": COLLECTION_SKIP}
+    for name, text in files.items():  # each run collects only the files it names
+        (root / name).write_text(text)
+    (root / "stand_in" / "vllm").mkdir(parents=True)
+    (root / "stand_in" / "vllm" / "__init__.py").write_text("__version__ = '9.9.9'\n")
     return root
 
 
-def run(root: Path, require: str | None, *args: str, require_gpu: str | None = None) -> tuple[int, str]:
-    env = dict(os.environ)
-    env.pop("EAGLE31_REQUIRE_ENGINES", None)
-    env.pop("EAGLE31_REQUIRE_GPU", None)
-    if require is not None:
-        env["EAGLE31_REQUIRE_ENGINES"] = require
-    if require_gpu is not None:
-        env["EAGLE31_REQUIRE_GPU"] = require_gpu
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / "stand_in"), *filter(None, [os.environ.get("PYTHONPATH")]), str(ROOT)]
-    )
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return out.returncode, out.stdout + out.stderr
-
-
-def test_without_a_requirement_skips_stay_skips(scratch):
-    rc, out = run(scratch, None, "test_cases.py")
-    assert rc == 0, out
-    assert "1 passed, 3 skipped" in out, out
-
-
-def test_a_plain_skip_of_a_required_engine_fails(scratch):
-    rc, out = run(scratch, f"vllm=={STAND_IN_VERSION}", "test_cases.py")
-    assert rc == 1, out
-    assert "FAILED test_cases.py::test_skips_plainly" in out, out
-    assert "1 failed, 1 passed, 2 skipped" in out, out  # the version skip and the unmarked one stay skips
-
-
-def test_a_collection_skip_naming_a_required_engine_fails(scratch):
-    (scratch / "test_collection_skip.py").write_text(COLLECTION_SKIP)
-    try:
-        rc, out = run(scratch, f"vllm=={STAND_IN_VERSION}", "test_collection_skip.py", "test_cases.py::test_runs")
-    finally:
-        (scratch / "test_collection_skip.py").unlink()
-    assert rc != 0 and "was skipped at collection" in out, out
-
-
-def test_a_wrong_version_stops_the_run(scratch):
-    rc, out = run(scratch, "vllm==1.0.0", "test_cases.py")
-    assert rc == pytest.ExitCode.USAGE_ERROR, out
-    assert f"requires vllm==1.0.0, but vllm {STAND_IN_VERSION} is installed" in out, out
-
-
-def test_an_engine_that_does_not_import_stops_the_run(scratch):
-    rc, out = run(scratch, "sglang==0.5.23", "test_cases.py")
-    assert rc == pytest.ExitCode.USAGE_ERROR, out
-    assert "requires sglang, which cannot be imported here" in out, out
-
-
-def test_a_run_that_selects_no_test_of_a_required_engine_fails(scratch):
-    rc, out = run(scratch, f"vllm=={STAND_IN_VERSION}", "test_cases.py", "-k", "unmarked")
-    assert rc != 0, out
-    assert "no test marked with it was selected" in out, out
-
-
-def test_gpu_skips_stay_skips_unless_the_gpu_is_required(scratch):
-    rc, out = run(scratch, None, "test_gpu_cases.py")
-    assert rc == 0 and "1 passed, 1 skipped" in out, out
-    rc, out = run(scratch, None, "test_gpu_cases.py", require_gpu="1")
-    assert rc == 1 and "FAILED test_gpu_cases.py::test_gpu_skips" in out, out
-    assert "this run requires the GPU tests (EAGLE31_REQUIRE_GPU=1)" in out, out
-
-
-def test_a_gpu_run_that_selects_no_gpu_test_fails(scratch):
-    rc, out = run(scratch, None, "test_gpu_cases.py", "-k", "cpu", require_gpu="1")
-    assert rc != 0 and "requires gpu (EAGLE31_REQUIRE_GPU=1), but no test marked with it was selected" in out, out
-
-
-def test_a_bad_gpu_requirement_stops_the_run(scratch):
-    rc, out = run(scratch, None, "test_gpu_cases.py", require_gpu="yes")
-    assert rc == pytest.ExitCode.USAGE_ERROR and "EAGLE31_REQUIRE_GPU='yes'" in out, out
+@pytest.mark.parametrize(
+    "engines, gpu, args, code, expected",
+    [(None, None, ["test_cases.py"], 0, ["1 passed, 3 skipped"]),
+     (VLLM, None, ["test_cases.py"], 1, ["FAILED test_cases.py::test_skips_plainly", "1 failed, 1 passed, 2 skipped"]),
+     (VLLM, None, ["test_collection_skip.py", "test_cases.py::test_runs"], STOPPED, ["was skipped at collection"]),
+     ("vllm==1.0.0", None, ["test_cases.py"], USAGE, ["requires vllm==1.0.0, but vllm 9.9.9 is installed"]),
+     ("sglang==0.5.23", None, ["test_cases.py"], USAGE, ["requires sglang, which cannot be imported here"]),
+     (VLLM, None, ["test_cases.py", "-k", "unmarked"], 1, ["no test marked with it was selected"]),
+     (None, None, ["test_gpu_cases.py"], 0, ["1 passed, 1 skipped"]),
+     (None, "1", ["test_gpu_cases.py"], 1,
+      ["FAILED test_gpu_cases.py::test_gpu_skips", "this run requires the GPU tests (EAGLE31_REQUIRE_GPU=1)"]),
+     (None, "1", ["test_gpu_cases.py", "-k", "cpu"], 1,
+      ["requires gpu (EAGLE31_REQUIRE_GPU=1), but no test marked with it was selected"]),
+     (None, "yes", ["test_gpu_cases.py"], USAGE, ["EAGLE31_REQUIRE_GPU='yes'"])],
+    ids=["no requirement", "plain skip", "collection skip", "wrong version", "no import", "none selected",
+         "gpu not required", "gpu skip", "no gpu test", "bad gpu value"],
+)  # fmt: skip
+def test_the_policy(scratch, engines, gpu, args, code, expected):
+    env = {k: v for k, v in os.environ.items() if k not in ("EAGLE31_REQUIRE_ENGINES", "EAGLE31_REQUIRE_GPU")}
+    env.update({"EAGLE31_REQUIRE_ENGINES": engines or "", "EAGLE31_REQUIRE_GPU": gpu or ""})
+    env["PYTHONPATH"] = os.pathsep.join([str(scratch / "stand_in"), *filter(None, [env.get("PYTHONPATH")]), str(ROOT)])
+    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args]
+    run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == code and all(text in out for text in expected), out

@@ -1,6 +1,6 @@
 """Fine-tuning a trained drafter the way the published one was trained (TrainingConfig.finetune, train --init):
-the loss weighting against an explicit formula, the pruned-vocabulary rule, non-finite steps, bf16 compute on
-float32 master weights with a bf16 export, and `train --init` on an EAGLE-3 drafter."""
+the pruned-vocabulary rule, non-finite steps, bf16 compute on float32 master weights with a bf16 export, and
+`train --init` on an EAGLE-3 drafter. The depth-weighted loss against TorchSpec's: tests/unit/test_anchors.py."""
 
 from __future__ import annotations
 
@@ -22,16 +22,10 @@ from eagle31_mla.training.trainer import (
     ttt_forward,
     ttt_loss,
 )
+from tests.support.spool_writer import demo_target
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
-
-
-@pytest.fixture(scope="module")
-def target():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -45,48 +39,15 @@ def sequences():
     return tokenize_corpus(AutoTokenizer.from_pretrained(DEMO_DIR / "target"), texts, 64)[:16]
 
 
-def demo_drafter():
-    return Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
+def to_finetune():
+    return drafter_to_finetune(DEMO_DIR / "draft", demo_target().get_input_embeddings().weight)
 
 
-def reference_loss(drafter, ids, aux, probs, depth, decay, mask):
-    """TorchSpec's loss, written out: at depth k, position t is trained towards the target's distribution
-    of the token it predicts (P[t+1+k]); the forward KL per position, averaged over the positions whose
-    fed token is real (mask) and exists (t+1+k < S); then sum_k decay^k x loss_k."""
-    S = ids.shape[1]
-    total = 0.0
-    for k, (rows, logits, _) in enumerate(ttt_forward(drafter, ids, aux, depth)):
-        index = rows + 1 + k
-        valid = index < S
-        p = probs[:, index.clamp(max=S - 1)]
-        log_q = F.log_softmax(logits.float(), dim=-1)
-        kl = (p * (torch.log(p.clamp_min(1e-30)) - log_q)).sum(-1)
-        w = mask[:, index.clamp(max=S - 1)] * valid
-        total = total + decay**k * (kl * w).sum() / w.sum()
-    return total
-
-
-def test_depth_weighted_loss_is_torchspecs(target, sequences):
-    drafter = demo_drafter()
-    ids = sequences[:3]
-    aux, probs = capture_target_states(target, ids, drafter.config.aux_layer_ids)
-    mask = torch.ones(ids.shape)
-    mask[:, :10] = 0  # a prompt the loss leaves out (an assistant-only mask)
-    with torch.no_grad():
-        ours, _ = ttt_loss(drafter, ids, aux, probs, 4, loss_mask=mask, depth_decay=0.8)
-        mean, _ = ttt_loss(drafter, ids, aux, probs, 4, loss_mask=mask)
-        expected = reference_loss(drafter, ids, aux, probs, 4, 0.8, mask)
-    assert torch.allclose(ours, expected, rtol=1e-5), (ours, expected)
-    assert not torch.allclose(ours, mean)  # the weighting changes the objective: the check can fail
-
-
-def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict(target, sequences):
+def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict(sequences):
     """Positions whose target argmax has no draft token carry no loss (TorchSpec's rule)."""
-    from eagle31_mla.testing import cpu_servable_target_config  # noqa: F401  (the demo's own helpers import)
-
-    full = demo_drafter()
+    full = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
     ids = sequences[:2]
-    aux, probs = capture_target_states(target, ids, full.config.aux_layer_ids)
+    aux, probs = capture_target_states(demo_target(), ids, full.config.aux_layer_ids)
     keep = probs.argmax(-1)[0, :20].unique()  # a draft vocabulary holding some targets' argmax only
     extra = torch.tensor([i for i in range(512) if i not in set(keep.tolist())][: 64 - len(keep)])
     kept = torch.cat([keep, extra]).sort().values
@@ -117,7 +78,7 @@ def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict(target, sequ
     assert torch.allclose(loss, manual, rtol=1e-5)
 
 
-def test_a_non_finite_step_is_skipped_and_logged(target, sequences, tmp_path):
+def test_a_non_finite_step_is_skipped_and_logged(sequences, tmp_path):
     class PoisonedOnce(LiveTarget):
         def batch(self, indices, aux_layer_ids):
             ids, aux, probs, mask = super().batch(indices, aux_layer_ids)
@@ -127,9 +88,9 @@ def test_a_non_finite_step_is_skipped_and_logged(target, sequences, tmp_path):
             self.calls += 1
             return ids, aux, probs, mask
 
-    states = PoisonedOnce(target, sequences)
+    states = PoisonedOnce(demo_target(), sequences)
     states.calls = 0
-    drafter = drafter_to_finetune(DEMO_DIR / "draft", target.get_input_embeddings().weight)
+    drafter = to_finetune()
     before = {}
 
     def snapshot(step):
@@ -146,10 +107,14 @@ def test_a_non_finite_step_is_skipped_and_logged(target, sequences, tmp_path):
     assert all(torch.isfinite(p).all() for p in drafter.parameters())
 
 
-def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(target, sequences, tmp_path):
-    drafter = drafter_to_finetune(DEMO_DIR / "draft", target.get_input_embeddings().weight)
+def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(sequences, tmp_path):
+    target, drafter = demo_target(), to_finetune()
     assert drafter.dtype == torch.float32 and not drafter.embed_tokens.weight.requires_grad
-    config = TrainingConfig.finetune(steps=4, batch_size=2, seq_len=64, depth=3, lr=1e-4, save_every=2)
+
+    def recipe():
+        return TrainingConfig.finetune(steps=4, batch_size=2, seq_len=64, depth=3, lr=1e-4, save_every=2)
+
+    config = recipe()
     assert (config.betas, config.depth_decay, config.grad_clip, config.warmup) == ((0.9, 0.999), 0.8, 1.0, 1)
     trained = train_on(LiveTarget(target, sequences), drafter, tmp_path / "out", config, progress=False)
     assert all(p.dtype == torch.float32 for p in trained.parameters())
@@ -162,16 +127,8 @@ def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(target, seq
     master = Eagle31MLAForCausalLM.from_pretrained(export / "checkpoint")
     assert master.dtype == torch.float32 and (export / "checkpoint" / "trainer_state.pt").is_file()
     # resuming from the float32 checkpoint gives the uninterrupted run's weights exactly
-    again = drafter_to_finetune(DEMO_DIR / "draft", target.get_input_embeddings().weight)
-    fresh = TrainingConfig.finetune(steps=4, batch_size=2, seq_len=64, depth=3, lr=1e-4, save_every=2)
-    train_on(LiveTarget(target, sequences), again, tmp_path / "b", fresh, progress=False, stop_at=2)
-    resumed = train_on(
-        LiveTarget(target, sequences),
-        drafter_to_finetune(DEMO_DIR / "draft", target.get_input_embeddings().weight),
-        tmp_path / "b",
-        TrainingConfig.finetune(steps=4, batch_size=2, seq_len=64, depth=3, lr=1e-4, save_every=2),
-        progress=False,
-    )
+    train_on(LiveTarget(target, sequences), to_finetune(), tmp_path / "b", recipe(), progress=False, stop_at=2)
+    resumed = train_on(LiveTarget(target, sequences), to_finetune(), tmp_path / "b", recipe(), progress=False)
     for (name, a), (_, b) in zip(resumed.named_parameters(), trained.named_parameters()):
         assert torch.equal(a, b), name
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
+import eagle31_mla.model.modeling_eagle31_mla as modeling
+from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 from tests.support import reference_math as ref
 from tests.support.paths import GOLDEN
 from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
@@ -141,31 +142,18 @@ def test_latent_cache_stores_only_c_kv_and_k_pe():
     model = tiny_drafter()
     ids, aux = aux_inputs(model.config, batch=1, length=5)
     cache = model(ids, aux_hidden_states=aux).past_key_values
-    assert isinstance(cache, LatentKVCache)
-    assert cache.c_kv.shape[-1] == model.config.kv_lora_rank
-    assert cache.k_pe.shape[-1] == model.config.qk_rope_head_dim
-    assert cache.nbytes_per_token() == (32 + 16) * 4
+    assert isinstance(cache, LatentKVCache) and cache.nbytes_per_token() == (32 + 16) * 4
+    assert (cache.c_kv.shape[-1], cache.k_pe.shape[-1]) == (model.config.kv_lora_rank, model.config.qk_rope_head_dim)
     # the stored c_kv is normalised (kv_a_layernorm applied) and k_pe is rotated: recompute both
-    attn = model.layers[0].self_attn
-    x = torch.cat(
-        [
-            model.layers[0].input_layernorm(model.embed_tokens(ids)),
-            model.layers[0].hidden_norm(model.combine_hidden_states(aux)),
-        ],
-        -1,
-    )
-    c_kv, k_pe = attn.kv_a_proj_with_mqa(x).split([32, 16], -1)
-    assert torch.allclose(cache.c_kv[:, :5], attn.kv_a_layernorm(c_kv), atol=1e-6)
+    layer = model.layers[0]
+    embeds, h = layer.input_layernorm(model.embed_tokens(ids)), layer.hidden_norm(model.combine_hidden_states(aux))
+    c_kv, k_pe = layer.self_attn.kv_a_proj_with_mqa(torch.cat([embeds, h], -1)).split([32, 16], -1)
+    assert torch.allclose(cache.c_kv[:, :5], layer.self_attn.kv_a_layernorm(c_kv), atol=1e-6)
     assert not torch.allclose(cache.k_pe[:, 1:5], k_pe[:, 1:], atol=1e-3)  # rotated for positions > 0
     assert torch.allclose(cache.k_pe[:, 0], k_pe[:, 0], atol=1e-6)  # position 0: identity rotation
-
-
-def test_kimi_k3_cache_is_1152_bytes_per_token():
-    from eagle31_mla import Eagle31MLAConfig
-
+    # Kimi-K3's: 1,152 bytes a token in bf16
     cache = LatentKVCache.for_model(Eagle31MLAConfig(), 1, dtype=torch.bfloat16, device="cpu", capacity=4)
-    assert cache.nbytes_per_token() == 1152
-    assert cache.nbytes_allocated() == 4 * 1152
+    assert cache.nbytes_per_token() == 1152 and cache.nbytes_allocated() == 4 * 1152
 
 
 def test_cache_grows_and_crops():
@@ -282,25 +270,12 @@ def bf16_tolerance(reference: torch.Tensor) -> float:
     return 4 * 2**-7 * reference.abs().max().item()
 
 
-@pytest.fixture
-def cpu_bf16(monkeypatch):
-    """Force the absorbed attention's CPU path: native bf16 products (True) or fp32 ones (False)."""
-    import eagle31_mla.model.modeling_eagle31_mla as modeling
-
-    def force(native: bool) -> None:
-        monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", native)
-
-    return force
-
-
-def test_cpu_bf16_choice_is_made_in_one_place(cpu_bf16, monkeypatch):
-    import eagle31_mla.model.modeling_eagle31_mla as modeling
-
-    cpu_bf16(False)
+def test_cpu_bf16_choice_is_made_in_one_place(monkeypatch):
+    monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", False)
     assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
     assert modeling.latent_attention_dtype(torch.float32, torch.device("cpu")) == torch.float32
     assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16  # not a CPU
-    cpu_bf16(True)
+    monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", True)
     assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
     for value, native in (("0", False), ("1", True)):
         monkeypatch.setenv("EAGLE31_CPU_NATIVE_BF16", value)
@@ -312,41 +287,32 @@ def test_cpu_bf16_choice_is_made_in_one_place(cpu_bf16, monkeypatch):
     assert isinstance(modeling._detect_cpu_native_bf16(), bool)  # torch's CPU capabilities, or /proc/cpuinfo
 
 
-def test_cpu_bf16_attention_paths_agree(cpu_bf16):
+@torch.no_grad()
+def masked_decode_step(model, ids, aux):
+    """The context, then a 3-token absorbed step over its cache (a causal mask)."""
+    out = model(ids, aux_hidden_states=aux.to(model.dtype))
+    return model(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True)
+
+
+def test_cpu_bf16_attention_paths_agree(monkeypatch):
     """The fp32 attention taken on CPUs without native bf16 equals the native bf16 one within bf16
     rounding: the attention alone, and a masked multi-token decode step of the whole drafter."""
     model = tiny_drafter(seed=9).to(torch.bfloat16)
-    attention = model.layers[0].self_attn
     g = torch.Generator().manual_seed(0)
-    q_nope = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
-    q_pe = torch.randn(2, 4, 3, 16, generator=g).bfloat16()
+    q_nope, q_pe = torch.randn(2, 4, 3, 32, generator=g).bfloat16().split([16, 16], -1)
     latent = torch.randn(2, 500, 32 + 16, generator=g).bfloat16()
     mask = torch.rand(2, 1, 3, 500, generator=g) < 0.8
     ids, aux = aux_inputs(model.config, batch=2, length=300)
     cores, steps = [], []
     for native in (True, False):
-        cpu_bf16(native)
-        cores.append(attention._absorbed(q_nope, q_pe, latent, mask).float())
-        with torch.no_grad():
-            out = model(ids, aux_hidden_states=aux.bfloat16())
-            steps.append(
-                model(
-                    ids[:, :3],
-                    hidden_states=out.hidden_states[:, -3:],
-                    past_key_values=out.past_key_values,
-                    absorb=True,
-                )
-            )
+        monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", native)
+        cores.append(model.layers[0].self_attn._absorbed(q_nope, q_pe, latent, mask).float())
+        steps.append(masked_decode_step(model, ids, aux))
     assert (cores[0] - cores[1]).abs().max() <= bf16_tolerance(cores[0])
     for name in ("logits", "hidden_states"):
         native, fp32 = getattr(steps[0], name).float(), getattr(steps[1], name).float()
         assert (native - fp32).abs().max() <= bf16_tolerance(native), name
     # and both stay with the fp32 model (bf16 weights and inputs: a looser, relative bound, as above)
-    model32 = tiny_drafter(seed=9)
-    with torch.no_grad():
-        out = model32(ids, aux_hidden_states=aux)
-        ref = model32(
-            ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True
-        )
+    ref = masked_decode_step(tiny_drafter(seed=9), ids, aux)
     for step in steps:
         assert (step.logits.float() - ref.logits).abs().max() <= 0.05 * ref.logits.abs().max()

@@ -2,15 +2,18 @@
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
-from eagle31_mla.hub.remote_code import drift, generated
+from eagle31_mla.hub.remote_code import drift
 from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP, REMOTE_CODE_FILES
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter, write_checkpoint
@@ -30,18 +33,12 @@ ALLOWED_IMPORTS = CORE_IMPORTS | INSTALLED_BY_TRANSFORMERS  # + stdlib
 
 def test_modeling_is_generated_from_src_without_drift():
     """One source of truth: run `python scripts/sync_modeling.py` after editing src/eagle31_mla/model/."""
-    assert sorted(p.name for p in MODELING.glob("*.py")) == sorted(REMOTE_CODE_FILES)
-    for name in REMOTE_CODE_FILES:
-        assert (MODELING / name).read_text() == generated(name), f"modeling/{name} drifted from src"
-    assert drift(MODELING) == []
+    assert drift(MODELING) == []  # each file present, no other, each equal to its source under the banner
 
 
 def test_modeling_imports_only_torch_transformers_and_stdlib():
     """Parsed, not imported: every import statement of modeling/ (module level and inside functions)
     names torch, transformers, the standard library, or a package transformers itself depends on."""
-    import re
-    from importlib.metadata import requires
-
     transformers_deps = {
         re.split(r"[<>=!~; \[]", r)[0].lower().replace("-", "_")
         for r in requires("transformers")
@@ -107,16 +104,11 @@ def test_remote_code_refuses_a_missing_tensor_too(tmp_path):
 
     model = tiny_drafter()
     folder = hub_folder(tmp_path, model)
-    state = dict(model.state_dict())
-    del state["norm.weight"]
-    from safetensors.torch import save_file
-
-    save_file(state, str(folder / "model.safetensors"))
+    save_file({k: v for k, v in model.state_dict().items() if k != "norm.weight"}, str(folder / "model.safetensors"))
     with pytest.raises(ValueError) as err:
         AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    assert type(err.value).__name__ == "CheckpointError" and type(err.value).__module__.startswith(
-        "transformers_modules"
-    )
+    error = type(err.value)
+    assert error.__name__ == "CheckpointError" and error.__module__.startswith("transformers_modules")
     assert str(err.value) == f"{folder}: the checkpoint does not match its config: missing tensor 'norm.weight'"
 
 

@@ -1,8 +1,6 @@
-"""No unsafe loading, no network: pickle is refused unless opted in (and then tensors only), and
-nothing opens a network connection at import, in the CLI, or anywhere in the test suite.
-
-(Related, elsewhere: Hub loads pin a ``revision`` in tests/unit/test_hub.py; modeling/ imports only torch,
-transformers and the standard library in tests/unit/test_remote_code.py.)
+"""No unsafe loading, no network: pickle is refused unless opted in (and then tensors only), and nothing opens a
+network connection at import, in the CLI, or anywhere in the test suite. (Related: Hub loads pin a ``revision`` in
+tests/unit/test_hub.py; modeling/ imports only torch, transformers and the stdlib in tests/unit/test_remote_code.py.)
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import torch
 from eagle31_mla import CheckpointError, Eagle31MLAForCausalLM
 from tests.support import netguard
 from tests.support.paths import ROOT, SUPPORT
-from tests.support.tiny import aux_inputs, published_style_config, tiny_drafter
+from tests.support.tiny import published_style_config, same_logits, tiny_drafter
 
 
 class Payload:
@@ -40,13 +38,6 @@ def pickle_folder(folder: Path, model, state=None, filename="pytorch_model.bin")
     return folder
 
 
-def same_logits(a, b) -> bool:
-    """Exact on purpose: the same weights (a copy through the pickle and safetensors files), the same
-    kernels on the same shapes, in one process: any difference is a loading difference, not rounding."""
-    ids, aux = aux_inputs(a.config, 1, 5)
-    return torch.equal(a(ids, aux_hidden_states=aux).logits, b(ids, aux_hidden_states=aux).logits)
-
-
 # ---- pickle: safetensors only by default; `use_safetensors=False` is Transformers' own opt-in (weights_only) ----
 
 
@@ -56,19 +47,11 @@ def test_pickle_is_refused_by_default(tmp_path):
         Eagle31MLAForCausalLM.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("sharded", [False, True])
-def test_pickle_loads_when_opted_in(tmp_path, sharded):
+def test_pickle_loads_when_opted_in(tmp_path):
     model = tiny_drafter(seed=4)
-    folder = pickle_folder(tmp_path, model)
-    if sharded:
-        (folder / "pytorch_model.bin").unlink()
-        state, names = model.state_dict(), sorted(model.state_dict())
-        shards = {"pytorch_model-00001-of-00002.bin": names[:9], "pytorch_model-00002-of-00002.bin": names[9:]}
-        for file, keys in shards.items():
-            torch.save({k: state[k] for k in keys}, folder / file)
-        index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
-        (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
-    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False), model)
+    assert same_logits(
+        Eagle31MLAForCausalLM.from_pretrained(pickle_folder(tmp_path, model), use_safetensors=False), model
+    )
 
 
 def test_opted_in_pickle_goes_through_the_same_checks(tmp_path):
@@ -103,12 +86,7 @@ def test_safetensors_win_over_pickle(tmp_path):
 
 def test_no_torch_load_without_weights_only_in_the_library():
     """Every torch.load in the library and the remote code passes weights_only=True."""
-    root = ROOT
-    for path in [
-        *root.joinpath("src").rglob("*.py"),
-        *root.joinpath("modeling").glob("*.py"),
-        *root.joinpath("plugins").rglob("*.py"),
-    ]:
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "modeling").glob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if "torch.load(" in line and "`" not in line:
                 assert "weights_only=True" in line, f"{path}:{number}: {line.strip()}"
@@ -185,38 +163,21 @@ def test_the_suite_guard_refuses_other_hosts_and_keeps_loopback(monkeypatch):
         with socket.create_connection(server.getsockname(), timeout=5):
             conn, _ = server.accept()
             conn.close()
-    a, b = socket.socketpair()  # and Unix sockets
-    a.sendall(b"x")
-    assert b.recv(1) == b"x"
-    a.close(), b.close()
 
 
-def test_a_subprocess_the_guard_cannot_enter_is_reported(tmp_path):
-    """Were the guard to fail to install in a subprocess, that subprocess would be unguarded: it says
-    so in the guard's log, which fails the session (conftest.no_network)."""
+def test_subprocesses_are_guarded_and_one_the_guard_cannot_enter_is_reported(tmp_path):
+    """A subprocess of the suite installs the guard (sitecustomize); were the guard to fail to install, that
+    subprocess would be unguarded: it says so in the guard's log, which fails the session (conftest.no_network)."""
     import shutil
 
     site = tmp_path / "site"
     site.mkdir()
-    shutil.copy(Path(netguard.__file__).parent / "netguard_site" / "sitecustomize.py", site)
+    shutil.copy(SUPPORT / "netguard_site" / "sitecustomize.py", site)
     (tmp_path / "netguard.py").write_text("raise ImportError('a broken guard')\n")  # what sitecustomize loads
-    log = tmp_path / "log"
-    out = subprocess.run(
-        [sys.executable, "-c", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(site), netguard.LOG_ENV: str(log)},
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "False"
+    log, check = tmp_path / "log", "import socket; print(hasattr(socket.socket.connect, '_eagle31_netguard'))"
+    for env, guarded in (({}, "True"), ({"PYTHONPATH": str(site), netguard.LOG_ENV: str(log)}, "False")):
+        out = subprocess.run(
+            [sys.executable, "-c", check], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+        )
+        assert out.returncode == 0 and out.stdout.strip() == guarded, out.stderr
     assert "network guard NOT installed" in log.read_text() and "a broken guard" in log.read_text()
-
-
-def test_subprocesses_of_the_suite_are_guarded_too():
-    out = subprocess.run(
-        [sys.executable, "-c", "import socket, netguard; print(netguard.is_installed())"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "True", out.stderr

@@ -1,14 +1,8 @@
 """Online training through a spool (eagle31_mla.training.spool), without an engine: the capture side is
-tests/support/spool_writer.py (the demo target's states from Transformers, written by the library's
-``write_shards``, the loop `eagle31-mla capture` runs around vLLM); the trainer is the real CLI, alone and under
-torchrun. The vLLM capture through a spool is in tests/engines/test_vllm_capture.py.
-
-What is proven: the stream's order is the spool's content, not its timing; a full spool stops the capture until
-the trainer takes shards, and never holds more than its cap; the trainer removes only trained and checkpointed
-shards; what a cap cannot carry is refused before anything runs; capture and training at once (two capture
-processes) train the drafter that capture-then-train does; and killing either side at any moment, then rerunning
-the same commands, ends with the uninterrupted run's weights exactly (the order and every step are the same
-functions of the spool's content, and resuming from a checkpoint is exact)."""
+tests/support/spool_writer.py; the trainer is the real CLI, alone and under torchrun. Killing either side, then
+rerunning the same commands, ends with the uninterrupted run's weights exactly: the stream's order and every step
+are functions of the spool's content, and resuming from a checkpoint is exact. (The vLLM capture through a
+spool: tests/engines/test_vllm_capture.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ import copy
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,17 +18,17 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
-from eagle31_mla import Eagle31MLAForCausalLM
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CaptureManifest
 from eagle31_mla.training.spool import FollowedCapture, FollowTarget, part_folder, stream_steps
 from eagle31_mla.training.trainer import TrainingConfig
 from tests.support import spool_writer
 from tests.support.paths import ROOT
-from tests.support.spool_writer import input_sequences
+from tests.support.spool_writer import input_sequences, trained_weights as weights
 
 TARGET = str(DEMO_DIR / "target")
 FAST_POLL = {"EAGLE31_SPOOL_POLL_S": "0.02"}
@@ -100,7 +93,7 @@ def test_a_full_spool_stops_the_capture_until_the_trainer_takes_shards(tmp_path)
     first shard (trained and checkpointed), the capture writes the next. The sizes it plans are upper bounds
     of the files written."""
     sequences = [[5] * 200 for _ in range(8)]  # shards of 42 KB: the header's allowance (4 KB) is small beside them
-    one = plan([200, 200]).shard_bytes
+    one = plan([200, 200])["shard_bytes"]
     spool = tmp_path / "spool"
     writer = threading.Thread(target=write_part, args=(spool, sequences, 1, 1, 2 * one + 10))
     writer.start()
@@ -152,7 +145,7 @@ def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path):
         plan([10] * 8, parts=2, max_bytes=2000, sequences_per_shard=4)
     sequences = [[4] * 6 for _ in range(12)]
     spool = tmp_path / "spool"
-    size = plan([6, 6]).shard_bytes
+    size = plan([6, 6])["shard_bytes"]
     write_part(spool, sequences, 1, 1, 3 * size, limit=1)  # room for 3 of its 6 shards
     data = FollowedCapture(spool, say=lambda _: None)
     data.check_plan(4, 1)  # 4 sequences touch at most 3 shards of 2
@@ -181,12 +174,10 @@ def writer(out: Path, *extra: str) -> subprocess.Popen:
 
 def trainer(data: Path, out: Path, *extra: str, ranks: int = 0, env=None) -> subprocess.Popen:
     """`eagle31-mla train --data DATA --follow` (under torchrun with ``ranks`` ranks)."""
-    launch_ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    command = [
-        sys.executable,
-        *([*launch_ranks, "-m", "eagle31_mla.train"] if ranks else ["-m", "eagle31_mla.cli", "train"]),
-    ]
-    command += [*TRAIN, "--data", str(data), "--out", str(out), "--follow", *extra]
+    module = ["-m", "eagle31_mla.cli", "train"]
+    if ranks:
+        module = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "eagle31_mla.train"]
+    command = [sys.executable, *module, *TRAIN, "--data", str(data), "--out", str(out), "--follow", *extra]
     return launch(command, {**FAST_POLL, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
@@ -201,43 +192,23 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> str:
     return output(process)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process ``pid`` started, and theirs (from /proc: torchrun's ranks are in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill(process: subprocess.Popen) -> None:
-    """SIGKILL to the process and everything it started, as a job's end kills a job: nothing runs a handler."""
-    tree = [process.pid, *descendants(process.pid)]
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """SIGKILL to the process and everything it started (torchrun's ranks are in sessions of their own), as a
+    job's end kills a job: nothing runs a handler. Returns once the orphans are dead (or zombies: init may not reap)."""
+    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     process.wait(timeout=60)
     deadline = time.monotonic() + 60
-    while (
-        any(
-            Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
-            for pid in tree[1:]
-        )
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.05)  # the orphans die (and are reaped by init) before anything reruns
+    while any(running(p) for p in tree[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
-def weights(folder) -> dict[str, torch.Tensor]:
-    return dict(Eagle31MLAForCausalLM.from_pretrained(folder).named_parameters())
+def running(p: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return p.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def spool_bytes(spool: Path) -> int:

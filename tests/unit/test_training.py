@@ -81,36 +81,17 @@ def tiny_target(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return LlamaForCausalLM(config).eval()
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, max_position_embeddings=128)
+    heads = dict(num_attention_heads=2, num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return LlamaForCausalLM(LlamaConfig(**sizes, **heads)).eval()
 
 
 def new_drafter(target):
     torch.manual_seed(1)
-    return drafter_for_target(
-        target,
-        intermediate_size=64,
-        num_attention_heads=2,
-        q_lora_rank=16,
-        kv_lora_rank=16,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=8,
-        v_head_dim=8,
-        max_position_embeddings=128,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        rope_parameters={"rope_type": "default"},
-    )
+    layer = dict(intermediate_size=64, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16, v_head_dim=8)
+    layer |= dict(qk_nope_head_dim=8, qk_rope_head_dim=8, max_position_embeddings=128)
+    rope = {"rope_type": "default"}
+    return drafter_for_target(target, eagle_aux_hidden_state_layer_ids=[1, 2, 3], rope_parameters=rope, **layer)
 
 
 def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
@@ -138,25 +119,30 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
 
 
 def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
-    """`eagle31-mla train` on the embedded demo target: the published layout, aux ids by default from the
-    4-layer target's depth (not Kimi-K3's [2, 46, 90]), EAGLE-3 when asked, and a second run with more steps
-    (the ids now given) resumes."""
+    """`eagle31-mla train` on the embedded demo target, on conversations (the loss on the last assistant turn)
+    with anchors: the published layout, aux ids by default from the 4-layer target's depth (not Kimi-K3's
+    [2, 46, 90]), EAGLE-3 when asked, the recipe recorded, and a second run with more steps (the ids now given)
+    resumes. (`train --text`: tests/unit/test_finetune.py.)"""
     from safetensors import safe_open
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.cli import main
     from eagle31_mla.demo import DEMO_DIR
 
-    text = tmp_path / "corpus.jsonl"
-    stories = [json.dumps({"text": f"Ann has {n} red apples and gives the dog {n + 1} of them."}) for n in range(60)]
-    text.write_text("\n".join(stories) + "\n")
-    common = ["train", "--target", str(DEMO_DIR / "target"), "--text", str(text), "--out", str(tmp_path / "d")]
-    common += ["--batch-size", "2", "--seq-len", "16", "--depth", "2", "--quiet", "--device", "cpu", "--eagle3"]
+    chats = tmp_path / "chats.jsonl"
+    for animal in ("cat", "dog", "bird", "fish"):
+        turns = [{"role": "user", "content": f"tell me about the {animal}"}]
+        turns += [{"role": "assistant", "content": f"the {animal} sat on the mat and looked at the {animal} next door"}]
+        with chats.open("a") as f:
+            f.write(json.dumps({"messages": turns}) + "\n")
+    common = ["train", "--target", str(DEMO_DIR / "target"), "--conversations", str(chats), "--last-turn-only"]
+    common += ["--out", str(tmp_path / "d"), "--batch-size", "2", "--seq-len", "40", "--depth", "2", "--anchors", "4"]
+    common += ["--anchor-max-gap", "1", "--quiet", "--device", "cpu", "--eagle3"]
     common += ["--draft-config", str(DEMO_DIR / "draft")]  # the demo drafter's layer (2 heads ...): a small checkpoint
     assert main([*common, "--steps", "2"]) == 0
     assert "EAGLE-3, aux layers" in capsys.readouterr().out
     first = json.loads((tmp_path / "d" / "training.json").read_text())
-    assert first["steps"] == 2
+    assert (first["steps"], first["num_anchors"], first["anchor_max_gap"]) == (2, 4, 1)
     caplog.set_level("INFO", logger="eagle31_mla.training.trainer")
     assert main([*common, "--steps", "3", "--aux-layers", "1,2,3"]) == 0
     assert "resuming from step 2" in caplog.text
@@ -184,9 +170,7 @@ CAPTURE = ["capture", "--target", "{target}", "--text", "{text}"]
     [
         (["train", "--target", "{draft}", "--text", "{text}", "--out", "{tmp}/o"], "argument --target: "),
         (["train", "--target", "{tmp}/missing-target", "--text", "{text}", "--out", "{tmp}/o"], "missing-target"),
-        ([*TRAIN, "--text", "{tmp}/missing.txt"], "missing.txt"),
         ([*TRAIN, "--text", "{tmp}/corpus.jsonl"], "corpus.jsonl:2"),
-        ([*TRAIN, "--text", "{text}", "--aux-layers", "1,two,3"], "argument --aux-layers: expected comma-separated"),
         ([*TRAIN, "--text", "{text}", "--last-turn-only"], "argument --last-turn-only: applies to --conversations"),
         ([*TRAIN, "--text", "{text}", "--anchor-max-gap", "2"], "argument --anchor-max-gap: applies to --anchors"),
         ([*TRAIN, "--conversations", "{tmp}/bad.jsonl"], "argument --conversations: {tmp}/bad.jsonl:1: no assistant"),

@@ -44,12 +44,9 @@ def modules_using_transformers(src: Path) -> set[str]:
 def is_marked(tree: ast.AST) -> bool:
     """Whether a test module carries ``pytest.mark.transformers`` (module ``pytestmark`` or a test's decorator)."""
     return any(
-        isinstance(node, ast.Attribute) and node.attr == MARKER and _is_mark(node.value) for node in ast.walk(tree)
+        isinstance(node, ast.Attribute) and node.attr == MARKER and getattr(node.value, "attr", None) == "mark"
+        for node in ast.walk(tree)
     )
-
-
-def _is_mark(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "mark"
 
 
 def _library_modules(module: str, names: list[str]) -> set[str]:
@@ -108,26 +105,19 @@ def test_every_module_that_imports_transformers_is_in_the_selection():
 
 def test_the_check_can_fail(tmp_path):
     """A new module that imports transformers, imported only by an unmarked test, is reported; marking that test
-    module covers it."""
-    (tmp_path / "src" / PACKAGE).mkdir(parents=True)
-    (tmp_path / "src" / PACKAGE / "brand_new.py").write_text("def f():\n    from transformers import AutoConfig\n")
-    (tmp_path / "tests").mkdir()
-    test = tmp_path / "tests" / "test_new.py"
-    test.write_text(f"from {PACKAGE}.brand_new import f\n\n\ndef test_f():\n    f()\n")
-    assert uncovered(tmp_path / "src", tmp_path / "tests") == [f"{PACKAGE}.brand_new"]
-    test.write_text(f"import pytest\n\nfrom {PACKAGE}.brand_new import f\n\npytestmark = pytest.mark.{MARKER}\n")
-    assert uncovered(tmp_path / "src", tmp_path / "tests") == []
-
-
-def test_a_package_covers_the_submodules_it_imports(tmp_path):
-    """A marked test importing a package covers the submodules the package's ``__init__`` imports (the CLI's
-    subcommands), and only those."""
+    module covers it. A marked test importing a package covers the submodules the package's ``__init__`` imports
+    (the CLI's subcommands), and only those."""
     package = tmp_path / "src" / PACKAGE / "tool"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("from . import loaded\n\n\ndef main():\n    from . import lazy\n")
-    for name in ("loaded", "lazy"):
-        (package / f"{name}.py").write_text("def f():\n    from transformers import AutoConfig\n")
+    for path in (package / "loaded.py", package / "lazy.py", package.parent / "brand_new.py"):
+        path.write_text("def f():\n    from transformers import AutoConfig\n")
     (tmp_path / "tests").mkdir()
-    test = tmp_path / "tests" / "test_tool.py"
-    test.write_text(f"import pytest\n\nfrom {PACKAGE}.tool import main\n\npytestmark = pytest.mark.{MARKER}\n")
+    (tmp_path / "tests" / "test_tool.py").write_text(
+        f"import pytest\nfrom {PACKAGE}.tool import main\n\npytestmark = pytest.mark.{MARKER}\n"
+    )
+    test = tmp_path / "tests" / "test_new.py"
+    test.write_text(f"from {PACKAGE}.brand_new import f\n")
+    assert uncovered(tmp_path / "src", tmp_path / "tests") == [f"{PACKAGE}.brand_new", f"{PACKAGE}.tool.lazy"]
+    test.write_text(f"import pytest\nfrom {PACKAGE}.brand_new import f\n\npytestmark = pytest.mark.{MARKER}\n")
     assert uncovered(tmp_path / "src", tmp_path / "tests") == [f"{PACKAGE}.tool.lazy"]

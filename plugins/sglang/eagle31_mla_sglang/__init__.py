@@ -1,17 +1,12 @@
-"""SGLang plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded through the ``sglang.srt.plugins`` entry point
-or ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``. The drafter is SGLang's own ``Eagle3DeepseekV2ForCausalLM``.
-
-The plugin reads the draft's aux ids by this library's rule (:mod:`eagle31_mla.model.aux_layers`) and gives the
-target the form after which it stores exactly those layers (refused where none does); adds Kimi-K3's prefix-only
-capture (:mod:`.kimi_k3`); refuses an MHA-shaped cache; and, since SGLang only logs a hook it could not apply,
-checks its hooks (:func:`check_hooks`) when the ids are resolved and the drafter is built.
+"""SGLang plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (SGLang's own ``Eagle3DeepseekV2ForCausalLM``), loaded
+through the ``sglang.srt.plugins`` entry point or ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``; what it adds
+is in docs/engines.md. SGLang only logs a hook it could not apply, so the plugin checks its own (:func:`check_hooks`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 import pkgutil
 import sys
@@ -21,8 +16,6 @@ from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as D
 from eagle31_mla.serving.engine_facts import release_label
 from eagle31_mla.serving.engine_facts.sglang import RELEASES
 
-__all__ = ["register", "DRAFT_ARCHITECTURE", "CanonicalAuxLayerIds", "PluginHookError", "check_hooks", "hook_problems"]
-
 logger = logging.getLogger(__name__)
 
 _RUNNER = "sglang.srt.model_executor.model_runner_components"
@@ -30,12 +23,11 @@ RESOLVE_TARGET = f"{_RUNNER}.spec_aux_hidden_state._resolve_eagle_aux_hidden_sta
 CONFIGURE_TARGET = f"{_RUNNER}.attention_backend_setup.configure_aux_hidden_state_capture"
 #: Calls the configure function through a `from ... import` copy, which SGLang's hook registry re-points.
 CONFIGURE_CALLER = "sglang.srt.model_executor.model_runner"
-DRAFTER_MODULE = "sglang.srt.models.kimi_k25_eagle3"
 SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
 
 
 class CanonicalAuxLayerIds(list):
-    """The draft's one-based completed-layer ids as the plugin resolved them (a list, for code that knows no better)."""
+    """The draft's one-based ids as the plugin resolved them (a list, for SGLang's code)."""
 
     def __init__(self, aux_layer_ids):
         super().__init__(aux_layer_ids.one_based)
@@ -48,12 +40,12 @@ class PluginHookError(RuntimeError):
 
 @functools.cache  # once per process
 def register() -> None:
-    """SGLang applies the hooks after all plugins ran. The drafter's ``__init__`` gets the hook check."""
+    """SGLang applies the hooks after all plugins ran; the drafter's ``__init__`` checks them."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(RESOLVE_TARGET, resolve_eagle_aux_hidden_state, HookType.AROUND)
     HookRegistry.register(CONFIGURE_TARGET, configure_aux_hidden_state_capture, HookType.AROUND)
-    cls = getattr(importlib.import_module(DRAFTER_MODULE), DRAFT_ARCHITECTURE)
+    cls = getattr(importlib.import_module("sglang.srt.models.kimi_k25_eagle3"), DRAFT_ARCHITECTURE)
     init = cls.__init__
 
     @functools.wraps(init)
@@ -77,8 +69,8 @@ def _hooked_by(function, hook) -> bool:
     return False
 
 
-def hook_problems() -> list[str]:
-    """What is missing for the plugin's hooks to run in this process (empty when all are in place)."""
+def check_hooks() -> None:
+    """Raise :class:`PluginHookError` naming every hook that is not in place in this process."""
     problems = []
     for target, hook in (
         (RESOLVE_TARGET, resolve_eagle_aux_hidden_state),
@@ -91,20 +83,11 @@ def hook_problems() -> list[str]:
             continue
         if not _hooked_by(function, hook):
             problems.append(f"`{target}` exists but the plugin's hook was not applied to it (SGLang logs why)")
-        elif target == RESOLVE_TARGET and not {"config", "model_config"} <= set(
-            inspect.signature(inspect.unwrap(function)).parameters
-        ):
-            problems.append(f"`{target}` takes no `config` and `model_config` arguments, which the plugin reads")
     name = CONFIGURE_TARGET.rsplit(".", 1)[1]
     copy = getattr(sys.modules.get(CONFIGURE_CALLER), name, None)
     if copy is not None and not _hooked_by(copy, configure_aux_hidden_state_capture):
         problems.append(f"`{CONFIGURE_CALLER}` calls an unhooked `{name}`")
-    return problems
-
-
-def check_hooks() -> None:
-    """Raise :class:`PluginHookError` naming every hook that is not in place."""
-    if problems := hook_problems():
+    if problems:
         from sglang import __version__ as installed
 
         raise PluginHookError(
@@ -115,24 +98,21 @@ def check_hooks() -> None:
         )
 
 
-def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
-    """After SGLang read the raw nested ids: replace them by the canonical ids of our drafts."""
-    original(*args, **kwargs)
-    arguments = inspect.signature(original).bind(*args, **kwargs).arguments
-    config, target_config = arguments["config"], arguments["model_config"]
+def resolve_eagle_aux_hidden_state(original, **kwargs):
+    """After SGLang read the raw nested ids: replace them by our drafts' canonical ids (SGLang passes keywords only)."""
+    original(**kwargs)
+    config, target_config = kwargs["config"], kwargs["model_config"]
     draft = getattr(config, "draft_model_config", None)
-    if not getattr(config, "eagle_use_aux_hidden_state", False) or draft is None:
-        return
-    if DRAFT_ARCHITECTURE not in (getattr(draft.hf_config, "architectures", None) or []):
-        return
-    check_hooks()  # the capture hook must be in place too, or the target would store the raw ids
-    config.eagle_aux_hidden_state_layer_ids = canonical_ids_for_draft(
-        draft.hf_config, getattr(target_config, "num_hidden_layers", None), draft.attention_arch
-    )
+    architectures = getattr(getattr(draft, "hf_config", None), "architectures", None) or []
+    if getattr(config, "eagle_use_aux_hidden_state", False) and DRAFT_ARCHITECTURE in architectures:
+        check_hooks()  # the capture hook must be in place too, or the target would store the raw ids
+        config.eagle_aux_hidden_state_layer_ids = canonical_ids_for_draft(
+            draft.hf_config, getattr(target_config, "num_hidden_layers", None), draft.attention_arch
+        )
 
 
-def canonical_ids_for_draft(hf_config, num_target_layers: int | None, attention_arch=None) -> CanonicalAuxLayerIds:
-    if attention_arch is not None and getattr(attention_arch, "name", str(attention_arch)) != "MLA":
+def canonical_ids_for_draft(hf_config, num_target_layers: int | None, attention_arch) -> CanonicalAuxLayerIds:
+    if attention_arch.name != "MLA":
         raise ValueError(
             f"eagle31-mla: SGLang would give the {DRAFT_ARCHITECTURE} draft a {attention_arch} KV cache, not MLA's "
             f"latent one; keep `{DRAFT_ARCHITECTURE}` in the draft's `architectures`"
@@ -157,9 +137,8 @@ def configure_aux_hidden_state_capture(original, *args, **kwargs):
 
 
 def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
-    """The one-based or else the zero-based form, whichever the target itself stores as exactly the wanted layers
-    (SGLang's targets store one-based ids: :mod:`eagle31_mla.serving.engine_facts.sglang`)."""
-    wanted = list(ids.aux_layer_ids.one_based)
+    """The one-based or else the zero-based form, whichever the target stores as exactly the wanted (one-based) ids."""
+    wanted, name = list(ids.aux_layer_ids.one_based), type(model).__name__
     pp_group = getattr(model, "pp_group", None) or getattr(getattr(model, "language_model", None), "pp_group", None)
     if pp_group is not None and not pp_group.is_last_rank:
         return wanted  # only the last pipeline rank captures; it runs this check too
@@ -168,15 +147,13 @@ def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
         model.set_eagle3_layers_to_capture(list(form))
         stored = captured_layers(model)
         if stored is None:
-            logger.warning(
-                "eagle31-mla: cannot read what %s captures; passing one-based %s", type(model).__name__, wanted
-            )
+            logger.warning("eagle31-mla: cannot read what %s captures; passing one-based %s", name, wanted)
             return wanted
         if list(stored) == wanted:
             return form
         tried.append((form, list(stored)))
     raise ValueError(
-        f"eagle31-mla: SGLang's {type(model).__name__} cannot capture layers {ids.aux_layer_ids.describe()}: "
+        f"eagle31-mla: SGLang's {name} cannot capture layers {ids.aux_layer_ids.describe()}: "
         + "; ".join(f"given {given} it captures {stored}" for given, stored in tried)
         + " (DeepSeek-family targets add 1 only when the first id is 1)"
     )
@@ -189,4 +166,3 @@ def captured_layers(model):
         for name in ("eagle3_layers_to_capture", "layers_to_capture"):
             if (value := getattr(inner, name, None)) is not None:
                 return value
-    return None

@@ -11,13 +11,11 @@ import torch
 
 from eagle31_mla.serving.engine_facts import KIMI_K3_ARCHITECTURES, KIMI_K3_LANGUAGE_MODEL, KIMI_K3_MULTIMODAL
 
-__all__ = ["install_if_missing", "prefix_stream"]
-
 logger = logging.getLogger(__name__)
 
 
 def prefix_stream(layer_output, forward_batch) -> torch.Tensor:
-    """The prefix-only stream after a layer: written residual + pending output (a copy)."""
+    """Written residual + pending output (a copy)."""
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
     return residual_batch.snapshot(layer_output, forward_batch)

@@ -1,6 +1,5 @@
-"""Entry for ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``: importing this module installs the
-plugin (for deployments that do not load entry points). ``EntryClass`` is SGLang's own MLA drafter,
-unchanged: its name is what SGLang's MLA-cache list recognises."""
+"""Entry for ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``: importing it installs the plugin. ``EntryClass``
+is SGLang's own MLA drafter, unchanged: its name is what SGLang's MLA-cache list recognises."""
 
 from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 from sglang.srt.plugins.hook_registry import HookRegistry

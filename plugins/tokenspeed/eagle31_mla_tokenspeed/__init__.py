@@ -1,10 +1,7 @@
-"""TokenSpeed plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded through the ``tokenspeed.plugins`` entry point.
-
-It registers TokenSpeed's own ``Eagle3DeepseekV2ForCausalLM`` again with a profile (:mod:`.drafter`): MLA's latent
-cache, checkpoint names in every layout, the draft's aux ids (:mod:`eagle31_mla.model.aux_layers`) written in the form
-the served target class stores as those layers, and a check that Kimi-K3 captures the prefix-only stream. TokenSpeed
-only warns when a plugin fails, so a TokenSpeed whose plugin API or needed symbols differ gets a stand-in drafter
-whose profile raises :class:`PluginAPIError` naming them.
+"""TokenSpeed plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded through the ``tokenspeed.plugins`` entry point:
+TokenSpeed's own ``Eagle3DeepseekV2ForCausalLM`` registered again with a profile (:mod:`.drafter`; docs/engines.md).
+TokenSpeed only warns when a plugin fails, so a TokenSpeed whose plugin API or needed symbols differ gets a stand-in
+drafter whose profile raises :class:`~eagle31_mla.serving.engine_facts.tokenspeed.PluginAPIError` naming them.
 """
 
 from __future__ import annotations
@@ -14,38 +11,25 @@ import pkgutil
 from importlib.metadata import version
 
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
-from eagle31_mla.serving.engine_facts.tokenspeed import (
-    PLUGIN_API_VERSION,
-    PLUGIN_SYMBOLS,
-    SUPPORTED_RELEASES,
-    PluginAPIError,
-)
-
-__all__ = ["register", "DRAFT_ARCHITECTURE", "PluginAPIError", "api_problems", "SUPPORTED_RELEASES"]
+from eagle31_mla.serving.engine_facts import tokenspeed as facts
 
 logger = logging.getLogger(__name__)
 
 
-def api_problems() -> list[str]:
-    """What differs from the TokenSpeed the plugin was written for (empty when nothing does)."""
+def register() -> None:
+    """Called by TokenSpeed's plugin loader (``tokenspeed.runtime.plugins.ensure_loaded``), once per process."""
     from tokenspeed.runtime.plugins import PLUGIN_API_VERSION as installed_api
+    from tokenspeed.runtime.plugins.registry import register_model  # without it there is no plugin API at all
 
     problems = []
-    if installed_api != PLUGIN_API_VERSION:
-        problems.append(f"plugin API version {installed_api!r} (the plugin is written for {PLUGIN_API_VERSION})")
-    for symbol in PLUGIN_SYMBOLS:
+    if installed_api != facts.PLUGIN_API_VERSION:
+        problems.append(f"plugin API version {installed_api!r} (the plugin is written for {facts.PLUGIN_API_VERSION})")
+    for symbol in facts.PLUGIN_SYMBOLS:
         try:
             pkgutil.resolve_name(symbol)
         except (ImportError, AttributeError, ValueError) as err:
             problems.append(f"`{symbol}` is missing ({type(err).__name__}: {err})")
-    return problems
-
-
-def register() -> None:
-    """Called by TokenSpeed's plugin loader (``tokenspeed.runtime.plugins.ensure_loaded``), once per process."""
-    from tokenspeed.runtime.plugins.registry import register_model  # without it there is no plugin API at all
-
-    if not (problems := api_problems()):
+    if not problems:
         from .drafter import Eagle31MLADrafter
 
         register_model(Eagle31MLADrafter, architectures=(DRAFT_ARCHITECTURE,), override=True)
@@ -54,7 +38,7 @@ def register() -> None:
     message = (
         "eagle31-mla: the TokenSpeed plugin cannot serve this drafter: " + "; ".join(problems) + ". Without it "
         "TokenSpeed would capture target layers for the drafter by its own reading of the draft config, which is "
-        f"silently wrong for some configs and targets. The plugin supports TokenSpeed {SUPPORTED_RELEASES} "
+        f"silently wrong for some configs and targets. The plugin supports TokenSpeed {facts.SUPPORTED_RELEASES} "
         f"(installed: {version('tokenspeed')}); install a supported release, or serve without the plugin "
         "(TOKENSPEED_DISABLE_PLUGINS=eagle31_mla) and pass --eagle3-layers-to-capture in the target's convention "
         "(`eagle31-mla serve-command --engine tokenspeed` prints it)."
@@ -63,6 +47,6 @@ def register() -> None:
     class Eagle31MLAUnsupportedTokenSpeed:
         @classmethod
         def model_profile(cls, hf_config):
-            raise PluginAPIError(message)
+            raise facts.PluginAPIError(message)
 
     register_model(Eagle31MLAUnsupportedTokenSpeed, architectures=(DRAFT_ARCHITECTURE,), override=True)

@@ -1,8 +1,5 @@
-"""TokenSpeed's own MLA drafter with a profile: MLA's latent cache, and the aux ids in the served target's form.
-
-The profile's ``configure_attention`` runs while TokenSpeed builds the draft's ``ModelConfig``, on the draft config
-object that ``configure_draft_target`` later reads the ids from: that is where the ids are put right.
-"""
+"""TokenSpeed's own MLA drafter with a profile: MLA's latent cache, and the aux ids in the served target's form,
+put right in ``configure_attention``, on the draft config object that ``configure_draft_target`` reads them from."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ import ast
 import inspect
 import logging
 import pkgutil
+import re
 import textwrap
 from types import SimpleNamespace
 
@@ -29,10 +27,7 @@ from eagle31_mla.model.aux_layers import (
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
 from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
 from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
-from eagle31_mla.serving.engine_facts.tokenspeed import SUPPORTED_RELEASES, PluginAPIError
 from eagle31_mla.serving.engines import Target, tokenspeed_flag_form
-
-__all__ = ["Eagle31MLADrafter", "ServingConfigError", "configure_draft", "target_form", "k3_stream_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +60,8 @@ class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
 
 
 def draft_ids(hf_config, num_target_layers: int | None = None) -> AuxLayerIds:
+    depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
     try:
-        depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
         ids, _ = aux_layer_ids_from_attributes(hf_config, depth)
     except AuxLayerIdError as err:
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
@@ -90,9 +85,8 @@ def configure_draft(model_config, server_args) -> None:
 
 
 def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
-    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right; return it. Refuses
-    (:class:`ServingConfigError`) a target of other sizes, ids it cannot reach, a flag naming other layers, a
-    Kimi-K3 stream other than the prefix-only one."""
+    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right, and return it; or
+    refuse (:class:`ServingConfigError`), naming why."""
     ids = draft_ids(hf_config, target.num_layers)
     name = target_cls.__name__
     built_for = Sizes(
@@ -118,7 +112,8 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
     if stored != wanted:
         raise ServingConfigError(
             f"eagle31-mla: TokenSpeed's {name} given {form} captures one-based {stored}, not the drafter's "
-            f"{ids.describe()}; this TokenSpeed reads ids unlike {SUPPORTED_RELEASES}, the release(s) the plugin knows"
+            f"{ids.describe()}; this TokenSpeed reads ids unlike {facts.SUPPORTED_RELEASES}, the release(s) the "
+            "plugin knows"
         )
     if flag:
         try:
@@ -138,7 +133,7 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
 
     read = _eagle_aux_layer_ids(hf_config)
     if read != form:
-        raise PluginAPIError(
+        raise facts.PluginAPIError(
             f"eagle31-mla: TokenSpeed reads {read} from the draft config where the plugin wrote {form}; its "
             "`_eagle_aux_layer_ids` has changed, so the plugin cannot tell the target which layers to capture"
         )
@@ -146,20 +141,15 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
     return form
 
 
-def _bare(cls) -> nn.Module:
-    """An instance of a TokenSpeed model class without its layers or weights: enough for its id setter."""
-    instance = object.__new__(cls)
-    nn.Module.__init__(instance)
-    return instance
-
-
 def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[int]:
     """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores (one-based, where
     ``facts.STORED_IDS`` says); ValueError where the setter refuses ``given``."""
-    model = text = _bare(target_cls)
-    inner = facts.LANGUAGE_MODELS.get(target_cls.__name__)
-    if inner is not None:
-        model.language_model = text = _bare(pkgutil.resolve_name(inner))
+    model = text = object.__new__(target_cls)  # without layers or weights: enough for the setter
+    nn.Module.__init__(model)
+    if inner := facts.LANGUAGE_MODELS.get(target_cls.__name__):
+        text = object.__new__(pkgutil.resolve_name(inner))
+        nn.Module.__init__(text)
+        model.language_model = text
     text.config = SimpleNamespace(num_hidden_layers=num_layers)
     text.model = SimpleNamespace(layers=[None] * num_layers, **{slot: None for slot in facts.STORED_IDS.values()})
     model.set_eagle3_layers_to_capture(list(given))
@@ -168,8 +158,7 @@ def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[i
 
 
 def k3_stream_problem() -> str | None:
-    """Why Kimi-K3's EAGLE-3 capture is not known to be the prefix-only stream (None: it is): its forward
-    must append only ``facts.K3_EAGLE3_CAPTURE`` for EAGLE-3, and each layer return ``prefix_sum``."""
+    """Why Kimi-K3's forward is not known to capture the prefix-only stream for EAGLE-3 (None: it is)."""
     from tokenspeed.runtime.models.kimi_k3 import KimiLinearModel
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(KimiLinearModel.forward)))
@@ -180,14 +169,8 @@ def k3_stream_problem() -> str | None:
         for statement in node.body
         if "append" in ast.unparse(statement)
     ]
-    layer_returns_prefix = any(
-        isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Call)
-        and ast.unparse(node.value.func) == "layer"
-        and isinstance(node.targets[0], ast.Tuple)
-        and ast.unparse(node.targets[0].elts[0]) == "prefix_sum"
-        for node in ast.walk(tree)
-    )
+    assigned = (ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Assign))
+    layer_returns_prefix = any(re.match(r"prefix_sum, [^=]+ = layer\(", statement) for statement in assigned)
     if captures == [facts.K3_EAGLE3_CAPTURE] and layer_returns_prefix:
         return None
     return (

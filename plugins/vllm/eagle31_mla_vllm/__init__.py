@@ -32,8 +32,6 @@ import os
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE
 from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV, parse_version
 
-__all__ = ["register", "installed_version", "VLLM_ARCHITECTURE", "DRAFT_ARCHITECTURES", "KIMI_K3_STREAM_ENV"]
-
 logger = logging.getLogger(__name__)
 
 #: The architecture this plugin registers. It starts with "Eagle3", so vLLM's EAGLE-3 rename keeps it.
@@ -176,7 +174,6 @@ def _fix_cpu_spec_decode_sampling() -> None:
         return expanded.masked_fill(expanded == replace_from, replace_to) if replace_from != replace_to else expanded
 
     expand_batch_to_tokens._eagle31_fixed = True
-    expand_batch_to_tokens._eagle31_original = broken
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
     logger.info(
         "eagle31-mla: CPU rejection sampler expands temperature/top-p in PyTorch; set %s=0 to keep vLLM's",

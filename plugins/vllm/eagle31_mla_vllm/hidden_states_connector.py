@@ -22,8 +22,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-__all__ = ["CpuHiddenStatesConnector"]
-
 
 class _Written:
     """What ``get_finished`` polls in place of a CUDA event: the write is done when it is recorded."""

@@ -34,19 +34,11 @@ from eagle31_mla.serving.engine_facts.vllm import VllmFeatures, features
 
 from . import installed_version
 
-__all__ = ["Eagle31MLAEagle3ForCausalLM", "check_serving", "is_kimi_k3"]
-
 logger = logging.getLogger(__name__)
 
 
 class ServingConfigError(ValueError):
     """A draft/target/engine combination that would silently feed the drafter the wrong tensors."""
-
-
-def is_kimi_k3(target_hf_config) -> bool:
-    return is_kimi_k3_model(
-        getattr(target_hf_config, "model_type", None), getattr(target_hf_config, "architectures", None)
-    )
 
 
 def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, environ=os.environ) -> None:
@@ -64,7 +56,7 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
         raise ServingConfigError(f"eagle31-mla: the draft does not fit this target: {problems}")
     if not engine.supported:
         logger.warning("eagle31-mla: %s is outside the supported range 0.20-0.33", engine.describe())
-    kimi_k3 = is_kimi_k3(target_hf_config)
+    kimi_k3 = is_kimi_k3_model(target_hf_config.model_type, target_hf_config.architectures)
     for rule in (
         compatibility.vllm_fc_width(engine, len(ids)),
         compatibility.vllm_kimi_k3_version(engine, kimi_k3),
@@ -96,7 +88,6 @@ class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
         draft = vllm_config.speculative_config.draft_model_config.hf_config
         check_serving(draft, vllm_config.model_config, engine)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.engine = engine
         fc_norm = bool(getattr(draft, "fc_norm", False))
         self.norm_output_in_plugin = bool(getattr(draft, "norm_output", False)) and not engine.applies_norm_output
         self.fc_norm_in_plugin = fc_norm and not engine.applies_fc_norm

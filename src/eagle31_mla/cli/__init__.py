@@ -1,10 +1,5 @@
-"""The ``eagle31-mla`` command: demo, roster, acceptance, train, capture, inspect, convert, doctor, serve-command.
-
-Thin on purpose: parsing and printing; the work is done by eagle31_mla.hub, .serving, .training and
-.decoding. One module per subcommand, declared with click (as vLLM's ``vllm/entrypoints/cli/`` and
-huggingface_hub's CLI are); :mod:`.params` holds the parameter types, which refuse a bad value while
-parsing; :mod:`.common` what the subcommands share. Heavy imports (torch, transformers) happen inside the
-subcommands, so ``--help`` stays fast.
+"""The ``eagle31-mla`` command: parsing and printing, one click module per subcommand; the work is done by
+eagle31_mla.hub, .serving, .training and .decoding. Heavy imports happen inside the subcommands (fast ``--help``).
 
 Whatever goes wrong is one line on stderr, ``eagle31-mla: error: ...``, and an exit code (EXIT_CODES):
 click parses with ``standalone_mode=False`` (it neither prints a usage block nor exits), its refusals are
@@ -21,8 +16,6 @@ from huggingface_hub.errors import StrictDataclassError
 
 from . import acceptance, capture, convert, demo, doctor, inspect, roster, serve_command, train
 from .common import EXIT_CODES, TRACEBACK_ENV, broken_pipe, error, name_of, shown
-
-__all__ = ["cli", "main"]
 
 
 class Group(click.Group):
@@ -79,8 +72,7 @@ def _usage(err: click.ClickException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand. Whatever goes wrong is one line on stderr and an exit code (see EXIT_CODES);
-    set EAGLE31_MLA_TRACEBACK=1 to see the traceback of an unexpected failure."""
+    """Run one subcommand; set EAGLE31_MLA_TRACEBACK=1 to see the traceback of an unexpected failure."""
     from ..serving.engines import InputError
 
     try:

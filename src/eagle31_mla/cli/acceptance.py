@@ -100,10 +100,10 @@ def acceptance(args: SimpleNamespace) -> int:
 
 
 def _write(args: SimpleNamespace, report: dict) -> None:
-    from ..serving.live import write_json_atomic
+    from ..locations import atomic_write
 
-    if args.json and args.json != "-":
-        write_json_atomic(args.json, report)
+    if args.json and args.json != "-":  # atomically: a reader never sees half a report
+        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8"))
         print(f"report written to {args.json}")
 
 
@@ -115,25 +115,11 @@ def _acceptance_server(args: SimpleNamespace) -> int:
     from ..prompts import PromptError
     from ..serving.live import LiveError, format_report, measure_server
 
+    options = {name: getattr(args, name) for name in ("temperature", "top_p", "model", "log", "limit", "ignore_eos")}
+    options.update(concurrency=args.concurrency or 1, max_tokens=args.max_new_tokens, chat=args.chat_template)
+    options.update(timeout=args.timeout or 120.0, progress=not args.no_progress, expect=args.expect)
     try:
-        report = measure_server(
-            args.server,
-            args.engine,
-            args.prompts,
-            concurrency=args.concurrency or 1,
-            max_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            chat=args.chat_template,
-            model=args.model,
-            timeout=args.timeout or 120.0,
-            log=args.log,
-            limit=args.limit,
-            ignore_eos=args.ignore_eos,
-            progress=not args.no_progress,
-            expect=args.expect,
-            reference=args.reference,
-        )
+        report = measure_server(args.server, args.engine, args.prompts, reference=args.reference, **options)
     except (LiveError, PromptError) as err:
         return error(str(err))
     verdict = report.get("verdict") or {"warnings": [], "consistent": True}
@@ -191,13 +177,9 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             prompts = [
                 (w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts
             ]
-        needs_tokenizer = any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts)
-        revision, trust = args.revision, args.trust_remote_code
-        tokenizer = (
-            AutoTokenizer.from_pretrained(args.target, revision=revision, trust_remote_code=trust)
-            if needs_tokenizer
-            else None
-        )
+        revision, trust, tokenizer = args.revision, args.trust_remote_code, None
+        if any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts):
+            tokenizer = AutoTokenizer.from_pretrained(args.target, revision=revision, trust_remote_code=trust)
         vocab = Target.from_config(target_config).vocab_size
         ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
         longest = max(range(len(ids)), key=lambda i: len(ids[i]))

@@ -46,9 +46,10 @@ def capture(args: SimpleNamespace) -> int:
     --follow`), holding at most --max-spool-gb on disk. vLLM >= 0.29 (its `extract_hidden_states` method);
     --engine-args go to vLLM as they are (tensor_parallel_size, max_model_len, dtype, ...)."""
     from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
-    from ..prompts import PromptError, conversation_sequences, prompt_token_ids, read_corpus, read_prompts
+    from ..prompts import PromptError, prompt_token_ids, read_corpus, read_prompts
     from ..serving.engines import InputError, Target, check_roles, read_config_json
     from ..training.captured import CapturedDataError, bytes_per_token
+    from ..training.trainer import default_aux_layer_ids, tokenize_corpus
 
     if args.last_turn_only and not args.conversations:
         return error("argument --last-turn-only: applies to --conversations only")
@@ -70,32 +71,17 @@ def capture(args: SimpleNamespace) -> int:
         elif args.aux_layers:
             ids = AuxLayerIds.from_one_based(args.aux_layers, target.num_layers)
         else:
-            from ..training.trainer import default_aux_layer_ids
-
             ids = AuxLayerIds.from_one_based(default_aux_layer_ids(target.num_layers), target.num_layers)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         if args.text:
-            from ..training.trainer import tokenize_corpus
-
             sequences = tokenize_corpus(tokenizer, read_corpus(args.text), args.seq_len).tolist()
             if not sequences:
                 raise InputError(f"argument --text: {args.text} holds fewer than --seq-len {args.seq_len} tokens")
         elif args.conversations:
-            try:
-                sequences, masks, left_out = conversation_sequences(
-                    args.conversations,
-                    tokenizer,
-                    args.seq_len,
-                    last_turn_only=args.last_turn_only,
-                    vocab_size=target.vocab_size,
-                )
-            except PromptError as err:
-                raise InputError(f"argument --conversations: {err}") from None
+            sequences, masks = conversations(args, tokenizer, target.vocab_size)
             mask_kind = "last-turn" if args.last_turn_only else "assistant"
-            if left_out:
-                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
         else:
             sequences = [
                 prompt_token_ids(p, tokenizer, target.vocab_size, f"{args.prompts}:{i}")
@@ -148,3 +134,20 @@ def capture(args: SimpleNamespace) -> int:
         f"{ids.describe()}, top-{args.top_k}, {per_token:,} bytes per token) into {out}"
     )
     return 0
+
+
+def conversations(args: SimpleNamespace, tokenizer, vocab_size: int | None) -> tuple[list, list]:
+    """``--conversations`` (``--last-turn-only``, ``--seq-len``): token ids and loss masks (``capture``, ``train``)."""
+    from ..prompts import PromptError, conversation_sequences
+    from ..serving.engines import InputError
+
+    last = args.last_turn_only
+    try:
+        sequences, masks, left_out = conversation_sequences(
+            args.conversations, tokenizer, args.seq_len, last_turn_only=last, vocab_size=vocab_size
+        )
+    except PromptError as err:
+        raise InputError(f"argument --conversations: {err}") from None
+    if left_out:
+        print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
+    return sequences, masks

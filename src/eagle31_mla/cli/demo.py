@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from types import SimpleNamespace
 
 from . import params
@@ -40,7 +41,7 @@ def demo(args: SimpleNamespace) -> int:
         result = run_demo(
             args.engine, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, num_steps=args.num_steps
         )
-    except (FileNotFoundError, RuntimeError) as err:
+    except RuntimeError as err:  # no vLLM
         return error(str(err))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.report())
+    print(json.dumps(asdict(result), indent=2) if args.json else result.report())
     return 0

@@ -55,71 +55,41 @@ def doctor(args: SimpleNamespace) -> int:
         for check, what in CHECKS.items():
             print(f"{check:<30} {what}")
         return 0
-    if args.prefill_command or args.decode_command:
-        return _pd(args)
-    missing = [
-        flag
-        for flag, value in (("--draft", args.draft), ("--target", args.target), ("--engine", args.engine))
-        if not value
-    ]
-    if missing:
-        return error(f"doctor needs {', '.join(missing)}")
-    environ = dict(os.environ)
-    for item in args.env:  # NAME=VALUE (params.ENV_ASSIGNMENT)
-        name, value = item.split("=", 1)
-        environ[name] = value
+    pd = args.prefill_command or args.decode_command
+    needed = ("--prefill-command", "--decode-command", "--engine") if pd else ("--draft", "--target", "--engine")
+    if missing := [flag for flag in needed if not getattr(args, flag[2:].replace("-", "_"))]:
+        return error(f"{'a PD pair' if pd else 'doctor'} needs {', '.join(missing)}")
     try:
-        layers = args.eagle3_layers_to_capture
-        if layers is not None and args.engine != "tokenspeed":
-            raise ValueError("--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)")
-        draft, _ = read_config_json(args.draft)
-        target_config, _ = read_config_json(args.target)
-        if looks_like_a_drafter(target_config) and not looks_like_a_drafter(draft):
-            raise InputError(
-                f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
-                "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET"
-            )
-        report = diagnose(
-            draft,
-            Target.from_config(target_config, args.target),
-            args.engine,
-            args.engine_version,
-            environ=environ,
-            with_plugin=args.with_plugin,
-            layers_to_capture=layers,
-            draft_name=args.draft,
-        )
+        if pd:
+            report = _pd(args)
+        else:
+            layers = args.eagle3_layers_to_capture
+            if layers is not None and args.engine != "tokenspeed":
+                raise ValueError("--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)")
+            draft, _ = read_config_json(args.draft)
+            target_config, _ = read_config_json(args.target)
+            if looks_like_a_drafter(target_config) and not looks_like_a_drafter(draft):
+                raise InputError(
+                    f"--draft {args.draft} and --target {args.target} look swapped: the target's config.json "
+                    "is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER --target TARGET"
+                )
+            environ = {**os.environ, **dict(item.split("=", 1) for item in args.env)}  # params.ENV_ASSIGNMENT
+            options = dict(environ=environ, with_plugin=args.with_plugin, layers_to_capture=layers)
+            target = Target.from_config(target_config, args.target)
+            report = diagnose(draft, target, args.engine, args.engine_version, draft_name=args.draft, **options)
     except (InputError, ValueError) as err:
         return error(str(err))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     return 0 if report.ok else 1
 
 
-def _pd(args: SimpleNamespace) -> int:
+def _pd(args: SimpleNamespace):
     """doctor --prefill-command ... --decode-command ...: a PD-disaggregated pair (eagle31_mla.serving.pd)."""
-    from ..serving.engines import InputError
     from ..serving.pd import diagnose_pd, parse_launch
 
-    missing = [
-        flag
-        for flag in ("--prefill-command", "--decode-command", "--engine")
-        if not getattr(args, flag[2:].replace("-", "_"))
-    ]
-    if missing:
-        return error(f"a PD pair needs {', '.join(missing)}")
     for flag in ("--draft", "--target", "--eagle3-layers-to-capture", "--env"):
         if getattr(args, flag[2:].replace("-", "_")):
-            return error(f"argument {flag}: a PD pair takes it from --prefill-command and --decode-command")
-    try:
-        sides = [
-            parse_launch(args.engine, command, f"argument {flag}")
-            for flag, command in (
-                ("--prefill-command", args.prefill_command),
-                ("--decode-command", args.decode_command),
-            )
-        ]
-        report = diagnose_pd(*sides, version=args.engine_version, with_plugin=args.with_plugin)
-    except (InputError, ValueError) as err:
-        return error(str(err))
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
-    return 0 if report.ok else 1
+            raise ValueError(f"argument {flag}: a PD pair takes it from --prefill-command and --decode-command")
+    commands = {"--prefill-command": args.prefill_command, "--decode-command": args.decode_command}
+    sides = [parse_launch(args.engine, command, f"argument {flag}") for flag, command in commands.items()]
+    return diagnose_pd(*sides, version=args.engine_version, with_plugin=args.with_plugin)

@@ -1,7 +1,5 @@
-"""The command line's parameter types: click's own (IntRange, FloatRange, Path, Choice), and the few the domain
-needs that click lacks (a model reference, a size, layer ids, ...). A bad value is refused while parsing, before
-any model is loaded, in one line naming the option (``cli.main``). A path type's ``role`` ("input": read,
-"output": written) is for :func:`.common.check_rules`. Light at import: ``--help`` loads no torch."""
+"""The command line's parameter types (click's own, and the few the domain needs; no torch at import): a bad value is
+refused while parsing, before any model is loaded. A path type's ``role`` ("input", "output"): for ``check_rules``."""
 
 from __future__ import annotations
 

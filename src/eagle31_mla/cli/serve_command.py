@@ -6,21 +6,21 @@ import json
 import sys
 from types import SimpleNamespace
 
+from ..serving.command import PD_CONNECTORS
+from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from . import params
 from .common import error, option, subcommand
 
-#: serve-command --pd --connector, per engine (eagle31_mla.serving.pd.PD_CONNECTORS, which imports nothing heavy)
-CONNECTORS = {
-    "vllm": ("nixl", "mooncake", "lmcache", "example"),
-    "sglang": ("mooncake", "nixl", "ascend", "mori"),
-    "tokenspeed": ("mooncake",),
-}
 DEFAULT_TARGET = "moonshotai/Kimi-K3"
 DEFAULT_DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
+CONNECTORS_HELP = "; ".join(
+    f"{ENGINE_NAMES[engine]}: {', '.join(names)}" + (f" (default {names[0]})" if len(names) > 1 else "")
+    for engine, names in PD_CONNECTORS.items()
+)
 
 
 @subcommand("serve-command", "print the launch command for vLLM, SGLang or TokenSpeed")
-@option("--engine", required=True, type=params.Choice(["vllm", "sglang", "tokenspeed"]))
+@option("--engine", required=True, type=params.Choice(ENGINES))
 @option("--target", default=DEFAULT_TARGET, type=params.CONFIG, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
 @option("--draft", default=DEFAULT_DRAFT, type=params.CONFIG, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
 @option("--num-steps", type=params.NUM_STEPS, default=3, help="draft steps per verification (default 3)")
@@ -37,12 +37,8 @@ DEFAULT_DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
 )
 @option(
     "--connector",
-    type=params.Choice(sorted({c for engine in CONNECTORS.values() for c in engine})),
-    help="--pd: how KV moves from prefill to decode. vLLM: "
-    + ", ".join(CONNECTORS["vllm"])
-    + " (default nixl); SGLang: "
-    + ", ".join(CONNECTORS["sglang"])
-    + " (default mooncake); TokenSpeed: mooncake",
+    type=params.Choice(sorted({c for names in PD_CONNECTORS.values() for c in names})),
+    help=f"--pd: how KV moves from prefill to decode. {CONNECTORS_HELP}",
 )
 @option("--json", is_flag=True, help="machine-readable output")
 def serve_command(args: SimpleNamespace) -> int:
@@ -71,59 +67,28 @@ def serve_command(args: SimpleNamespace) -> int:
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
         if args.connector and not args.pd:
             return error("argument --connector: applies to --pd only")
-        settings = dict(
-            num_steps=args.num_steps,
-            topk=args.topk,
-            num_draft_tokens=args.num_draft_tokens,
-            tensor_parallel_size=args.tp,
-        )
-        if args.pd:
-            return _pd(args, target, draft, settings)
-        command = serve_command(args.engine, args.target, args.draft, target, draft, **settings)
+        settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens)
+        settings.update(tensor_parallel_size=args.tp)
         version = args.engine_version or engine_releases(args.engine)[-1][0]
-        report = diagnose(
-            draft,
-            target,
-            args.engine,
-            version,
-            environ=dict(command.env),
-            with_plugin=True,
-            layers_to_capture=command.layers_to_capture,
-            draft_name=args.draft,
-        )
+        names = (args.engine, args.target, args.draft, target, draft)
+        if args.pd:  # read back as `doctor --prefill-command --decode-command` reads a pair: what is printed is checked
+            from ..serving.pd import diagnose_pd, parse_launch, pd_commands
+
+            key, printed = "pd", pd_commands(*names, connector=args.connector, **settings)
+            sides = [parse_launch(args.engine, side.line()) for side in (printed.prefill, printed.decode)]
+            report = diagnose_pd(*sides, version=version, with_plugin=True, target=target, draft_config=draft)
+        else:
+            key, printed = "command", serve_command(*names, **settings)
+            options = dict(environ=dict(printed.env), layers_to_capture=printed.layers_to_capture)
+            report = diagnose(draft, target, args.engine, version, with_plugin=True, draft_name=args.draft, **options)
     except (InputError, ValueError) as err:
         return error(str(err))
     if not args.engine_version:
-        command.comments.append(f"checked for {report.versions[0]} (pass --engine-version for yours)")
+        printed.comments.append(f"checked for {report.versions[0]} (pass --engine-version for yours)")
     if args.json:
-        print(json.dumps({"command": command.to_dict(), "doctor": report.to_dict()}, indent=2))
+        print(json.dumps({key: printed.to_dict(), "doctor": report.to_dict()}, indent=2))
     else:
-        print(command.text())
-    for f in report.problems:
-        print(f"eagle31-mla: problem [{f.id}]: {f.problem}\n  fix: {f.fix}", file=sys.stderr)
-    return 0 if report.ok else 1
-
-
-def _pd(args: SimpleNamespace, target, draft: dict, settings: dict) -> int:
-    """serve-command --pd: the pair and its router, read back as `doctor --prefill-command --decode-command` reads a
-    pair (so what is printed is what doctor checks)."""
-    from ..serving.doctor import engine_releases
-    from ..serving.engines import InputError
-    from ..serving.pd import diagnose_pd, parse_launch, pd_commands
-
-    try:
-        pair = pd_commands(args.engine, args.target, args.draft, target, draft, connector=args.connector, **settings)
-        sides = [parse_launch(args.engine, side.line()) for side in (pair.prefill, pair.decode)]
-        version = args.engine_version or engine_releases(args.engine)[-1][0]
-        report = diagnose_pd(*sides, version=version, with_plugin=True, target=target, draft_config=draft)
-    except (InputError, ValueError) as err:
-        return error(str(err))
-    if not args.engine_version:
-        pair.comments.append(f"checked for {report.versions[0]} (pass --engine-version for yours)")
-    if args.json:
-        print(json.dumps({"pd": pair.to_dict(), "doctor": report.to_dict()}, indent=2))
-    else:
-        print(pair.text())
+        print(printed.text())
     for f in report.problems:
         print(f"eagle31-mla: problem [{f.id}]: {f.problem}\n  fix: {f.fix}", file=sys.stderr)
     return 0 if report.ok else 1

@@ -63,7 +63,7 @@ def train(args: SimpleNamespace) -> int:
     (one document per line, or JSONL with a "text" field), or on target states captured with vLLM
     (--data, from `eagle31-mla capture`: no target model runs). --init fine-tunes an existing drafter with
     the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
-    from ..serving.engines import InputError, read_config_json
+    from ..serving.engines import InputError, check_roles, read_config_json
 
     if args.init is not None:
         from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
@@ -72,7 +72,7 @@ def train(args: SimpleNamespace) -> int:
             init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
         except (InputError, AuxLayerIdError) as err:
             return error(f"argument --init: {err}")
-        if args.aux_layers and list(args.aux_layers) != init_ids:
+        if args.aux_layers and args.aux_layers != init_ids:
             return error(
                 f"argument --aux-layers: the --init drafter reads aux layers {init_ids}, not {args.aux_layers}"
             )
@@ -105,30 +105,34 @@ def train(args: SimpleNamespace) -> int:
         return error("argument --last-turn-only: applies to --conversations only")
     if args.anchor_max_gap is not None and args.anchors is None:
         return error("argument --anchor-max-gap: applies to --anchors only")
-    if args.data is not None:
-        return _train_on_captured(args)
     from ..training.distributed import launched_by_torchrun
 
-    if launched_by_torchrun():
+    if args.data is None and launched_by_torchrun():
         return error("training under torchrun reads captured states (--data DIR, from `eagle31-mla capture`)")
-    return _train_live(args)
+    try:
+        target_json, _ = read_config_json(args.target)
+        check_roles(target_json, None, args.target)
+    except (InputError, OSError, ValueError) as err:
+        return error(str(err))
+    return _train_live(args) if args.data is None else _train_on_captured(args, target_json)
 
 
 def _train_live(args: SimpleNamespace) -> int:
-    from ..prompts import PromptError, conversation_sequences, read_corpus
-    from ..serving.engines import InputError, check_roles, probe_output_folder, read_config_json
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ..prompts import PromptError, read_corpus
+    from ..serving.engines import InputError, probe_output_folder
+    from ..training.trainer import drafter_for_target, tokenize_corpus, train_drafter
+    from .capture import conversations
 
     try:  # everything that can be checked before the target's weights are loaded
-        target_json, _ = read_config_json(args.target)
-        check_roles(target_json, None, args.target)
         try:
             texts = read_corpus(args.text) if args.text else None  # conversations: read once, with the tokenizer
         except PromptError as err:
             return error(f"argument --text: {err}")
         probe_output_folder(args.out, "argument --out")
         device = resolve_device(args.device)
-        from transformers import AutoConfig
-
         target_config = AutoConfig.from_pretrained(args.target).get_text_config()
     except (InputError, OSError, UnicodeDecodeError, ValueError) as err:
         return error(str(err))
@@ -143,26 +147,11 @@ def _train_live(args: SimpleNamespace) -> int:
         return error(
             f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}"
         )
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..training.trainer import default_aux_layer_ids, drafter_for_target, tokenize_corpus, train_drafter
-
-    ids = args.aux_layers or (default_aux_layer_ids(depth) if isinstance(depth, int) and depth > 0 else None)
     masks = None
     try:  # what the user named must exist and load; a failure here is input, not a bug
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         if args.conversations:  # before the weights load
-            vocab = getattr(target_config, "vocab_size", None)
-            try:
-                sequences, masks, left_out = conversation_sequences(
-                    args.conversations, tokenizer, args.seq_len, last_turn_only=args.last_turn_only, vocab_size=vocab
-                )
-            except PromptError as err:
-                return error(f"argument --conversations: {err}")
-            if left_out:
-                print(f"{left_out} conversations have no assistant content within --seq-len tokens: left out")
+            sequences, masks = conversations(args, tokenizer, getattr(target_config, "vocab_size", None))
         else:
             sequences = tokenize_corpus(tokenizer, texts, args.seq_len)
         if len(sequences) < args.batch_size:
@@ -173,7 +162,7 @@ def _train_live(args: SimpleNamespace) -> int:
             )
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
         embed = target.get_input_embeddings().weight
-        drafter = _drafter(args, ids, lambda: embed, lambda **config: drafter_for_target(target, **config))
+        drafter = _drafter(args, args.aux_layers, lambda: embed, lambda **cfg: drafter_for_target(target, **cfg))
     except (OSError, ValueError, InputError) as err:
         return error(str(err))
     train_drafter(
@@ -210,14 +199,12 @@ def _training_config(args: SimpleNamespace, seq_len: int):
     return (TrainingConfig.finetune if args.init else TrainingConfig)(**chosen, save_every=args.save_every)
 
 
-def _train_on_captured(args: SimpleNamespace) -> int:
-    from ..serving.engines import InputError, Target, check_roles, read_config_json
+def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
+    from ..serving.engines import InputError, Target
     from ..training.captured import MANIFEST, CapturedDataError, CapturedStates
     from ..training.trainer import CapturedTarget, drafter_from_files, target_embeddings, train_on
 
     try:
-        target_json, _ = read_config_json(args.target)
-        check_roles(target_json, None, args.target)
         if args.follow:
             from ..training.spool import FollowedCapture, stream_steps
 
@@ -238,7 +225,7 @@ def _train_on_captured(args: SimpleNamespace) -> int:
                 f"--target {args.target} has {found}; give the target the capture was made with"
             )
         ids = data.manifest.aux_layer_ids
-        if args.aux_layers and list(args.aux_layers) != ids:
+        if args.aux_layers and args.aux_layers != ids:
             raise InputError(
                 f"argument --aux-layers: the capture holds aux layers {ids} (one-based), not {args.aux_layers}"
             )

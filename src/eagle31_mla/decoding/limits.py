@@ -3,8 +3,6 @@ and ``serve-command`` use it where torch is not installed)."""
 
 from __future__ import annotations
 
-__all__ = ["DRAFTING_LIMITS", "max_tree_draft_tokens"]
-
 #: Upper bounds of the drafting counts (the CLI's types and ``check_settings`` share them): far above any
 #: useful setting (engines draft <= ~10 steps, trees of <= a few hundred nodes), low enough that a typo fails
 #: at once instead of exhausting memory.

@@ -42,20 +42,6 @@ from ..prompts import PROMPT_SHAPES, eos_token_ids, is_int, prompt_tensor, promp
 from .limits import DRAFTING_LIMITS, max_tree_draft_tokens
 from .target import CachedTarget, TargetAuxCapture
 
-__all__ = [
-    "AcceptanceStats",
-    "SpeculativeOutput",
-    "speculative_generate",
-    "measure_acceptance",
-    "accept_chain",
-    "accept_tree",
-    "check_settings",
-    "context_limit",
-    "DRAFTING_LIMITS",
-    "max_tree_draft_tokens",
-]
-
-
 # ---- The accept / resample rules (vectorised over B independent trials; the loop uses B = 1) ----------------
 
 
@@ -125,9 +111,6 @@ def accept_tree(
             moved |= accept
         live &= moved
     return (path >= 0).sum(1), path, torch.multinomial(residual, 1, generator=generator)[:, 0]
-
-
-# ---- Statistics ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -409,9 +392,6 @@ def _check_call(target, drafter, settings: tuple, backend: str) -> tuple[_Settin
     return _Settings(max_new_tokens, num_steps, topk, num_nodes, tree, temperature, top_p, backend), text.vocab_size
 
 
-# ---- The loop ------------------------------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -495,9 +475,6 @@ def _generate(target, drafter, prompt: torch.Tensor, s: _Settings, eos: set[int]
     return SpeculativeOutput(out, stats, accepted_per_round, "stop" if stopped else "length", limited)
 
 
-# ---- Acceptance measurement ----------------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def measure_acceptance(
     target,
@@ -536,9 +513,8 @@ def measure_acceptance(
     eos = [] if ignore_eos else eos
     generator = torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
     total, requests = AcceptanceStats(num_steps, s.num_nodes - 1), []
-    for i, prompt in enumerate(
-        bar := tqdm(prompts, desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
-    ):
+    bar = tqdm(prompts, desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
+    for i, prompt in enumerate(bar):
         ids = prompt_token_ids(prompt, tokenizer, vocab, f"prompt {i}")
         result = _generate(target, drafter, torch.tensor([ids]), s, set(eos), generator)
         total += result.stats

@@ -13,40 +13,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from ..model.aux_layers import AuxLayerIds
 
-__all__ = ["CachedTarget", "TargetAuxCapture", "capture_target_states"]
-
-
-def _decoder_layers(target) -> Any:
-    for get in (lambda m: m.get_decoder().layers, lambda m: m.model.layers):
-        try:
-            return get(target)
-        except AttributeError:
-            continue
-    return None
-
 
 class TargetAuxCapture:
-    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``).
-
-    Id k is ``hidden_states[k]`` (:attr:`AuxLayerIds.hidden_states_indices`); an id equal to the target
-    depth is taken pre-norm from a forward hook on the last decoder layer (see the module docstring).
-    Use as a context manager, or call :meth:`close` to remove the hook."""
+    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``), as the
+    module docstring says. Use as a context manager, or call :meth:`close` to remove the hook."""
 
     def __init__(self, target, aux_layer_ids: AuxLayerIds):
-        text_config = target.config.get_text_config()
-        self.depth = text_config.num_hidden_layers
-        self.ids = aux_layer_ids.with_target_depth(self.depth)  # ids beyond the target's depth are refused
-        self.indices = self.ids.hidden_states_indices
+        self.depth = target.config.get_text_config().num_hidden_layers
+        self.indices = aux_layer_ids.with_target_depth(self.depth).hidden_states_indices  # beyond it: refused
         self._last: torch.Tensor | None = None
         self._handle = None
         if self.depth in self.indices:
-            layers = _decoder_layers(target)
+            layers = getattr(target.get_decoder(), "layers", None)
             if layers is None or len(layers) != self.depth:
                 raise ValueError(
                     f"aux id {self.depth} is the target's last layer, which Transformers returns after the final norm; "
@@ -89,12 +72,6 @@ def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLay
     return aux, torch.softmax(out.logits.float(), dim=-1)
 
 
-def _cache_keyword(target) -> str:
-    """Transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns)."""
-    params = inspect.signature(target.forward).parameters
-    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
-
-
 class CachedTarget:
     """The target as the reference loop needs it: forwards that fill one ``DynamicCache`` and return
     (logits, aux states), and the roll back of that cache to the committed tokens."""
@@ -105,21 +82,18 @@ class CachedTarget:
         self.model, self.capture = model, capture
         self.device = next(model.parameters()).device  # the embeddings' device: inputs go there
         self.cache = DynamicCache(config=model.config)
-        self.cache_keyword = _cache_keyword(model)
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        # Transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns)
+        self.cache_keyword = "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+        self.keeps_logits = "logits_to_keep" in params
 
     @property
-    def length(self) -> int:
-        """Tokens in the cache: the committed ones between rounds."""
+    def length(self) -> int:  # the committed tokens, between rounds
         return self.cache.get_seq_length()
 
     def forward(self, ids, positions, mask=None, last_only=False):
-        kwargs = {
-            self.cache_keyword: self.cache,
-            "use_cache": True,
-            "output_hidden_states": True,
-            "position_ids": positions,
-        }
+        kwargs = dict(use_cache=True, output_hidden_states=True, position_ids=positions)
+        kwargs[self.cache_keyword] = self.cache
         if mask is not None:  # bool (True = attend) -> additive (0 / dtype min): eager attention adds it to the scores
             dtype = self.model.dtype
             kwargs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(

@@ -27,9 +27,6 @@ from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from ..serving.engines import KIMI_K3_TARGET, InputError
 
-__all__ = ["convert", "ConvertError", "ConvertResult", "parse_size", "read_token_counts", "choose_vocabulary"]
-__all__ += ["DEFAULT_MAX_SHARD_SIZE", "MANIFEST", "model_card"]
-
 #: Shard above 10 GB: the 6.03 GB Kimi-K3 drafter stays one ``model.safetensors``, as published.
 DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 #: In a converted folder: the files convert wrote there (what a later ``--force`` may replace).
@@ -365,9 +362,8 @@ def model_card(config: Mapping, *, repo_id: str, target_name: str, source_layout
     eagle31, vocab = config.get("fc_norm") and config.get("norm_output"), config["vocab_size"]
     draft_vocab = config.get("draft_vocab_size") or vocab
     notes = " EAGLE-3.1: `fc_norm` (an RMSNorm before `fc`) and `norm_output`." if eagle31 else ""
-    notes += f" Pruned vocabulary: {draft_vocab} of {vocab}; draft id `i` is target `i + d2t[i]`." * (
-        draft_vocab != vocab
-    )
+    if draft_vocab != vocab:
+        notes += f" Pruned vocabulary: {draft_vocab} of {vocab}; draft id `i` is target `i + d2t[i]`."
     warning = " **Warning:** ids from 1 cannot be expressed by SGLang's DeepSeek rule: serve with vLLM or TokenSpeed."
     target = replace(KIMI_K3_TARGET, name=target_name)
     commands = {e: serve_command(e, target_name, repo_id, target, config).text() for e in ENGINES}

@@ -1,10 +1,5 @@
-"""``eagle31-mla inspect``: a drafter folder or Hub repo in plain words.
-
-The config as Transformers reads it (dims, EAGLE-3 or 3.1, rope, aux layers in both conventions, vocabulary
-pruning), the parameter count and KV bytes per token, whether the tensors match the config and the published
-roster (safetensors headers only: no tensor is read), and which engine releases serve it, as
-:mod:`eagle31_mla.serving.doctor` finds against a Kimi-K3-architecture target of the drafter's own sizes.
-"""
+"""``eagle31-mla inspect``: a drafter folder or Hub repo in plain words: its config as Transformers reads it, its
+tensors against the config and the published roster (safetensors headers only), which engine releases serve it."""
 
 from __future__ import annotations
 
@@ -16,8 +11,6 @@ from typing import Any
 from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from ..serving.engines import KIMI_K3_TARGET, InputError, tokenspeed_flag_form
-
-__all__ = ["inspect_drafter", "format_inspection", "serving_matrix", "layout_of"]
 
 _DIMS = "hidden_size target_hidden_size intermediate_size num_attention_heads q_lora_rank kv_lora_rank".split()
 _DIMS += "qk_nope_head_dim qk_rope_head_dim v_head_dim rms_norm_eps max_position_embeddings".split()

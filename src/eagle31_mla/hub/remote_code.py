@@ -1,8 +1,7 @@
 """modeling/ -- the remote code a Hub repo carries for ``trust_remote_code=True`` -- generated from eagle31_mla.model.
 
-The library is the one source of truth: each file of :data:`REMOTE_CODE_FILES` is copied under a banner
-into the checkout's ``modeling/`` folder. :func:`generate` writes them (``python scripts/sync_modeling.py``),
-:func:`drift` says which differ (tests/unit/test_remote_code.py fails on any).
+The library is the one source of truth: :func:`generate` (``python scripts/sync_modeling.py``) copies each file of
+:data:`REMOTE_CODE_FILES` under a banner into ``modeling/``; tests/unit/test_remote_code.py fails on any :func:`drift`.
 """
 
 from __future__ import annotations
@@ -11,23 +10,16 @@ from pathlib import Path
 
 from ..model.configuration_eagle31_mla import REMOTE_CODE_FILES
 
-__all__ = ["REMOTE_CODE_FILES", "PACKAGE", "MODELING", "banner", "generated", "generate", "drift"]
-
-#: Where the sources are (the model package) and where the generated copies go (a source checkout's modeling/).
 PACKAGE = Path(__file__).resolve().parents[1] / "model"
-MODELING = PACKAGE.parents[2] / "modeling"
-
-
-def banner(name: str) -> str:
-    return (
-        f"# Generated from src/eagle31_mla/model/{name} by scripts/sync_modeling.py: do not edit.\n"
-        "# Remote code for `trust_remote_code=True`; needs only torch and transformers.\n"
-    )
+MODELING = PACKAGE.parents[2] / "modeling"  # a source checkout's modeling/
 
 
 def generated(name: str) -> str:
     """What ``modeling/<name>`` must hold: the banner, then the package's file unchanged."""
-    return banner(name) + (PACKAGE / name).read_text()
+    return (
+        f"# Generated from src/eagle31_mla/model/{name} by scripts/sync_modeling.py: do not edit.\n"
+        "# Remote code for `trust_remote_code=True`; needs only torch and transformers.\n"
+    ) + (PACKAGE / name).read_text()
 
 
 def generate(folder: Path = MODELING) -> list[Path]:
@@ -37,11 +29,9 @@ def generate(folder: Path = MODELING) -> list[Path]:
     for stale in sorted(folder.glob("*.py")):
         if stale.name not in REMOTE_CODE_FILES:
             stale.unlink()
-    written = []
     for name in REMOTE_CODE_FILES:
         (folder / name).write_text(generated(name))
-        written.append(folder / name)
-    return written
+    return [folder / name for name in REMOTE_CODE_FILES]
 
 
 def drift(folder: Path = MODELING) -> list[str]:

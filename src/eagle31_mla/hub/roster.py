@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["PUBLISHED_ROSTER", "PUBLISHED_DTYPE", "PUBLISHED_NUM_PARAMETERS", "PUBLISHED_FILE_BYTES"]
-__all__ += ["roster_differences", "dtype_name", "meta_roster"]
-
 PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
     "embed_tokens.weight": (163840, 7168),
     "fc.weight": (7168, 21504),

@@ -18,17 +18,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "FlashInferUnavailable",
-    "INSTALL",
-    "REQUIREMENT",
-    "accept_chain",
-    "latent_decode",
-    "require",
-    "sample",
-    "top_p_renorm",
-]
-
 #: The extra's requirement (pyproject.toml ``[project.optional-dependencies] gpu``) and how to install it.
 REQUIREMENT = "flashinfer-python>=0.7.2.post1,<0.8"
 INSTALL = 'pip install "eagle31-mla[gpu]"'
@@ -39,14 +28,6 @@ WORKSPACE_BYTES = 128 * 2**20  # the wrapper's float workspace (FlashInfer's doc
 
 class FlashInferUnavailable(RuntimeError):
     """The FlashInfer path was asked for where it cannot run: the message names each problem and the install."""
-
-
-def _import_flashinfer():
-    """``flashinfer`` with its ``mla`` and ``sampling`` modules (ImportError when missing or broken)."""
-    import flashinfer
-    from flashinfer import mla, sampling
-
-    return flashinfer, mla, sampling
 
 
 def require(device, dtype: torch.dtype | None = None, *, kv_lora_rank: int | None = None, rope_dim: int | None = None):
@@ -62,7 +43,8 @@ def require(device, dtype: torch.dtype | None = None, *, kv_lora_rank: int | Non
         )
         problems.append(f"FlashInfer runs on CUDA only: {here}")
     try:
-        flashinfer = _import_flashinfer()[0]
+        import flashinfer
+        from flashinfer import mla, sampling  # noqa: F401 -- a broken install lacks one: refused here
     except ImportError as err:
         flashinfer = None
         problems.append(f"flashinfer-python is not installed ({type(err).__name__}: {err})")

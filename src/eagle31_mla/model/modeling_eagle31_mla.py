@@ -6,8 +6,7 @@ residual-stream states. EAGLE-3.1 adds two switches to EAGLE-3: ``fc_norm`` (an 
 small: per token only the normalised latent ``c_kv`` (512) and the rotated shared rope key ``k_pe`` (64).
 
 Module names are the published tensor names; other layouts load through Transformers' key mapping
-(:data:`KEY_MAPPING`). Loading is Transformers' ``from_pretrained``; added here is only what it lacks: a missing,
-unexpected or misshaped tensor is an error (Transformers would initialise it randomly and warn).
+(:data:`KEY_MAPPING`).
 
 Symbols in shape comments: B batch, T new tokens, S cached + new tokens, H hidden, Ht target hidden, n aux
 states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_head_dim, V v_head_dim.
@@ -31,11 +30,6 @@ from transformers.activations import ACT2FN
 
 from .configuration_eagle31_mla import Eagle31MLAConfig, rope_frequencies
 
-__all__ = ["Eagle31MLAForCausalLM", "Eagle31MLAOutput", "DraftOutput", "LatentKVCache", "DraftInputError"]
-__all__ += ["KEY_MAPPING", "SAMPLING_BACKENDS", "check_sampling_settings", "sampling_probs", "sample_from_logits"]
-__all__ += ["cpu_has_native_bf16", "latent_attention_dtype", "normalise_aux_chunks", "t2d_from_d2t", "CheckpointError"]
-__all__ += ["canonical_tensor_name"]
-
 #: Other layouts of the same tensors, as Transformers' ``key_mapping`` (checkpoint-name regex -> published name):
 #: NeMo's ``model.`` prefix on everything but ``lm_head``, training's ``midlayer.`` for ``layers.0.``.
 KEY_MAPPING = {r"^model\.": "", r"^midlayer\.": "layers.0."}
@@ -51,9 +45,6 @@ def canonical_tensor_name(name: str) -> str:
 class DraftInputError(ValueError, TypeError):
     """A call argument this library refuses, raised before any compute: the message names the argument and what
     was expected. Both a ValueError and a TypeError, so either ``except`` catches it."""
-
-
-# ---- Building blocks --------------------------------------------------------------------------
 
 
 class Eagle31MLALinear(nn.Linear):
@@ -75,10 +66,8 @@ class Eagle31MLARMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class Eagle31MLARotaryEmbedding(nn.Module):
@@ -154,13 +143,10 @@ def latent_attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dt
 
 
 class LatentKVCache:
-    """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R].
-
-    Both live side by side in one buffer [B, capacity, C+R], so the absorbed attention reads its keys
-    ([c_kv | k_pe]) and values (c_kv) as views, with no per-step copy. Storage grows by doubling; ``crop`` rolls
-    back rejected draft tokens. A cache is bound to the drafter that writes it first: its c_kv was normalised with
-    that drafter's weights and its k_pe rotated under its rope schedule, so no other drafter may extend it.
-    """
+    """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R], side by side in one buffer
+    [B, capacity, C+R], so attention reads keys ([c_kv | k_pe]) and values (c_kv) as views. It grows by doubling;
+    ``crop`` rolls back rejected drafts. It is bound to the drafter that writes it first (its weights normalised
+    c_kv, its rope schedule rotated k_pe): no other drafter may extend it."""
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
         self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
@@ -176,12 +162,8 @@ class LatentKVCache:
         cache = cls(
             batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity
         )
-        if model is not None:
-            cache.bind(model)
+        cache._owner = None if model is None else weakref.ref(model)
         return cache
-
-    def bind(self, model: nn.Module) -> None:
-        self._owner = weakref.ref(model)
 
     def bound_to(self) -> nn.Module | None:
         return None if self._owner is None else self._owner()
@@ -287,16 +269,10 @@ class Eagle31MLAAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
 
     def _absorbed(self, q_nope, q_pe, latent, mask, cache=None) -> torch.Tensor:
-        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache.
-
-        Every head shares the one latent key, so the heads become extra query rows of a single-head
-        attention (multi-query form): the cache is read once per step, never expanded per head.
-
-        With ``config._attn_implementation == "flashinfer"`` a one-token step per sequence over the
-        whole cache (decode: T == 1, no mask) runs FlashInfer's MLA kernel on the same absorbed query
-        (:func:`eagle31_mla.model.flashinfer_backend.latent_decode`, CUDA, fp16/bf16). Multi-token steps (a
-        prompt, a tree step, a chain's first step) and masked steps (padding, trees) take the torch path
-        below: FlashInfer's paged MLA kernel has no arbitrary mask."""
+        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache. Every head
+        shares the one latent key, so the heads become extra query rows of a single-head attention: the cache is
+        read once per step, never expanded per head. An unmasked one-token step may run FlashInfer's kernel
+        (``flashinfer_backend``); multi-token and masked steps stay here (the kernel takes no arbitrary mask)."""
         B, h, T, _ = q_nope.shape
         w_k, w_v_t = self._absorbed_weights()  # [h, N, C], [h, C, V]
         q_latent = torch.matmul(q_nope.transpose(0, 1).reshape(h, B * T, -1), w_k)  # [h, B·T, C]
@@ -325,9 +301,7 @@ class Eagle31MLAAttention(nn.Module):
         return torch.matmul(out, w_v_t).view(h, B, T, -1).transpose(0, 1)  # [B, h, T, V]
 
     def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """kv_b_proj split per head into the query-side [h, N, C] and output-side [h, C, V] factors,
-        laid out contiguously once (re-derived if the weight changes), so a decode step does not
-        copy them."""
+        """kv_b_proj split per head into [h, N, C] and [h, C, V], made contiguous once per weight version."""
         weight = self.kv_b_proj.weight
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if getattr(self, "_absorbed_key", None) != key:
@@ -440,9 +414,6 @@ def sample_from_logits(logits, temperature: float, top_p: float, generator, back
     return torch.multinomial(probs, 1, generator=generator)[:, 0], probs
 
 
-# ---- The drafter ------------------------------------------------------------------------------
-
-
 @dataclass
 class Eagle31MLAOutput:
     """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H], the state the next draft step is fed
@@ -531,10 +502,8 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
             name = args[0] if args else kwargs.get("pretrained_model_name_or_path")
             raise CheckpointError(f"{name}: the checkpoint does not match its config: " + "; ".join(problems))
         if flashinfer:
-            device = model.fc.weight.device
-            flashinfer_backend().require(
-                device, model.dtype, kv_lora_rank=model.config.kv_lora_rank, rope_dim=model.config.qk_rope_head_dim
-            )
+            rank, rope = model.config.kv_lora_rank, model.config.qk_rope_head_dim
+            flashinfer_backend().require(model.fc.weight.device, model.dtype, kv_lora_rank=rank, rope_dim=rope)
             model.config._attn_implementation = "flashinfer"
         return (model, info) if wants_info else model
 
@@ -581,10 +550,9 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         logits_to_keep: int = 0,
         **kwargs,  # Transformers' own keywords (return_dict, ...): nothing to change here
     ) -> Eagle31MLAOutput:
-        """One draft step over T tokens. ``absorb`` picks the latent (weight-absorbed) attention; by default it is
-        used when earlier tokens are cached (decode), the naive path for a prompt. ``logits_to_keep`` = N > 0
-        computes logits for the last N positions only; 0 keeps all (training). Checked here is only what would
-        otherwise be silently wrong and costs no host sync: the state's shape, and a cache of another drafter
+        """One draft step over T tokens. ``absorb`` (default: when tokens are cached) picks the weight-absorbed
+        attention. ``logits_to_keep`` = N > 0: logits of the last N positions only. Checked here is only what
+        would otherwise be silently wrong and costs no host sync: the state's shape, a cache of another drafter
         or batch."""
         if input_ids.dim() != 2:
             raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected [B, T]")
@@ -609,7 +577,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             owner = past_key_values.bound_to()
             if owner is not None and owner is not self:
                 raise DraftInputError("`past_key_values` was written by another drafter; expected this drafter's")
-            if past_key_values.latent is not None and past_key_values.latent.shape[0] != B:
+            if past_key_values.latent.shape[0] != B:
                 raise DraftInputError(
                     f"`past_key_values` holds {past_key_values.latent.shape[0]} sequences; expected {B} (the batch)"
                 )
@@ -621,7 +589,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                 self, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
             )
         elif past_key_values is not None and past_key_values.bound_to() is None:
-            past_key_values.bind(self)  # a fresh (user-built) cache binds to the first drafter that uses it
+            past_key_values._owner = weakref.ref(self)  # a fresh cache binds to the first drafter using it
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         if absorb is None:
@@ -674,9 +642,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         sampling_backend: str = "torch",
     ) -> DraftOutput:
-        """Draft ``num_tokens`` chained tokens after the context: the first from the context's last position, each
-        later one from the previous token's embedding and the previous step's state, one position further. The
-        arguments are checked here, once, before anything is cached; the steps trust them."""
+        """Draft ``num_tokens`` chained tokens after the context: each from the previous token's embedding and the
+        previous step's state, one position further. Arguments are checked once, before anything is cached."""
         temperature, top_p = check_sampling_settings(temperature, top_p, sampling_backend)
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise DraftInputError(f"`num_tokens` is {num_tokens!r}; expected an int >= 1")

@@ -1,9 +1,8 @@
 """Launch commands for vLLM, SGLang and TokenSpeed (``eagle31-mla serve-command``, the model card).
 
-vLLM and SGLang read the aux layers from the draft's ``config.json`` and have no flag for them (the command names
-them in a comment; the eagle31-mla plugin makes the engine use them right); TokenSpeed takes
-``--eagle3-layers-to-capture`` in the target's convention, which the command passes. Defaults: chain drafting
-(topk 1), 3 steps, 4 draft tokens, as the published acceptance numbers were measured.
+vLLM and SGLang read the aux layers from the draft's ``config.json`` and have no flag for them (a comment names them;
+the plugin makes the engine use them right); TokenSpeed takes ``--eagle3-layers-to-capture`` in the target's
+convention. Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the published acceptance was measured.
 """
 
 from __future__ import annotations
@@ -14,12 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..decoding.limits import max_tree_draft_tokens
 from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-from .engine_facts import ENGINE_NAMES, ENGINES, PLUGIN_INSTALL, release_label, tokenspeed as tokenspeed_facts
-from .engine_facts.vllm import KIMI_K3_STREAM_ENV, KIMI_K3_STREAM_ENV_FROM
-from .engines import Target, max_tree_draft_tokens, tokenspeed_flag_form
+from . import engine_facts as facts
+from .engine_facts import sglang as sglang_facts, tokenspeed as tokenspeed_facts, vllm as vllm_facts
+from .engines import Target, tokenspeed_flag_form
 
-__all__ = ["ServeCommand", "serve_command"]
+#: What ``serve-command --pd --connector`` takes, per engine (the first is the default).
+PD_CONNECTORS = {
+    "vllm": tuple(vllm_facts.PD_CONNECTORS),
+    "sglang": tuple(b for b in sglang_facts.TRANSFER_BACKENDS if b not in sglang_facts.NO_PREFILL_BACKENDS),
+    "tokenspeed": tokenspeed_facts.TRANSFER_BACKENDS,
+}
 
 
 @dataclass
@@ -69,11 +74,10 @@ def serve_command(
     num_draft_tokens: int | None = None,
     tensor_parallel_size: int | None = None,
 ) -> ServeCommand:
-    """The launch command for ``engine`` serving ``target_name`` with ``draft_name`` as the EAGLE-3 drafter.
-
-    Raises ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    """The launch command for ``engine`` serving ``target_name`` with ``draft_name`` as the EAGLE-3 drafter;
+    ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
+    if engine not in facts.ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
     for flag, value in {**numbers, "--tp": tensor_parallel_size}.items():
         if (value is not None or flag in ("--num-steps", "--topk")) and not (
@@ -106,27 +110,23 @@ def serve_command(
     speculative += ["--speculative-num-steps", str(num_steps)]
     topk_flag = ["--speculative-eagle-topk", str(topk)]
     tokens_flag = ["--speculative-num-draft-tokens", str(num_draft_tokens)]
-    layers_to_capture = None
+    layers_to_capture, install = None, facts.PLUGIN_INSTALL[engine]
     if engine == "vllm":
         spec = {"model": draft_name, "method": "eagle3", "num_speculative_tokens": num_steps}
         argv = ["vllm", "serve", target_name, "--speculative-config", json.dumps(spec)]
-        argv += ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size else []
         comments.append(
             "vLLM reads them from the draft's config.json (top-level eagle_aux_hidden_state_layer_ids, "
-            f"one-based); with {PLUGIN_INSTALL['vllm']} they are made explicit from any form"
+            f"one-based); with {install} they are made explicit from any form"
         )
         if target.is_kimi_k3:
-            env[KIMI_K3_STREAM_ENV] = "0"
-            since = release_label(KIMI_K3_STREAM_ENV_FROM)
-            comments.append(
-                f"{KIMI_K3_STREAM_ENV}=0: the prefix-only stream the drafter was trained on (vLLM >= {since})"
-            )
+            env[name := vllm_facts.KIMI_K3_STREAM_ENV] = "0"
+            since = facts.release_label(vllm_facts.KIMI_K3_STREAM_ENV_FROM)
+            comments.append(f"{name}=0: the prefix-only stream the drafter was trained on (vLLM >= {since})")
     elif engine == "sglang":
         argv = ["sglang", "serve", "--model-path", target_name, *speculative, *topk_flag, *tokens_flag]
-        argv += ["--tp-size", str(tensor_parallel_size)] if tensor_parallel_size else []
         comments.append(
             "SGLang reads them only from the draft's nested eagle_config and has no flag for them; "
-            f"with {PLUGIN_INSTALL['sglang']} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)"
+            f"with {install} the target gets the form it reads (and Kimi-K3 capture on 0.5.23)"
         )
     else:
         argv = ["tokenspeed", "serve", "--model", target_name, *(["--trust-remote-code"] if target.is_kimi_k3 else [])]
@@ -138,10 +138,11 @@ def serve_command(
             convention = "one-based" if layers_to_capture == list(ids.one_based) else "zero-based: this target adds 1"
             comments.append(
                 f"{flag} is handed to the target as is, in its convention ({convention}); with "
-                f"{PLUGIN_INSTALL['tokenspeed']} it is optional (the plugin gives the target these ids) and checked"
+                f"{install} it is optional (the plugin gives the target these ids) and checked"
             )
         else:
             comments.append(f"{flag} left out: how this target class reads ids is not known; give it in its convention")
-        argv += ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size else []
-    comments.append(f"{ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
+    if tensor_parallel_size:
+        argv += ["--tp-size" if engine == "sglang" else "--tensor-parallel-size", str(tensor_parallel_size)]
+    comments.append(f"{facts.ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
     return ServeCommand(engine, argv, env, comments, layers_to_capture)

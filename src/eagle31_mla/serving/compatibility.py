@@ -1,8 +1,5 @@
-"""Serve-time compatibility rules: whether this draft can be served with this target on this engine.
-
-Each rule is written once, in one wording, and returns an :class:`Incompatibility` (or a list, or None when all is
-well): ``eagle31-mla doctor`` reports it under its id, the plugins and ``speculative_generate`` raise its
-:attr:`~Incompatibility.message`.
+"""Serve-time compatibility rules, each written once: it returns an :class:`Incompatibility` (a list, or None when
+all is well) that ``doctor`` reports under its id and the plugins and ``speculative_generate`` raise as its message.
 """
 
 from __future__ import annotations
@@ -12,16 +9,6 @@ from dataclasses import dataclass
 
 from ..model.aux_layers import AuxLayerIds
 from .engine_facts import release_label, vllm as vllm_facts
-
-__all__ = [
-    "Incompatibility",
-    "Sizes",
-    "size_mismatches",
-    "vllm_fc_width",
-    "vllm_kimi_k3_version",
-    "vllm_kimi_k3_stream",
-    "last_layer_out_of_reach",
-]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,7 @@
-"""``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4).
-
-Each check compares what the engine will do (the two ``config.json`` files and the engine's facts, applied by
-:mod:`.engines`) with what the drafter needs; the rules the plugins also enforce at serve time are
-:mod:`.compatibility`'s, in the same words. A :class:`Finding` has a stable id (:data:`CHECKS`), the problem in one
-line and the exact fix; ``with_plugin=True`` moves what this project's plugin corrects at serve time into
-``handled``. Nothing here needs weights or an installed engine.
+"""``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4), found by comparing what
+the engine will do (:mod:`.engines`) with what the drafter needs; the rules the plugins enforce at serve time are
+:mod:`.compatibility`'s, in the same words. A :class:`Finding` has a stable id (:data:`CHECKS`), the problem in one line
+and the exact fix; ``with_plugin=True`` moves what the plugin corrects into ``handled``. Needs no weights, no engine.
 """
 
 from __future__ import annotations
@@ -22,9 +19,7 @@ from ..model.configuration_eagle31_mla import ENGINE_ARCHITECTURE, ConfigError, 
 from ..prompts import eos_token_ids
 from . import compatibility, engine_facts as facts, engines
 from .engine_facts.vllm import KIMI_K3_STREAM_ENV
-from .engines import DEFAULT, FLAG, NESTED, TARGET_LAYER_IDS, Target, _int
-
-__all__ = ["CHECKS", "Finding", "Report", "diagnose", "engine_releases", "KIMI_K3_STREAM_ENV"]
+from .engines import DEFAULT, FLAG, NESTED, TARGET_LAYER_IDS, Target, _int, _nested
 
 PROBLEM, NOTE = "problem", "note"
 
@@ -183,7 +178,7 @@ def diagnose(
     ``environ`` (default: this process's), with TokenSpeed's ``--eagle3-layers-to-capture`` ``layers_to_capture``."""
     if engine not in facts.ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
-    releases = engine_releases(engine, version)
+    releases, environ = engine_releases(engine, version), os.environ if environ is None else environ
     # a size that is not a positive integer is as unreadable as a missing one (reported by _check_target)
     sizes = ("num_layers", "hidden_size", "vocab_size")
     target = replace(target, **{k: None for k in sizes if getattr(target, k) is not None and getattr(target, k) < 1})
@@ -197,7 +192,6 @@ def diagnose(
     for label, table in releases:
         found: list[Finding] = []
         if engine == "vllm":
-            environ = os.environ if environ is None else environ
             _check_vllm(draft, d, ids, target, table, environ, _adder(found), draft_name)
         elif engine == "sglang":
             _check_sglang(draft, ids, target, table, _adder(found), draft_name)
@@ -235,17 +229,12 @@ def _canonical_fix(draft: str, ids: AuxLayerIds) -> str:
     )
 
 
-def _has_nested_ids(draft: Mapping[str, Any]) -> bool:
-    nested = draft.get("eagle_config")
-    return isinstance(nested, Mapping) and nested.get(IDS_KEY) is not None
-
-
 def _read_ids(draft: Mapping[str, Any], add, name: str) -> tuple[AuxLayerIds | None, str, str | None]:
     try:
         return (*aux_layer_ids_from_config(draft), None)
     except AuxLayerIdError as err:
         message = str(err)
-    if draft.get(IDS_KEY) is not None or _has_nested_ids(draft):
+    if draft.get(IDS_KEY) is not None or (_nested(draft) or {}).get(IDS_KEY) is not None:
         if "contradictory" in message:
             check, fix = "aux-ids-contradictory", "keep the ids the drafter was trained on, in one convention, labelled"
         else:
@@ -369,7 +358,7 @@ def _check_vllm(draft, d, ids, target: Target, engine, environ, add, name: str) 
         capture = engines.vllm_capture(draft, target, engine, runner)
         got = f"captures one-based {list(capture.layers or ())}; the drafter needs {ids.describe()}"
         if capture.layers == ids.one_based:
-            if capture.source == DEFAULT and _has_nested_ids(draft) and runner == "v2":
+            if capture.source == DEFAULT and (_nested(draft) or {}).get(IDS_KEY) is not None and runner == "v2":
                 problem = "vLLM's V2 model runner ignores nested eagle_config ids; the target's default it captures "
                 add("vllm-v2-runner-nested-ids", f"{problem}happens to be {list(ids.one_based)}", fix, NOTE, True)
         elif capture.source == TARGET_LAYER_IDS:
@@ -386,11 +375,9 @@ def _check_vllm(draft, d, ids, target: Target, engine, environ, add, name: str) 
             add("vllm-v2-runner-nested-ids", problem, fix, plugin_fixes=True)
         else:
             where = "the nested eagle_config ids" if capture.source == NESTED else "the top-level ids"
-            effect = (
-                "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
-                if 0 in (capture.layers or ())
-                else "(off by one: nothing fails, acceptance drops)"
-            )
+            effect = "(off by one: nothing fails, acceptance drops)"
+            if 0 in (capture.layers or ()):
+                effect = "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
             problem = f"vLLM's {runner.upper()} runner reads {where} one-based and {got} {effect}"
             add("vllm-ids-convention", problem, fix, plugin_fixes=True)
 
@@ -426,7 +413,7 @@ def _check_sglang(draft, ids, target: Target, engine, add, name: str) -> None:
         return add("sglang-unknown-target", _unknown_target("SGLang", target), fix, NOTE)
     if _out_of_reach("SGLang", reading, ids, target, add):
         return
-    arch, capture = target.architectures[0], engines.sglang_capture(draft, target, engine)
+    arch, capture = target.architectures[0], engines.sglang_capture(draft, target)
     if capture.layers == ids.one_based:
         return
     form = engines.sglang_nested_form(target, ids)

@@ -1,23 +1,18 @@
-"""What each serving engine does with a draft/target pair, worked out from their ``config.json`` files.
-
-The facts live in one table per engine, in :mod:`eagle31_mla.serving.engine_facts` (importable without any
-engine). This module applies them to plain dicts, without importing any engine, so that
-``eagle31-mla doctor`` / ``inspect`` / ``serve-command`` run anywhere, offline.
-
-The question each ``*_capture`` function answers: which target layers (one-based completed-layer ids,
-see :mod:`eagle31_mla.model.aux_layers`) will the bare engine (without this project's plugin) capture for
-the drafter, and from which key of the draft's ``config.json`` did it take them?
+"""What each serving engine does with a draft/target pair, worked out offline from their ``config.json`` files and
+the engines' facts (:mod:`.engine_facts`), without importing an engine. Each ``*_capture`` answers: which target layers
+(one-based completed-layer ids) will the bare engine (no plugin) capture, and from which key of the draft config?
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..decoding.limits import max_tree_draft_tokens
 from ..locations import looks_like_a_local_path
 from ..model.aux_layers import IDS_KEY, KIMI_K3_NUM_LAYERS, AuxLayerIds, engine_default_one_based_ids
 from ..prompts import eos_token_ids
@@ -31,31 +26,14 @@ from .engine_facts import (
     tokenspeed as tokenspeed_facts,
 )
 
-__all__ = [
-    "InputError",
-    "read_config_json",
-    "looks_like_a_drafter",
-    "check_roles",
-    "probe_output_folder",
-    "max_tree_draft_tokens",
-    "Target",
-    "KIMI_K3_TARGET",
-    "Capture",
-    "vllm_capture",
-    "sglang_capture",
-    "tokenspeed_capture",
-    "sglang_nested_form",
-    "tokenspeed_flag_form",
-]
-
 
 class InputError(Exception):
     """A file or id that cannot be read: the CLI's exit code 2."""
 
 
 def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
-    """The ``config.json`` of a folder, a ``.json`` file, or a Hub repo id (only ``config.json`` is
-    fetched; offline mode reads the huggingface_hub cache). Returns the dict and where it came from."""
+    """The ``config.json`` of a folder, a ``.json`` file, or a Hub repo id (only ``config.json`` is fetched; offline
+    mode reads the huggingface_hub cache), and where it came from."""
     path = Path(path_or_id)
     if path.is_dir():
         file = path / "config.json"
@@ -84,24 +62,18 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
 
 
 def looks_like_a_drafter(config: Mapping[str, Any]) -> bool:
-    """Whether a ``config.json`` describes an EAGLE drafter rather than a target model: an ``Eagle``
-    architecture (``Eagle3DeepseekV2ForCausalLM``, ``LlamaForCausalLMEagle3``, ...) or the EAGLE keys
-    (``eagle_aux_hidden_state_layer_ids``, ``eagle_config``). A drafter's ``model_type`` says nothing
-    (the published one says ``kimi_k2``)."""
+    """Whether a ``config.json`` is an EAGLE drafter's: an ``Eagle`` architecture (``Eagle3DeepseekV2ForCausalLM``,
+    ``LlamaForCausalLMEagle3``, ...) or an EAGLE key. Its ``model_type`` says nothing (the published one: kimi_k2)."""
     architectures = config.get("architectures")
     names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
-    return (
-        any("eagle" in a.lower() for a in names)
-        or "eagle_aux_hidden_state_layer_ids" in config
-        or "eagle_config" in config
-    )
+    return any("eagle" in a.lower() for a in names) or IDS_KEY in config or "eagle_config" in config
 
 
 def check_roles(
     target: Mapping[str, Any] | None, draft: Mapping[str, Any] | None, target_name: str = "", draft_name: str = ""
 ) -> None:
-    """Refuse (InputError, one line) a drafter given as --target or a target model given as --draft,
-    from their config.json alone, before anything is loaded."""
+    """Refuse (InputError, one line) a drafter given as --target or a target model given as --draft, from their
+    config.json alone, before anything is loaded."""
     if target is not None and looks_like_a_drafter(target):
         raise InputError(
             f"argument --target: {target_name} is an EAGLE drafter (its config.json has EAGLE "
@@ -116,12 +88,9 @@ def check_roles(
 
 
 def probe_output_folder(path: str | Path, what: str) -> None:
-    """Create (and remove) a probe folder where the output folder ``path`` will go (its nearest existing
-    ancestor), as the write will: some folders pass ``os.access`` and still refuse (/proc, read-only
-    mounts). Raises InputError naming ``what`` (e.g. "argument --out") before any work is done."""
-    import os
-    import tempfile
-
+    """Create (and remove) a probe folder where the output folder ``path`` will go (its nearest existing ancestor), as
+    the write will: some folders pass ``os.access`` and still refuse (/proc, read-only mounts). InputError naming
+    ``what`` (e.g. "argument --out") before any work is done."""
     target = Path(path).expanduser().absolute()
     parent = target if target.is_dir() else target.parent
     while not parent.exists() and parent != parent.parent:
@@ -141,8 +110,7 @@ def _int(value) -> int | None:
 
 @dataclass(frozen=True)
 class Target:
-    """What the checks need from a target's ``config.json`` (a multimodal wrapper's ``text_config`` is
-    read for the language model's sizes)."""
+    """What the checks need from a target's ``config.json`` (sizes from a multimodal wrapper's ``text_config``)."""
 
     name: str
     architectures: tuple[str, ...]
@@ -164,14 +132,10 @@ class Target:
             return text.get(key, config.get(key))
 
         unreadable = []
-        architectures = config.get("architectures")
-        if not (
-            isinstance(architectures, list) and architectures and all(isinstance(a, str) and a for a in architectures)
-        ):
-            unreadable.append(("architectures", f"a non-empty list of class names, got {architectures!r}"[:200]))
-            architectures = (
-                [a for a in architectures if isinstance(a, str) and a] if isinstance(architectures, list) else []
-            )
+        raw = config.get("architectures")
+        architectures = [a for a in raw if isinstance(a, str) and a] if isinstance(raw, list) else []
+        if not architectures or len(architectures) != len(raw):
+            unreadable.append(("architectures", f"a non-empty list of class names, got {raw!r}"[:200]))
         model_type = config.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
             unreadable.append(("model_type", f"a string, got {model_type!r}"[:200]))
@@ -218,12 +182,11 @@ KIMI_K3_TARGET = Target(
 
 @dataclass(frozen=True)
 class Capture:
-    """``layers``: the one-based layers the target captures (None: cannot tell); ``source``: where the
-    engine took them from; ``refused``: the engine stops with this error instead (loud, not silent)."""
+    """``layers``: the one-based layers the target captures (None: cannot tell); ``source``: where the engine took
+    them from."""
 
     layers: tuple[int, ...] | None
     source: str
-    refused: str | None = None
 
 
 DEFAULT = "default"  # Capture.source when the engine fell back to the target's own choice
@@ -250,8 +213,8 @@ def _default_layers(target: Target) -> list[int] | None:
 
 
 def vllm_capture(draft: Mapping[str, Any], target: Target, engine, runner: str) -> Capture:
-    """vLLM's ``_get_eagle3_aux_layers_from_config`` (V1 runner) / ``get_eagle3_aux_layers_from_config``
-    (V2): the ids it uses, all read one-based; the target keeps ``sorted(set(ids))``."""
+    """vLLM's ``_get_eagle3_aux_layers_from_config`` (V1 runner) / ``get_eagle3_aux_layers_from_config`` (V2): the
+    ids it uses, all read one-based; the target keeps ``sorted(set(ids))``."""
     ids, source = _id_list(draft.get(IDS_KEY)), TOP_LEVEL
     nested = _nested(draft)
     if ids is None and runner == "v1" and engine.v1_reads_nested_aux_ids and nested is not None:
@@ -265,13 +228,9 @@ def vllm_capture(draft: Mapping[str, Any], target: Target, engine, runner: str) 
     return Capture(tuple(sorted(set(ids))) if ids is not None else None, source)
 
 
-def sglang_capture(draft: Mapping[str, Any], target: Target, engine) -> Capture:
+def sglang_capture(draft: Mapping[str, Any], target: Target) -> Capture:
     """SGLang passes only the nested ids, raw, to the target class, which reads them its own way."""
     reading = sglang_facts.target_reading(target.architectures)
-    if reading == ONE_BASED and engine.kimi_k3_eagle3_capture is False:
-        return Capture(
-            None, DEFAULT, refused=f"{engine.describe()}'s Kimi-K3 target has no set_eagle3_layers_to_capture"
-        )
     nested = _nested(draft)
     ids = _id_list(nested.get(IDS_KEY)) if nested is not None else None
     source = NESTED if ids is not None else DEFAULT
@@ -281,18 +240,15 @@ def sglang_capture(draft: Mapping[str, Any], target: Target, engine) -> Capture:
 
 
 def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Sequence[int] | None = None) -> Capture:
-    """TokenSpeed's ``_eagle_aux_layer_ids``: the flag, else the draft config (top level, then
-    ``text_config``; in each, a nested ``eagle_config`` hides the top-level key), passed raw."""
+    """TokenSpeed's ``_eagle_aux_layer_ids``: the flag, else the draft config (top level, then ``text_config``; in
+    each, a nested ``eagle_config`` hides the top-level key), passed raw."""
     ids, source = (list(layers_flag), FLAG) if layers_flag else (None, DEFAULT)
-    if ids is None:
-        text = draft.get("text_config")
-        for config in (draft, text if isinstance(text, Mapping) else None):
-            if config is None:
-                continue
+    for config in (draft, draft.get("text_config")) if ids is None else ():
+        if isinstance(config, Mapping):
             nested = _nested(config)
-            ids = _id_list(nested.get(IDS_KEY)) if nested is not None else _id_list(config.get(IDS_KEY))
+            ids = _id_list((config if nested is None else nested).get(IDS_KEY))
             if ids is not None:
-                source = NESTED if nested is not None else TOP_LEVEL
+                source = TOP_LEVEL if nested is None else NESTED
                 break
     reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
     if reading is None or target.num_layers is None:
@@ -303,8 +259,8 @@ def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Se
 
 
 def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
-    """The nested id list that makes SGLang's target class capture exactly ``ids``: one-based if it
-    works, else zero-based; None when no list does (or the class is not in the table)."""
+    """The nested id list that makes SGLang's target class capture exactly ``ids``: one-based if it works, else
+    zero-based; None when no list does (or the class is not in the table)."""
     reading = sglang_facts.target_reading(target.architectures)
     if reading is None:
         return None
@@ -317,8 +273,4 @@ def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
 def tokenspeed_flag_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
     """``--eagle3-layers-to-capture`` for this target: its own convention (None: unknown class)."""
     reading = tokenspeed_facts.target_reading(target.architectures, target.model_type)
-    if reading == ONE_BASED:
-        return list(ids.one_based)
-    if reading == PLUS_ONE:
-        return list(ids.zero_based)
-    return None
+    return {ONE_BASED: list(ids.one_based), PLUS_ONE: list(ids.zero_based)}.get(reading)

@@ -21,6 +21,7 @@ import math
 import re
 import secrets
 import shlex
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..locations import atomic_write
 from .engine_facts import (
     ENGINE_NAMES,
     PLUGIN_INSTALL,
@@ -36,8 +36,6 @@ from .engine_facts import (
     tokenspeed as ts_facts,
     vllm as vllm_facts,
 )
-
-__all__ = ["LiveError", "measure_server", "compare", "read_reference", "format_report", "write_json_atomic"]
 
 #: The smallest margin a verdict allows: below it two measurements are the same number.
 MIN_MARGIN = 0.02
@@ -194,15 +192,22 @@ def _counter_delta(after: Acceptance, before: Acceptance) -> Acceptance:
     return Acceptance(rounds, accepted, drafted, hist, pos if k else None, k or None, "vllm-metrics")
 
 
+def _reported(details, keys: tuple[str, str, str, str], steps_key: str | None, source: str) -> Acceptance | None:
+    """An engine's per-request fields ``keys``: rounds, accepted drafts, drafts proposed, histogram; the steps from
+    ``steps_key`` or else the drafts per round, else the histogram's length."""
+    rounds, accepted, drafted = (_int(_field(details, (key,))) for key in keys[:3])
+    if rounds is None or accepted is None:
+        return None
+    hist = _histogram(details.get(keys[3]), rounds, accepted)
+    steps = _int(details.get(steps_key)) if steps_key else _per_round(drafted, rounds)
+    return Acceptance(rounds, accepted, drafted, hist, None, steps or (len(hist) - 1 if hist else None), source)
+
+
 def vllm_response_acceptance(response: dict) -> Acceptance | None:
     """``metrics.speculative_decoding`` of a vLLM (>= 0.29, --per-request-spec-decode-metrics) response, or None."""
     spec = _field(response, vllm_facts.PER_REQUEST_SPEC_METRICS_FIELD)
-    rounds, accepted = _int(_field(spec, ("num_spec_steps",))), _int(_field(spec, ("num_accepted_draft_tokens",)))
-    if rounds is None or accepted is None:
-        return None
-    hist = _histogram(spec.get("acceptance_histogram"), rounds, accepted)
-    steps = _int(spec.get("num_spec_tokens")) or (len(hist) - 1 if hist else None)
-    return Acceptance(rounds, accepted, _int(spec.get("num_draft_tokens")), hist, None, steps, "vllm-response")
+    keys = ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens", "acceptance_histogram")
+    return _reported(spec, keys, "num_spec_tokens", "vllm-response")
 
 
 def sglang_response_acceptance(response: dict) -> Acceptance | None:
@@ -210,14 +215,8 @@ def sglang_response_acceptance(response: dict) -> Acceptance | None:
     details = _field(response, sglang_facts.SPEC_DETAILS_RESPONSE_FIELD)
     if isinstance(details, list):  # one per choice (n > 1); this tool sends n = 1
         details = details[0] if len(details) == 1 else None
-    rounds = _int(_field(details, (sglang_facts.SPEC_VERIFY_CT,)))
-    accepted = _int(_field(details, (sglang_facts.SPEC_NUM_CORRECT_DRAFTS,)))
-    if rounds is None or accepted is None:
-        return None
-    proposed = _int(details.get(sglang_facts.SPEC_NUM_PROPOSED_DRAFTS))
-    hist = _histogram(details.get(sglang_facts.SPEC_CORRECT_DRAFTS_HISTOGRAM), rounds, accepted)
-    steps = _per_round(proposed, rounds) or (len(hist) - 1 if hist else None)
-    return Acceptance(rounds, accepted, proposed, hist, None, steps, "sglang-response")
+    keys = (sglang_facts.SPEC_VERIFY_CT, sglang_facts.SPEC_NUM_CORRECT_DRAFTS, sglang_facts.SPEC_NUM_PROPOSED_DRAFTS)
+    return _reported(details, (*keys, sglang_facts.SPEC_CORRECT_DRAFTS_HISTOGRAM), None, "sglang-response")
 
 
 def tokenspeed_response_acceptance(response: dict) -> Acceptance | None:
@@ -310,8 +309,7 @@ def _influence(items: list[Acceptance]) -> list[float]:
 
 
 def _standard_error(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return statistics.stdev(values) / math.sqrt(len(values))
 
 
 def ratio_interval(items: list[Acceptance]) -> dict[str, Any] | None:
@@ -406,8 +404,7 @@ def settings_differences(reference: dict, settings: dict) -> list[str]:
 def compare(report: dict[str, Any], *, expect: float | None = None, reference: dict | None = None) -> dict[str, Any]:
     """The verdict of a :func:`measure_server` report against ``expect`` or an offline ``reference`` report (the rule
     is the module docstring's)."""
-    measured = report["total"]["mean_accept_length"]
-    measured = float("nan") if measured is None else measured
+    measured = report["total"]["mean_accept_length"] or float("nan")  # None: no rounds
     per_request = report["server"]["attribution"] == "per-request"
     items = [Acceptance(r["num_rounds"], r["num_accepted_tokens"]) for r in report["requests"]] if per_request else []
     live, warnings, half = report.get("confidence_interval_95"), [], None
@@ -691,16 +688,15 @@ def measure_server(
     with client.openai:  # leaving it closes the client's connections
         entry, counters, version, target, draft = _probe_server(client, engine, model)
         log_start = log.stat().st_size if log is not None else 0
+        extra_body = {"ignore_eos": True} if ignore_eos else {}
+        extra_body |= {sglang_facts.SPEC_DETAILS_REQUEST_FIELD: True} if engine == "sglang" else {}
 
         def send(i: int) -> _Result:
             where, prompt = lines[i]
             endpoint, body = _request(prompt, chat)
             api = client.openai.chat.completions if "chat" in endpoint else client.openai.completions
-            extra: dict[str, Any] = {"ignore_eos": True} if ignore_eos else {}
-            if engine == "sglang":
-                extra[sglang_facts.SPEC_DETAILS_REQUEST_FIELD] = True
             rid = f"eagle31-{run}-{i}" if engine == "tokenspeed" else None
-            extra.update({ts_facts.REQUEST_ID_FIELD: rid} if rid else {})
+            extra = {**extra_body, ts_facts.REQUEST_ID_FIELD: rid} if rid else extra_body
             body.update(model=entry["id"], max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=1)
             start = time.perf_counter()
             try:
@@ -719,7 +715,7 @@ def measure_server(
                     "usage.completion_tokens)"
                 )
             choice = choices[0] if isinstance(choices[0], dict) else {}
-            text = choice.get("text") or _field(choice, ("message", "content"))
+            text = _text(choice.get("text") or _field(choice, ("message", "content"))) or ""
             acceptance = _READERS[engine](out)
             elsewhere = counters is not None if engine == "vllm" else engine == "tokenspeed" and log is not None
             if acceptance is None and completion >= 2 and not elsewhere:  # neither counters nor a log to read
@@ -727,16 +723,14 @@ def measure_server(
             if acceptance is None and completion < 2 and engine != "vllm":  # the prefill token only: no round
                 acceptance = Acceptance(0, 0, 0, source=f"{engine}-response")
             prompt_tokens, finish = _int(_field(out, ("usage", "prompt_tokens"))), choice.get("finish_reason")
-            text = text if isinstance(text, str) else ""
             return _Result(
                 where, completion, prompt_tokens, finish, text, latency, rid, _text(out.get("id")), acceptance
             )
 
         results: dict[int, _Result] = {}
         deltas: dict[int, Acceptance] = {}
-        bar = tqdm(total=len(lines), desc="acceptance", unit="req", disable=not progress, file=sys.stderr)
         wall_start = time.perf_counter()
-        try:
+        with tqdm(total=len(lines), desc="acceptance", unit="req", disable=not progress, file=sys.stderr) as bar:
             if concurrency == 1:
                 before = counters
                 for i in range(len(lines)):
@@ -755,8 +749,6 @@ def measure_server(
                         _progress(bar, results, deltas)
                 finally:
                     pool.shutdown(wait=False, cancel_futures=True)
-        finally:
-            bar.close()
         wall = time.perf_counter() - wall_start
         request_time = sum(r.latency for r in results.values()) if concurrency == 1 else wall
         run_delta = None
@@ -924,27 +916,18 @@ def format_report(report: dict[str, Any]) -> str:
         )
     lines += [f"note: {note}" for note in report.get("notes", [])]
     if verdict := report.get("verdict"):
-        lines += ["", *format_verdict(verdict)]
-    return "\n".join(lines)
-
-
-def format_verdict(verdict: dict[str, Any]) -> list[str]:
-    what = "the reference" if verdict["against"] == "reference" else "the expected"
-    head = "consistent" if verdict["consistent"] else "NOT consistent"
-    lines = [
-        f"verdict: {head} with {what} {verdict['expected']:.3f}: measured {_f(verdict['measured'], '.3f')}, "
-        f"difference {verdict['difference']:+.3f}, allowed +-{verdict['margin']:.3f} ({verdict['method']})"
-    ]
-    if verdict["causes"] and verdict["doctor"]:
-        lines.append("likely cause (a silent misconfiguration; most likely first):")
-    lines += [f"  - {cause}" for cause in verdict["causes"]]
-    if verdict["doctor"]:
-        lines.append(f"check the deployment: {verdict['doctor']}")
-        if {"DRAFT", "TARGET"} & set(verdict["doctor"].split()):
+        what = "the reference" if verdict["against"] == "reference" else "the expected"
+        head, doctor = "consistent" if verdict["consistent"] else "NOT consistent", verdict["doctor"]
+        lines += [
+            "",
+            f"verdict: {head} with {what} {verdict['expected']:.3f}: measured {_f(verdict['measured'], '.3f')}, "
+            f"difference {verdict['difference']:+.3f}, allowed +-{verdict['margin']:.3f} ({verdict['method']})",
+        ]
+        if verdict["causes"] and doctor:
+            lines.append("likely cause (a silent misconfiguration; most likely first):")
+        lines += [f"  - {cause}" for cause in verdict["causes"]]
+        if doctor:
+            lines.append(f"check the deployment: {doctor}")
+        if doctor and {"DRAFT", "TARGET"} & set(doctor.split()):
             lines.append("  (DRAFT / TARGET: the drafter and target folders or Hub ids the server was started with)")
-    return lines
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """``data`` as JSON at ``path``, atomically (a reader never sees half a report)."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"))
+    return "\n".join(lines)

@@ -1,7 +1,6 @@
 """PD-disaggregated serving: a prefill and a decode instance, the prompt's KV cache (the MLA drafter's latent one with
-the target's) moved from the first to the second. :func:`pd_commands` writes a launch pair and its router
-(``serve-command --pd``); :func:`parse_launch` reads what a launch command sets that both sides must agree on;
-:func:`diagnose_pd` checks a pair (``doctor --prefill-command ... --decode-command ...``): a prefill side without
+the target's) moved from the first to the second. :func:`pd_commands` writes a pair and its router (``serve-command
+--pd``); :func:`diagnose_pd` checks one (``doctor --prefill-command ... --decode-command ...``): a prefill side without
 the decode side's drafter fails (vLLM) or silently drops acceptance (SGLang), as another drafter or dtype does.
 """
 
@@ -15,20 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
-from .command import ServeCommand, serve_command
+from .command import PD_CONNECTORS, ServeCommand, serve_command
 from .doctor import NOTE, Finding, Report, _adder, diagnose
 from .engine_facts import ENGINE_NAMES, sglang as sglang_facts, tokenspeed as tokenspeed_facts, vllm as vllm_facts
 from .engines import InputError, Target, read_config_json
 
-__all__ = ["Launch", "PdCommands", "parse_launch", "pd_commands", "diagnose_pd", "PD_CONNECTORS"]
-
 FACTS = {"vllm": vllm_facts, "sglang": sglang_facts, "tokenspeed": tokenspeed_facts}
-#: What ``serve-command --pd --connector`` takes, per engine (the first is the default).
-PD_CONNECTORS = {
-    "vllm": tuple(vllm_facts.PD_CONNECTORS),
-    "sglang": tuple(b for b in sglang_facts.TRANSFER_BACKENDS if b not in sglang_facts.NO_PREFILL_BACKENDS),
-    "tokenspeed": tokenspeed_facts.TRANSFER_BACKENDS,
-}
 #: The ports the printed pair listens on (prefill, decode), per engine, and the ExampleConnector's shared folder.
 PORTS = {"vllm": (8100, 8200), "sglang": (30000, 30001), "tokenspeed": (8000, 8001)}
 SHARED_FOLDER = "/mnt/shared/kv-transfer"

@@ -45,12 +45,8 @@ def inputs_digest(sequences: Sequence[Sequence[int]], loss_masks: Sequence[Seque
     """The identity of a capture's input sequences (and their loss masks): a resumed capture must be given
     the same ones."""
     digest = hashlib.sha256()
-    for ids in sequences:
-        digest.update(json.dumps(list(map(int, ids))).encode())
-        digest.update(b"\n")
-    for mask in loss_masks or ():
-        digest.update(json.dumps(list(map(int, mask))).encode())
-        digest.update(b"\n")
+    for row in [*sequences, *(loss_masks or ())]:
+        digest.update(json.dumps(list(map(int, row))).encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -78,7 +74,7 @@ class CaptureManifest:
     draft: str | None = None
     loss_mask: str = "all"  # which tokens are trained on: "all", "assistant" or "last-turn" (conversations)
     shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "sequences", "tokens", "input_index"}
-    # a capture streamed through a spool (training.spool.SpoolSettings): its part, the whole capture's size, the cap
+    # a capture streamed through a spool (training.spool.plan_part): its part, the whole capture's size, the cap
     spool: dict[str, Any] | None = None
     format: str = FORMAT
     version: int = VERSION
@@ -155,12 +151,8 @@ def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) ->
     Raises :class:`CapturedDataError` naming the shard and the field that is wrong."""
     from safetensors import safe_open
 
-    tokens, n, k, hidden = (
-        entry["tokens"],
-        entry["sequences"],
-        len(manifest.aux_layer_ids),
-        manifest.target["hidden_size"],
-    )
+    tokens, n = entry["tokens"], entry["sequences"]
+    k, hidden = len(manifest.aux_layer_ids), manifest.target["hidden_size"]
     want = {
         "token_ids": ("I64", [tokens]),
         "offsets": ("I64", [n + 1]),
@@ -198,14 +190,9 @@ def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) ->
 class CapturedStates:
     """The sequences of a capture folder, every shard checked against the manifest when opened."""
 
-    def __init__(self, folder: str | Path, *, aux_layer_ids: Sequence[int] | None = None):
+    def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.manifest = manifest = read_manifest(folder)
-        if aux_layer_ids is not None and list(aux_layer_ids) != manifest.aux_layer_ids:
-            raise CapturedDataError(
-                f"{self.folder}: captured at aux layers {manifest.aux_layer_ids} (one-based), but the drafter reads "
-                f"{list(aux_layer_ids)}; capture again with the drafter's ids"
-            )
         entries = []
         for entry in manifest.shards:
             path = self.folder / entry["file"]
@@ -215,7 +202,6 @@ class CapturedStates:
         if len({i for i, *_ in entries}) != len(entries):
             raise CapturedDataError(f"{self.folder}: a sequence is captured twice")
         self._index = [(path, start, end) for _, path, start, end in entries]  # per sequence, in input order
-        self.dtype = getattr(torch, manifest.dtype)
         self._open: dict[Path, Any] = {}
 
     def __len__(self) -> int:
@@ -225,10 +211,6 @@ class CapturedStates:
     def longest(self) -> int:
         """Tokens in the longest captured sequence."""
         return max((end - start for _, start, end in self._index), default=0)
-
-    @property
-    def complete(self) -> bool:
-        return len(self._index) == self.manifest.num_inputs
 
     def _where(self, i: int) -> tuple[Path, int, int]:
         """(shard, start, end) of the i-th sequence."""
@@ -251,10 +233,9 @@ class CapturedStates:
         i-th captured sequence: position t's are the target's next-token distribution after x[..t]."""
         path, start, end = self._where(i)
         f = self._file(path)
-        aux = f.get_slice("aux")[start:end]
         return (
             f.get_slice("token_ids")[start:end],
-            aux.reshape(end - start, -1),
+            f.get_slice("aux")[start:end].reshape(end - start, -1),
             f.get_slice("topk_logprobs")[start:end],
             f.get_slice("topk_ids")[start:end].long(),
         )

@@ -46,7 +46,6 @@ from .trainer import CapturedTarget, TrainingConfig
 
 logger = logging.getLogger(__name__)
 
-PART_FOLDER = "part-{}-of-{}"
 _PART = re.compile(r"part-([0-9]+)-of-([0-9]+)")
 _SHARD = re.compile(r"shard-([0-9]+)\.safetensors")
 #: Seconds between looks at the spool while waiting (both sides).
@@ -54,34 +53,12 @@ POLL_S = float(os.environ.get("EAGLE31_SPOOL_POLL_S", "0.2"))
 
 
 def part_folder(spool: str | Path, part: int, parts: int) -> Path:
-    return Path(spool) / PART_FOLDER.format(part, parts)
+    return Path(spool) / f"part-{part}-of-{parts}"
 
 
 def part_sequences(count: int, part: int, parts: int) -> list[int]:
     """The input indices part ``part`` (one-based) of ``parts`` captures."""
     return list(range(part - 1, count, parts))
-
-
-@dataclass(frozen=True)
-class SpoolSettings:
-    """What a capture process writes into its part's manifest (``spool``)."""
-
-    part: int  # one-based
-    parts: int
-    inputs: int  # sequences in the whole input (all parts)
-    max_bytes: int  # this part's share of the cap
-    shard_bytes: int  # at least the bytes of this part's largest shard
-    bytes: int  # at least the bytes of all this part's shards
-    sequences_per_shard: int
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def is_spool(folder: Path) -> bool:
-    """A folder ``train --follow`` can wait on: empty (the capture has not started), or holding parts."""
-    entries = list(folder.iterdir())
-    return not entries or any(_PART.fullmatch(p.name) and p.is_dir() for p in entries)
 
 
 def plan_part(
@@ -96,9 +73,10 @@ def plan_part(
     hidden_size: int,
     dtype: torch.dtype,
     top_k: int,
-) -> SpoolSettings:
-    """A part's spool settings from its sequences' lengths (known before the target runs); refused when one of
-    its shards cannot fit in its share of the cap (``max_bytes`` / ``parts``)."""
+) -> dict[str, int]:
+    """A part's ``spool`` manifest entry, from its sequences' lengths (known before the target runs): its part
+    (one-based) of ``parts``, the sequences of the whole input, its share of the cap (``max_bytes`` / ``parts``),
+    upper bounds of the bytes of its largest shard and of all its shards. Refused when a shard cannot fit."""
     share = max_bytes // parts
     sizes = [
         shard_bytes(sum(chunk), len(chunk), num_aux, hidden_size, dtype, top_k)
@@ -111,7 +89,8 @@ def plan_part(
             f"more than this part's share of the spool ({share / 1e6:.4g} MB of {max_bytes / 1e6:.4g} MB for "
             f"{parts} parts): raise --max-spool-gb or lower --sequences-per-shard"
         )
-    return SpoolSettings(part, parts, inputs, share, largest, sum(sizes), sequences_per_shard)
+    entry = dict(part=part, parts=parts, inputs=inputs, sequences_per_shard=sequences_per_shard)
+    return entry | dict(max_bytes=share, shard_bytes=largest, bytes=sum(sizes))
 
 
 def write_shards(
@@ -200,13 +179,10 @@ class FollowedCapture(CapturedStates):
                 raise CapturedDataError(f"{p}: its manifest's spool entry disagrees with its folder's part")
         self.spool = self.manifest.spool is not None
         self.total = self.manifest.spool["inputs"] if self.spool else self.manifest.num_inputs
-        self.dtype = getattr(torch, self.manifest.dtype)
         self._shards: list[_Shard] = []
         self._next = [0] * len(self.parts)  # per part: the number of its next shard in the stream
         self._turn = 0  # the part whose shard comes next
         self._open: dict[Path, Any] = {}
-
-    # ---- the spool's parts and their manifests ----
 
     def _wait_for_parts(self) -> list[Path]:
         said = False
@@ -251,8 +227,6 @@ class FollowedCapture(CapturedStates):
                     f"({s['max_bytes'] / 1e6:.4g} MB): lower --batch-size, or capture with a larger "
                     "--max-spool-gb or a smaller --sequences-per-shard"
                 )
-
-    # ---- the stream ----
 
     def __len__(self) -> int:
         return self.total
@@ -361,15 +335,14 @@ class FollowTarget(CapturedTarget):
 
     def stalled(self, step: int, config: TrainingConfig) -> bool:
         window = self._window(step, config)
-        return not self.data.ready(min(window.stop, len(self.data))) and self._releasable(step, config)
+        return not self.data.ready(min(window.stop, len(self.data))) and self.data.releasable(
+            self._trained(step, config)
+        )
 
     def _trained(self, step: int, config: TrainingConfig) -> int:
         """Stream positions every later step is done with (their shards can go)."""
         done, n = min(step * config.batch_size, len(self.data) * self.epochs), len(self.data)
         return done if self.epochs == 1 else (n if done == n * self.epochs else 0)
-
-    def _releasable(self, step: int, config: TrainingConfig) -> bool:
-        return self.data.releasable(self._trained(step, config))
 
     def checkpointed(self, step: int, config: TrainingConfig, remove: bool = True) -> None:
         self.data.ready(self._trained(step, config))  # a resumed trainer learns the shards before its step

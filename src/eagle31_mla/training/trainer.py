@@ -42,17 +42,17 @@ class ConcatKVCache(LatentKVCache):
     """The drafter cache for training: appends by concatenation, so autograd sees no in-place writes.
     A LatentKVCache (same layout, so the drafter's cache checks apply) that allocates on first use."""
 
-    def __init__(self):
-        self.latent = None
-        self.kv_lora_rank = self.rope_dim = None  # read from the first update's widths
+    def __init__(self, batch_size: int):
+        self.latent = torch.empty(batch_size, 0, 0)  # its width and dtype: the first update's
+        self.kv_lora_rank = self.rope_dim = None
         self._owner = None
 
     def get_seq_length(self) -> int:
-        return 0 if self.latent is None else self.latent.shape[1]
+        return self.latent.shape[1]
 
     def update(self, c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
         new = torch.cat([c_kv, k_pe], dim=-1)  # [B, T, C+R]
-        self.latent = new if self.latent is None else torch.cat([self.latent, new], dim=1)
+        self.latent = torch.cat([self.latent, new], dim=1) if self.latent.shape[1] else new
         return self.latent
 
 
@@ -174,7 +174,7 @@ def ttt_forward(
     device = input_ids.device
     if anchors is not None and anchors.dim() == 1:
         anchors = anchors.expand(B, -1)
-    cache, state = ConcatKVCache(), None
+    cache, state = ConcatKVCache(B), None
     for k in range(depth):
         rows = depth_rows(S, None if k == 0 else anchors, device)  # depth 0 runs dense
         if k == 1 and anchors is not None:
@@ -211,11 +211,9 @@ def ttt_loss_terms(
     anchors: torch.Tensor | None = None,  # [B, N] (sample_anchors)
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per depth k: (sum of the weighted forward KL, sum of the weights, sum of the weighted top-1
-    agreement) over the batch. Sums, so that data-parallel ranks can add theirs before dividing.
-
-    With a pruned vocabulary, positions whose target argmax lies outside the draft vocabulary are left out
-    (no draft token can be right there, as TorchSpec does), and the target's mass is renormalised over the
-    draft vocabulary at the others."""
+    agreement) over the batch: sums, so that data-parallel ranks can add theirs before dividing. With a pruned
+    vocabulary the target's mass is renormalised over the draft vocabulary (:func:`_loss_weight` leaves out
+    positions whose target argmax has no draft token, as TorchSpec does)."""
     S, device = input_ids.shape[1], input_ids.device
     terms = []
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
@@ -236,7 +234,8 @@ def combine_depth_losses(
     terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], depth_decay: float | None = None
 ) -> tuple[torch.Tensor, list[float]]:
     """The loss from :func:`ttt_loss_terms` (summed over ranks where there are several): per depth the
-    weighted mean KL; then their mean (``depth_decay`` None) or TorchSpec's sum of d^k x loss_k."""
+    weighted mean KL; then their mean (``depth_decay`` None) or TorchSpec's sum of d^k x loss_k (0.8 in its
+    recipes: depth 0, the step that matters most for accept length, weighs the most)."""
     losses = torch.stack([kl / weight.clamp_min(1) for kl, weight, _ in terms])
     accuracy = [float(agree / weight.clamp_min(1)) for _, weight, agree in terms]
     if depth_decay is None:
@@ -255,10 +254,8 @@ def ttt_loss(
     anchors: torch.Tensor | None = None,
     depth_decay: float | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Forward KL from the target's distribution at depths 0..depth-1, and the drafter's top-1 agreement
-    with the target's argmax at each depth. ``depth_decay`` None: the mean over depths; a number d:
-    TorchSpec's sum of d^k x the depth-k loss (0.8 in its recipes), which keeps depth 0, the step that
-    matters most for accept length, the heaviest."""
+    """(the loss, the top-1 agreement with the target per depth): forward KL from the target's distribution
+    at depths 0..depth-1, combined by :func:`combine_depth_losses`."""
     terms = ttt_loss_terms(drafter, input_ids, aux, target_probs, depth, loss_mask, anchors)
     return combine_depth_losses(terms, depth_decay)
 
@@ -297,15 +294,13 @@ class TrainingConfig:
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """The one-based aux ids a drafter trained for a ``num_layers``-deep target reads by default: the
-    engines' default (:func:`~eagle31_mla.model.aux_layers.engine_default_one_based_ids`, ``(2, n // 2, n - 3)``)
-    where it gives three ascending ids (n >= 7); below that, three spread ids ``(1, n // 2, n - 1)``
-    (4 layers: ``[1, 2, 3]``, the demo drafter's), or every layer of a target under 4 layers."""
+    """The one-based aux ids a new drafter for a ``num_layers``-deep target reads: the engines' default
+    ``(2, n // 2, n - 3)`` where those ascend (n >= 7); below that ``(1, n // 2, n - 1)`` (4 layers: the demo
+    drafter's ``[1, 2, 3]``), or every layer of a target under 4 layers."""
     from ..model.aux_layers import engine_default_one_based_ids
 
-    ids = engine_default_one_based_ids(num_layers)
-    if num_layers >= 7 and ids == sorted(set(ids)) and ids[0] >= 1:
-        return ids
+    if num_layers >= 7:
+        return engine_default_one_based_ids(num_layers)
     if num_layers >= 4:
         return [1, num_layers // 2, num_layers - 1]
     return list(range(1, num_layers + 1))
@@ -315,18 +310,9 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 #: what ``train --draft-config`` copies from another drafter's config.json. A new drafter without them has the
 #: published drafter's (Kimi-K3's: 64 heads, q_lora 1536, kv_lora 512 + rope 64, MLP 18432, YaRN).
 LAYER_SETTINGS = (
-    "intermediate_size",
-    "num_attention_heads",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "hidden_act",
-    "rope_parameters",
-)
+    "intermediate_size num_attention_heads q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim "
+    "max_position_embeddings rms_norm_eps hidden_act rope_parameters"
+).split()
 
 
 def layer_settings(config_json: dict) -> dict:
@@ -341,15 +327,11 @@ def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
     """A drafter sized for ``target`` (same hidden size and vocabulary), its embeddings and lm_head
     copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's).
     Aux ids default to :func:`default_aux_layer_ids` of the target's depth."""
-    return _new_drafter(
-        target.config.get_text_config(),
-        target.get_input_embeddings().weight,
-        target.get_output_embeddings().weight,
-        config_overrides,
-    )
+    embed, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    return _new_drafter(target.config.get_text_config(), embed, head, **config_overrides)
 
 
-def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, config_overrides: dict) -> Eagle31MLAForCausalLM:
+def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, **config_overrides) -> Eagle31MLAForCausalLM:
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
     if config_overrides.get("eagle_aux_hidden_state_layer_ids") is None:
@@ -373,25 +355,20 @@ def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tens
     from ..locations import model_folder, safetensors_files
 
     folder = model_folder(target_path)
-    found: dict[str, tuple[Path, str]] = {}
+    found: dict[str, tuple[str, torch.Tensor]] = {}
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                if "vision" in name or "mtp" in name:
+                key = next((k for k in ("embed_tokens.weight", "lm_head.weight") if name.endswith(k)), None)
+                if key is None or "vision" in name or "mtp" in name:
                     continue
-                for key in ("embed_tokens.weight", "lm_head.weight"):
-                    if name.endswith(key):
-                        if key in found:
-                            raise ValueError(f"{folder}: two tensors end with {key} ({found[key][1]}, {name})")
-                        found[key] = (file, name)
+                if key in found:
+                    raise ValueError(f"{folder}: two tensors end with {key} ({found[key][0]}, {name})")
+                found[key] = (name, f.get_tensor(name))
     if "embed_tokens.weight" not in found:
         raise ValueError(f"{folder}: no `embed_tokens.weight` tensor; expected a causal LM checkpoint")
-    found.setdefault("lm_head.weight", found["embed_tokens.weight"])  # tie_word_embeddings
-    tensors = []
-    for file, name in (found["embed_tokens.weight"], found["lm_head.weight"]):
-        with safe_open(str(file), framework="pt") as f:
-            tensors.append(f.get_tensor(name))
-    return tensors[0], tensors[1]
+    embed = found["embed_tokens.weight"][1]
+    return embed, found.get("lm_head.weight", (None, embed))[1]  # tie_word_embeddings
 
 
 def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31MLAForCausalLM:
@@ -399,7 +376,7 @@ def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31ML
     from transformers import AutoConfig
 
     embed, head = target_embeddings(target_path)
-    return _new_drafter(AutoConfig.from_pretrained(target_path).get_text_config(), embed, head, config_overrides)
+    return _new_drafter(AutoConfig.from_pretrained(target_path).get_text_config(), embed, head, **config_overrides)
 
 
 def drafter_to_finetune(path: str | Path, embed: torch.Tensor) -> Eagle31MLAForCausalLM:
@@ -451,28 +428,21 @@ class LiveTarget(_Batches):
     padding is masked out (the target is causal: padding after a sequence does not change its states)."""
 
     def __init__(self, target, sequences, loss_masks=None):
-        self.target, self.sequences, self.loss_masks = target, sequences, loss_masks
+        self.target, self.sequences, self.loss_masks = target.eval(), sequences, loss_masks
         self.device = target.device
 
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def prepare(self) -> None:
-        self.target.eval()
-
     def batch(self, indices: torch.Tensor, aux_layer_ids):
-        """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask [B, S] or None)."""
-        if isinstance(self.sequences, torch.Tensor) and self.loss_masks is None:
-            batch, mask = self.sequences[indices].to(self.device), None
-        else:
-            rows = [torch.as_tensor(self.sequences[int(i)]) for i in indices]
-            S = max(len(r) for r in rows)
-            batch = torch.zeros(len(rows), S, dtype=torch.long)
-            mask = torch.zeros(len(rows), S)
-            for b, (i, r) in enumerate(zip(indices, rows)):
-                batch[b, : len(r)] = r
-                mask[b, : len(r)] = 1 if self.loss_masks is None else torch.as_tensor(self.loss_masks[int(i)]).float()
-            batch, mask = batch.to(self.device), mask.to(self.device)
+        """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask [B, S])."""
+        rows = [torch.as_tensor(self.sequences[int(i)]) for i in indices]
+        batch = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+        mask = torch.zeros(batch.shape)
+        for b, (i, r) in enumerate(zip(indices, rows)):
+            batch[b, : len(r)] = r
+            mask[b, : len(r)] = 1 if self.loss_masks is None else torch.as_tensor(self.loss_masks[int(i)]).float()
+        batch, mask = batch.to(self.device), mask.to(self.device)
         aux, probs = capture_target_states(self.target, batch, aux_layer_ids)
         return batch, aux, probs, mask
 
@@ -483,14 +453,11 @@ class CapturedTarget(_Batches):
     Sequences of different lengths are padded at the end and masked out of the loss, as are the tokens the
     capture's loss mask leaves out (a conversation's non-assistant tokens)."""
 
-    def __init__(self, data, vocab_size: int, device="cpu", dtype: torch.dtype = torch.float32):
-        self.data, self.vocab_size, self.device, self.dtype = data, vocab_size, torch.device(device), dtype
+    def __init__(self, data, vocab_size: int, device="cpu"):
+        self.data, self.vocab_size, self.device = data, vocab_size, torch.device(device)
 
     def __len__(self) -> int:
         return len(self.data)
-
-    def prepare(self) -> None:
-        pass
 
     def length(self, i: int) -> int:
         return self.data.length(i)
@@ -501,12 +468,12 @@ class CapturedTarget(_Batches):
         S = max([ids.shape[0] for ids, *_ in rows] + [pad_to or 0])
         B, width = len(rows), rows[0][1].shape[-1]
         input_ids = torch.zeros(B, S, dtype=torch.long)
-        aux = torch.zeros(B, S, width, dtype=self.dtype)
+        aux = torch.zeros(B, S, width)
         probs = torch.zeros(B, S, self.vocab_size)
         mask = torch.zeros(B, S)
         for b, (i, (ids, states, _, _)) in enumerate(zip(indices, rows)):
             n = ids.shape[0]
-            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.to(self.dtype), self.data.loss_mask(int(i))
+            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.float(), self.data.loss_mask(int(i))
             probs[b, :n] = self.data.target_probs(int(i), self.vocab_size)
         to = self.device
         return input_ids.to(to), aux.to(to), probs.to(to), mask.to(to)
@@ -522,7 +489,6 @@ def train_drafter(
     stop_at: int | None = None,
     loss_masks=None,
 ) -> Eagle31MLAForCausalLM:
-    """Train against a Transformers target run on every batch (:func:`train_on`)."""
     states = LiveTarget(target, sequences, loss_masks)
     return train_on(states, drafter, out_dir, config, progress=progress, stop_at=stop_at)
 
@@ -581,7 +547,6 @@ def train_on(
         start, config.log = saved["step"], json.loads(saved["log"])
         logger.info("resuming from step %d in %s", start, work_dir)
         states.checkpointed(start, config)
-    states.prepare()
     drafter.train()
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(start, end), desc="train drafter", disable=not progress, initial=start, total=config.steps)
@@ -630,7 +595,7 @@ def clip_gradients(params, max_norm: float, reduce=None) -> torch.Tensor:
 
 def _compute(dtype: str | None, device):
     """bf16 compute for the drafter's forward and loss, float32 master weights (torch autocast)."""
-    if dtype is None or dtype == "float32":
+    if dtype in (None, "float32"):
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
 

@@ -31,7 +31,7 @@ from .captured import (
     read_manifest,
     write_manifest,
 )
-from .spool import SpoolSettings, write_shards
+from .spool import write_shards
 
 logger = logging.getLogger(__name__)
 
@@ -146,35 +146,25 @@ def capture_with_vllm(
     max_shards: int | None = None,
     loss_masks: Sequence[Sequence[int]] | None = None,
     loss_mask_kind: str = "all",
-    spool: SpoolSettings | None = None,
+    spool: dict[str, int] | None = None,
 ) -> CaptureManifest:
     """Capture ``sequences`` (token ids) through ``target`` in vLLM into ``out``; resume what ``out`` holds.
     ``loss_masks`` (one per sequence, e.g. a conversation's assistant tokens) are stored with them, labelled
-    ``loss_mask_kind`` in the manifest; without them every token is trained on.
-
-    ``spool``: ``out`` is a part of a spool (:mod:`eagle31_mla.training.spool`): each shard waits until it fits
-    in the part's share beside the shards the trainer has not taken.
-    ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
+    ``loss_mask_kind`` in the manifest; without them every token is trained on. ``spool`` (a part's entry,
+    :func:`~eagle31_mla.training.spool.plan_part`): each shard waits until it fits in the part's share of the
+    spool. ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
     from tqdm.auto import tqdm
 
-    config, _ = read_config_json(target)
-    info = Target.from_config(config, target)
-    if not info.num_layers or not info.hidden_size:
-        raise ValueError(f"{target}: its config.json gives no readable num_hidden_layers / hidden_size")
+    info = Target.from_config(read_config_json(target)[0], target)
     ids = aux_layer_ids.with_target_depth(info.num_layers)
     _check_engine(info)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    sizes = dict(num_hidden_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size)
     manifest = _open_manifest(
         out,
         CaptureManifest(
-            target={
-                "name": target,
-                "architectures": list(info.architectures),
-                "num_hidden_layers": info.num_layers,
-                "hidden_size": info.hidden_size,
-                "vocab_size": info.vocab_size,
-            },
+            target=dict(name=target, architectures=list(info.architectures), **sizes),
             aux_layer_ids=list(ids.one_based),
             dtype=dtype,
             top_k=top_k,
@@ -183,7 +173,7 @@ def capture_with_vllm(
             engine=f"vllm {_vllm_version()}",
             draft=draft,
             loss_mask=loss_mask_kind,
-            spool=None if spool is None else spool.to_json(),
+            spool=spool,
         ),
     )
     if not [i for i in range(len(sequences)) if i not in manifest.done]:

@@ -1,12 +1,6 @@
-"""What the serving engines do, as plain data and pure functions: one module per engine.
-
-:mod:`.vllm`, :mod:`.sglang` and :mod:`.tokenspeed` hold each engine's facts by release; this module
-holds what they share (engine names, version strings, Kimi-K3's names). Nothing here imports an engine
-(or torch), so ``eagle31-mla doctor`` / ``serve-command`` read the facts anywhere, and the plugins
-import them from here: the core never imports a plugin.
-
-The draft architecture every engine serves this drafter as is
-:data:`eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`.
+"""What the serving engines do, as plain data and pure functions: one module per engine, this one holds what they
+share. Nothing here imports an engine or torch: ``doctor`` / ``serve-command`` read the facts anywhere, and the
+plugins import them from here (the core never imports a plugin).
 """
 
 from __future__ import annotations
@@ -14,31 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = [
-    "ENGINES",
-    "ENGINE_NAMES",
-    "PLUGIN_INSTALL",
-    "parse_release",
-    "release_label",
-    "KIMI_K3_MODEL_TYPE",
-    "KIMI_K3_MULTIMODAL",
-    "KIMI_K3_LANGUAGE_MODEL",
-    "KIMI_K3_ARCHITECTURES",
-    "is_kimi_k3_model",
-    "ONE_BASED",
-    "PLUS_ONE",
-    "FIRST_ID_HEURISTIC",
-    "captures_layer_input",
-]
-
 ENGINES = ("vllm", "sglang", "tokenspeed")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
 #: The install line of this project's plugin for an engine.
-PLUGIN_INSTALL = {
-    "vllm": 'pip install "eagle31-mla[vllm]"',
-    "sglang": 'pip install "eagle31-mla[sglang]"',
-    "tokenspeed": 'pip install "eagle31-mla[tokenspeed]"',
-}
+PLUGIN_INSTALL = {engine: f'pip install "eagle31-mla[{engine}]"' for engine in ENGINES}
 
 
 def parse_release(version: str, engine: str) -> tuple[int, int, int]:
@@ -81,7 +54,6 @@ FIRST_ID_HEURISTIC = "first_id_heuristic"
 
 
 def captures_layer_input(reading: str | None) -> bool:
-    """Whether a target class with this id ``reading`` captures the INPUT of layer i for stored id i
-    (SGLang's and TokenSpeed's non-Kimi-K3 targets). Such a target cannot reach the output of its last
-    layer: there is no layer after it whose input that would be."""
+    """Whether a target with this ``reading`` captures the INPUT of layer i for stored id i (SGLang's and TokenSpeed's
+    non-Kimi-K3 targets): it cannot reach its last layer's output, which is no layer's input."""
     return reading in (PLUS_ONE, FIRST_ID_HEURISTIC)

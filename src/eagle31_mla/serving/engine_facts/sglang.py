@@ -1,20 +1,14 @@
-"""What SGLang does with an EAGLE-3 MLA draft, by release and by target class: the one place to look.
+"""What SGLang does with an EAGLE-3 MLA draft, by release and by target class. Read from the sglang 0.5.23 wheel
+(``srt/configs/model_config.py``, ``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``, each
+target's ``set_eagle3_layers_to_capture``), and from upstream main for the Kimi-K3 capture.
 
-Facts are read from the sglang 0.5.23 wheel (``srt/configs/model_config.py``,
-``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``, each target's
-``set_eagle3_layers_to_capture``) and from upstream main for the Kimi-K3 capture; only 0.5.23 is
-installed by the test suite.
-
-How ids reach a target: SGLang passes ONLY the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``,
-raw, to the target's ``set_eagle3_layers_to_capture`` (top-level ids size the drafter's ``fc`` but
-are ignored for capture, silently). The target stores ``layers_to_capture`` and captures the input of
-layer i for each stored i, i.e. one-based completed-layer id i
-(:func:`~eagle31_mla.serving.engine_facts.captures_layer_input`).
-Without ids it uses [2, n//2, n-3].
+SGLang passes ONLY the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``, raw, to the target's
+``set_eagle3_layers_to_capture`` (top-level ids size the drafter's ``fc`` but are silently ignored for capture). The
+target stores ``layers_to_capture`` and captures the input of layer i for each stored i, i.e. one-based
+completed-layer id i (:func:`~eagle31_mla.serving.engine_facts.captures_layer_input`); without ids, [2, n//2, n-3].
 
 SGLang's hard-coded MLA list (``ModelConfig``) holds one EAGLE-3 drafter name,
-:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`: a draft under any other name
-silently gets an MHA-shaped KV cache.
+:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`: any other silently gets an MHA KV cache.
 """
 
 from __future__ import annotations
@@ -24,38 +18,6 @@ from dataclasses import dataclass
 
 from ...model.aux_layers import engine_default_one_based_ids
 from . import FIRST_ID_HEURISTIC, KIMI_K3_ARCHITECTURES, ONE_BASED, PLUS_ONE, parse_release, release_label
-
-__all__ = [
-    "FIRST_ID_HEURISTIC_TARGETS",
-    "PLUS_ONE_TARGETS",
-    "SUPPORTED_FROM",
-    "RELEASES",
-    "SglangFeatures",
-    "features",
-    "parse_version",
-    "target_reading",
-    "stored_layers",
-    "METRIC_PREFIX",
-    "MODEL_OWNER",
-    "SPEC_FLAG",
-    "SPEC_DETAILS_REQUEST_FIELD",
-    "SPEC_DETAILS_RESPONSE_FIELD",
-    "SPEC_VERIFY_CT",
-    "SPEC_NUM_CORRECT_DRAFTS",
-    "SPEC_NUM_PROPOSED_DRAFTS",
-    "SPEC_CORRECT_DRAFTS_HISTOGRAM",
-    "SPEC_ACCEPT_LENGTH",
-    "SERVER_INFO_PATH",
-    "DISAGGREGATION_MODE_FLAG",
-    "TRANSFER_BACKEND_FLAG",
-    "TRANSFER_BACKENDS",
-    "TRANSFER_BACKEND_DEFAULT",
-    "NO_PREFILL_BACKENDS",
-    "BOOTSTRAP_PORT_FLAG",
-    "BOOTSTRAP_PORT_DEFAULT",
-    "KV_CACHE_DTYPE_FLAG",
-    "PD_ROUTER",
-]
 
 #: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
 #: zero-based list starting at 1 and a one-based list starting above 1 both work; any other first id
@@ -114,8 +76,7 @@ def features(version: tuple[int, int, int]) -> SglangFeatures:
 
 
 def target_reading(architectures: Sequence[str]) -> str | None:
-    """How a target class reads the ids it is given: "first_id_heuristic", "plus_one", "one_based"
-    (Kimi-K3), or None when this table does not know the class."""
+    """How a target class reads the ids it is given (Kimi-K3: one-based); None: not in the table."""
     for name in architectures:
         if name in KIMI_K3_ARCHITECTURES:
             return ONE_BASED
@@ -160,8 +121,7 @@ SPEC_NUM_PROPOSED_DRAFTS = "spec_num_proposed_drafts"
 #: Index j: verify rounds that accepted exactly j drafts; only as long as the largest j seen
 #: (``schedule_batch.py:1566-1572``).
 SPEC_CORRECT_DRAFTS_HISTOGRAM = "spec_correct_drafts_histogram"
-#: completion_tokens / verify_ct: counts the prefill token too, so it runs high by 1 / verify_ct. Not used.
-SPEC_ACCEPT_LENGTH = "spec_accept_length"
+# (``spec_accept_length`` = completion_tokens / verify_ct counts the prefill token too: high by 1 / verify_ct.)
 #: GET: the server's arguments (``model_path``, ``speculative_draft_model_path``, ...) and ``version``
 #: (``http_server.py:863-892``).
 SERVER_INFO_PATH = "/server_info"
@@ -184,7 +144,6 @@ TRANSFER_BACKEND_DEFAULT = "mooncake"
 NO_PREFILL_BACKENDS = ("fake",)
 BOOTSTRAP_PORT_FLAG = "--disaggregation-bootstrap-port"
 BOOTSTRAP_PORT_DEFAULT = 8998
-KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
 #: The router (the ``sglang-router`` package; ``docs/advanced_features/pd_disaggregation.md``).
 PD_ROUTER = (
     "python -m sglang_router.launch_router --pd-disaggregation --prefill {prefill_url} --decode {decode_url} "

@@ -1,10 +1,7 @@
-"""What TokenSpeed does with an EAGLE-3 MLA draft (lightseekorg/tokenspeed 0.1.1; reference notes §5).
-
-Applied by :mod:`eagle31_mla.serving.engines` / :mod:`eagle31_mla.serving.doctor` (offline) and by the TokenSpeed plugin
-(``eagle31_mla_tokenspeed``) at serve time. Its ``_MLA_ARCHITECTURES`` list holds one drafter name,
-:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`; any other name silently gets MHA.
-Paths below are in the tokenspeed 0.1.1 wheel (``tokenspeed/``); ``tests/engines/test_tokenspeed_plugin.py``
-checks them against the installed package.
+"""What TokenSpeed does with an EAGLE-3 MLA draft (lightseekorg/tokenspeed 0.1.1; reference notes §5), read offline
+by ``doctor`` and at serve time by the plugin. Its ``_MLA_ARCHITECTURES`` list holds one drafter name,
+:data:`~eagle31_mla.model.configuration_eagle31_mla.ENGINE_ARCHITECTURE`; any other name silently gets MHA. Paths
+are in the 0.1.1 wheel (``tokenspeed/``); ``tests/engines/test_tokenspeed_plugin.py`` checks them.
 """
 
 from __future__ import annotations
@@ -12,36 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import KIMI_K3_ARCHITECTURES, KIMI_K3_MODEL_TYPE, KIMI_K3_MULTIMODAL, ONE_BASED, PLUS_ONE, release_label
-
-__all__ = [
-    "RELEASES",
-    "PLUGIN_API_VERSION",
-    "ENTRY_POINT_GROUP",
-    "PLUGIN_SYMBOLS",
-    "STORED_IDS",
-    "LANGUAGE_MODELS",
-    "K3_EAGLE3_CAPTURE",
-    "LAYERS_FLAG",
-    "ONE_BASED_TARGETS",
-    "PLUS_ONE_TARGETS",
-    "TOPK",
-    "target_reading",
-    "METRIC_PREFIX",
-    "USAGE_DETAILS_FIELD",
-    "ACCEPTED_PREDICTION_TOKENS",
-    "REJECTED_PREDICTION_TOKENS",
-    "REQUEST_ID_FIELD",
-    "LOG_REQUEST_FINISH",
-    "LOG_REQUEST_STATS",
-    "LOG_DECODE_BATCH",
-    "LOG_LINE_PREFIX",
-    "DISAGGREGATION_MODE_FLAG",
-    "TRANSFER_BACKEND_FLAG",
-    "TRANSFER_BACKENDS",
-    "BOOTSTRAP_PORT_FLAG",
-    "BOOTSTRAP_PORT_DEFAULT",
-    "PD_ROUTER",
-]
 
 RELEASES = ((0, 1, 1),)
 SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
@@ -106,8 +73,7 @@ TOPK = 1
 
 
 def target_reading(architectures: Sequence[str], model_type: str | None) -> str | None:
-    """How a TokenSpeed target class reads the ids it is handed: "one_based", "plus_one", or None
-    when this table does not know the class."""
+    """How a TokenSpeed target class reads the ids it is handed; None: not in the table."""
     if any(a in ONE_BASED_TARGETS for a in architectures) or model_type == KIMI_K3_MODEL_TYPE:
         return ONE_BASED
     if any(a in PLUS_ONE_TARGETS for a in architectures):

@@ -1,8 +1,6 @@
-"""Everything that differs between vLLM releases, keyed on the version: the one place to look.
-
-Facts from the released wheels 0.20-0.33 (see the project's reference notes); 0.32 and 0.29 (CPU
-builds) are exercised end to end by the test suite, the rest is read from the sources. Which vLLM is
-installed is asked by the plugin (``eagle31_mla_vllm.installed_version``), never here.
+"""Everything that differs between vLLM releases, keyed on the version. Read from the released wheels 0.20-0.33
+(the project's reference notes); 0.29 and 0.32 (CPU builds) run end to end in the tests. The installed vLLM is asked
+by the plugin (``eagle31_mla_vllm.installed_version``), never here.
 """
 
 from __future__ import annotations
@@ -11,60 +9,21 @@ from dataclasses import dataclass
 
 from . import parse_release, release_label
 
-__all__ = [
-    "SUPPORTED",
-    "RELEASES",
-    "FC_WIDTH_FOLLOWS_AUX_COUNT_FROM",
-    "KIMI_K3_FROM",
-    "KIMI_K3_STREAM_ENV_FROM",
-    "CAPTURE_FROM",
-    "MTP_DRAFT_MODEL_TYPES",
-    "MLA_DRAFT_MODEL_TYPES",
-    "KIMI_K3_STREAM_ENV",
-    "kimi_k3_stream_is_prefix",
-    "VllmFeatures",
-    "features",
-    "parse_version",
-    "METRIC_PREFIX",
-    "SPEC_DECODE_COUNTERS",
-    "SPEC_DECODE_POSITION_LABEL",
-    "DIFFUSION_COUNTER_PREFIX",
-    "DISABLE_LOG_STATS_FLAG",
-    "PER_REQUEST_SPEC_METRICS_FROM",
-    "PER_REQUEST_SPEC_METRICS_FLAG",
-    "PER_REQUEST_SPEC_METRICS_FIELD",
-    "MODEL_OWNER",
-    "VERSION_PATH",
-    "KV_TRANSFER_FLAG",
-    "KV_CONNECTORS",
-    "HMA_CONNECTORS",
-    "PD_CONNECTORS",
-    "KV_PRODUCER_ROLES",
-    "KV_CONSUMER_ROLES",
-    "EXAMPLE_CONNECTOR_PATH_KEY",
-    "NIXL_SIDE_CHANNEL_PORT_ENV",
-    "NIXL_SIDE_CHANNEL_PORT_DEFAULT",
-    "KV_TRANSFER_PARAMS_FIELD",
-    "KV_CACHE_DTYPE_FLAG",
-    "PD_PROXY",
-]
-
 #: The range this plugin is written for: [0.20, 0.34).
 SUPPORTED = ((0, 20), (0, 34))
 #: One release per minor version in that range: every fact below is keyed on the minor version.
 RELEASES = tuple((0, minor, 0) for minor in range(SUPPORTED[0][1], SUPPORTED[1][1]))
 #: The first release whose `fc` follows the draft's number of aux states (before: exactly 3).
 FC_WIDTH_FOLLOWS_AUX_COUNT_FROM = (0, 22)
-#: The first release with Kimi-K3 targets ...
+#: The first release with Kimi-K3 targets (vllm/models/kimi_k3) ...
 KIMI_K3_FROM = (0, 27)
-#: ... and the first with KIMI_K3_STREAM_ENV (0.27 has the prefix stream only).
+#: ... and the first with KIMI_K3_STREAM_ENV (0.27 has only the prefix stream).
 KIMI_K3_STREAM_ENV_FROM = (0, 28)
-#: ``eagle31-mla capture``: the speculative method ``extract_hidden_states`` and the hidden-states KV
-#: connector (``ExampleHiddenStatesConnector``). The oldest release it is tested on (0.29.0 and 0.32.0 are).
+#: ``eagle31-mla capture`` (method ``extract_hidden_states``, ``ExampleHiddenStatesConnector``): tested on 0.29, 0.32.
 CAPTURE_FROM = (0, 29)
 
-#: Draft ``model_type`` facts, the same on every release. vLLM's draft-config hook turns these into an
-#: MTP draft (``DeepSeekMTPModel``), whatever the speculative method:
+#: Draft ``model_type``s vLLM's draft-config hook turns into an MTP draft (``DeepSeekMTPModel``), whatever the
+#: speculative method (every release) ...
 MTP_DRAFT_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 #: ...and only these EAGLE draft model types are detected as MLA (``kimi_k2`` reports use_mla=False):
 MLA_DRAFT_MODEL_TYPES = ("deepseek_v2",)
@@ -75,8 +34,8 @@ KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 
 
 def kimi_k3_stream_is_prefix(value: str | None) -> bool:
-    """Whether vLLM, reading the variable as it does (``bool(int(os.getenv(name, "0")))``), keeps
-    the prefix-only stream: unset, or an integer equal to 0 ("0", "00"). Anything else is refused."""
+    """Whether vLLM, reading ``bool(int(os.getenv(name, "0")))``, keeps the prefix-only stream: unset, or an integer
+    equal to 0 ("0", "00"). Anything else is refused."""
     if value is None:
         return True
     try:
@@ -92,7 +51,6 @@ def parse_version(version: str) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class VllmFeatures:
     version: tuple[int, int, int]
-    #: `fc` takes num_aux_hidden_states · Ht (before 0.22: fixed 3 · Ht).
     fc_width_follows_aux_count: bool
     #: the built-in MLA drafter builds `fc_norm` modules and loads their weights.
     builds_fc_norm: bool
@@ -100,9 +58,7 @@ class VllmFeatures:
     applies_fc_norm: bool
     #: the drafter's forward returns the post-norm state for the next step under `norm_output`.
     applies_norm_output: bool
-    #: Kimi-K3 targets exist (vllm/models/kimi_k3).
     kimi_k3_target: bool
-    #: VLLM_KIMI_K3_AUX_ATTN_RES_STREAM exists (0.27 only has the prefix stream).
     kimi_k3_stream_env: bool
     #: the V1 model runner reads nested `eagle_config` aux ids when there are no top-level ones
     #: (0.20/0.21 read only the top level). Top-level ids come first in both runners on every release.
@@ -155,9 +111,6 @@ SPEC_DECODE_COUNTERS = {
     "accepted_tokens_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
 }
 SPEC_DECODE_POSITION_LABEL = "position"
-#: A diffusion (dLLM) model's counters take the scalar counters' place (0.24+, ``metrics.py:215-247``):
-#: not speculative decoding.
-DIFFUSION_COUNTER_PREFIX = "vllm:diffusion_"
 #: Without stats (``log_stats=False``, 0.32's ``async_llm.py:195-201,287``) no stat logger exists: ``/metrics``
 #: still answers, with no ``vllm:`` series at all.
 DISABLE_LOG_STATS_FLAG = "--disable-log-stats"
@@ -167,7 +120,6 @@ DISABLE_LOG_STATS_FLAG = "--disable-log-stats"
 #: ``entrypoints/generate/base/protocol.py:100-119``, built in ``v1/metrics/stats.py:350-422``):
 #: ``mean_acceptance_length`` (bonus included), ``acceptance_histogram`` (index j: steps that accepted exactly
 #: j drafts), ``num_spec_steps``, ``num_accepted_draft_tokens``, ``num_draft_tokens``, ``num_spec_tokens``.
-PER_REQUEST_SPEC_METRICS_FROM = (0, 29)
 PER_REQUEST_SPEC_METRICS_FLAG = "--per-request-spec-decode-metrics"
 PER_REQUEST_SPEC_METRICS_FIELD = ("metrics", "speculative_decoding")
 #: ``owned_by`` of its ``/v1/models`` entries (0.32's ``entrypoints/serve/engine/protocol.py:109``).
@@ -191,27 +143,6 @@ VERSION_PATH = "/version"
 #: ``kv_connector_extra_config``, ``engine_id``, ``kv_load_failure_policy``, ...; unknown keys are refused;
 #: 0.29's ``kv_rank``, ``kv_parallel_size``, ``kv_buffer_size`` and ``kv_ip`` are gone in 0.32).
 KV_TRANSFER_FLAG = "--kv-transfer-config"
-#: The connectors ``kv_connector`` may name (the factory's registry, 0.29.0 and 0.32.0; 0.32 adds HiSparseConnector).
-#: ``SharedStorageConnector`` (older examples) is now ExampleConnector; ``P2pNcclConnector`` is not registered.
-KV_CONNECTORS = (
-    "ExampleConnector",
-    "ExampleHiddenStatesConnector",
-    "LMCacheConnectorV1",
-    "LMCacheMPConnector",
-    "NixlConnector",
-    "NixlPullConnector",
-    "NixlPushConnector",
-    "MultiConnector",
-    "HiSparseConnector",
-    "MoRIIOConnector",
-    "OffloadingConnector",
-    "DecodeBenchConnector",
-    "MooncakeConnector",
-    "MooncakeStoreConnector",
-    "FlexKVConnectorV1",
-    "SimpleCPUOffloadConnector",
-    "HF3FSKVConnector",
-)
 #: Connectors with ``SupportsHMA`` (the hybrid KV-cache manager). With any other, vLLM turns HMA off, and a hybrid
 #: target fails at startup: Kimi-K3 is one (KDA layers with ``MambaSpec`` beside its MLA layers).
 HMA_CONNECTORS = (
@@ -227,6 +158,17 @@ HMA_CONNECTORS = (
     "HiSparseConnector",
     "ExampleHiddenStatesConnector",
     "MultiConnector",  # when every connector it holds supports HMA
+)
+#: The connectors ``kv_connector`` may name (the factory's registry, 0.29.0 and 0.32.0; 0.32 adds HiSparseConnector):
+#: those and these. ``SharedStorageConnector`` (older examples) is now ExampleConnector; ``P2pNcclConnector`` is not
+#: registered.
+KV_CONNECTORS = (
+    *HMA_CONNECTORS,
+    "ExampleConnector",
+    "LMCacheConnectorV1",
+    "LMCacheMPConnector",
+    "FlexKVConnectorV1",
+    "HF3FSKVConnector",
 )
 #: What ``serve-command --pd --connector`` offers: prefill-to-decode transfer (the others offload or benchmark).
 PD_CONNECTORS = {
@@ -246,8 +188,6 @@ NIXL_SIDE_CHANNEL_PORT_DEFAULT = 5600
 #: The request and response field of the OpenAI endpoints that carries the transfer (NixlConnector's proxy sends
 #: ``{"do_remote_decode": true, ...}`` to prefill with ``max_tokens`` 1, then the returned one to decode).
 KV_TRANSFER_PARAMS_FIELD = "kv_transfer_params"
-#: The KV cache's dtype ("auto": the model's); the drafter's layers take the same.
-KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
 #: vLLM ships no router: its example proxy (vllm-project/vllm ``tests/v1/kv_connector/nixl_integration/
 #: toy_proxy_server.py``) sends each request to prefill first, then to decode.
 PD_PROXY = (
