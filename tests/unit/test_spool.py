@@ -40,7 +40,7 @@ SHARD = 3 * 128 * 4 + 64 * 8 + 9  # bytes per token of the writer's shards (floa
 # ---- the protocol, in one process --------------------------------------------------------------------------
 
 
-TINY = CaptureManifest(dict(hidden_size=8), [1, 2], "float32", 4, "", 0, "test")  # 2 aux layers of 8, top-4
+TINY = CaptureManifest(dict(hidden_size=8, vocab_size=512), [1, 2], "float32", 4, "", 0, "test")  # 2 aux of 8, top-4
 
 
 def fake_states(sequences):
@@ -305,3 +305,94 @@ def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupte
     assert not list(spool.glob("part-*/shard-*"))
     log = json.loads((out / "training_log.json").read_text())
     assert [entry["step"] for entry in log["log"]] == list(range(1, 7)) and log["world_size"] == 2
+
+
+# ---- a spool is data, not instructions (issue 33) ----------------------------------------------------------
+
+
+def _entry(field, value):
+    return lambda spool, victim: _edit(spool, lambda m: m["shards"][0].update({field: value(victim)}))
+
+
+def _edit(spool: Path, change) -> None:
+    path = part_folder(spool, 1, 1) / MANIFEST
+    raw = json.loads(path.read_text())
+    change(raw)
+    path.write_text(json.dumps(raw))
+
+
+def _link_shard(spool: Path, victim: Path) -> None:
+    shard = part_folder(spool, 1, 1) / "shard-00000.safetensors"
+    victim.write_bytes(shard.read_bytes())  # a real shard, elsewhere: trained on, then removed, were it followed
+    shard.unlink()
+    shard.symlink_to(victim)
+
+
+def _link_part(spool: Path, victim: Path) -> None:
+    part = part_folder(spool, 1, 1)
+    elsewhere = victim.parent / "elsewhere"
+    part.rename(elsewhere)
+    part.symlink_to(elsewhere)
+
+
+def _tensor(name, change):
+    def damage(spool, victim):
+        from safetensors.torch import load_file, save_file
+
+        path = part_folder(spool, 1, 1) / "shard-00000.safetensors"
+        tensors = load_file(path)
+        change(tensors[name])
+        save_file(tensors, path)
+
+    return damage
+
+
+SHARD0 = "part-1-of-1/shard-00000.safetensors"
+HOSTILE = {  # what a manifest or shard may say, and the one line it must end in
+    "a path out of the spool": (_entry("file", lambda v: "../../victim"), "`shards[0].file` must be a shard name"),
+    "an absolute path": (_entry("file", str), "`shards[0].file` must be a shard name of this folder"),
+    "a shard that is a link": (_link_shard, f"{SHARD0}: a link; a capture writes its shards as regular files"),
+    "a part that is a link": (_link_part, "part-1-of-1: a link out of the spool"),
+    "an entry without its file": (
+        lambda spool, v: _edit(spool, lambda m: m["shards"][0].pop("file")),
+        "`shards[0]` must be an object with keys ['file', 'input_index', 'sequences', 'tokens']",
+    ),
+    "a count of the wrong type": (_entry("tokens", lambda v: "96"), "`shards[0].tokens` must be an integer >= 2"),
+    "a top-k that is not a count": (lambda s, v: _edit(s, lambda m: m.update(top_k=1.5)), "`top_k` must be a positive"),
+    "NaN log-probabilities": (
+        _tensor("topk_logprobs", lambda t: t[0].fill_(float("nan"))),
+        f"{SHARD0}: `topk_logprobs` of sequence 0 holds values other than log-probabilities",
+    ),
+    "a top-k id outside the vocabulary": (
+        _tensor("topk_ids", lambda t: t[1].fill_(512)),
+        f"{SHARD0}: `topk_ids` of sequence 0 holds values other than token ids in [0, 512)",
+    ),
+    "a negative token id": (_tensor("token_ids", lambda t: t[0].fill_(-1)), "`token_ids` of sequence 0 holds"),
+    "infinite aux states": (_tensor("aux", lambda t: t[0].fill_(float("inf"))), "`aux` of sequence 0 holds values"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_spool_is_refused_by_name_and_every_file_stays(tmp_path, capsys, case):
+    """`train --data SPOOL --follow` on a spool whose manifest or shard lies: exit 2 with one line naming the file
+    and the field, before any step; no file in or outside the spool is removed or changed, nothing is written."""
+    from eagle31_mla.cli import main
+
+    spool, victim = tmp_path / "spool", tmp_path / "victim"
+    victim.write_bytes(b"not yours")
+    spool_writer.write_part(
+        spool,
+        input_sequences()[:4],
+        spool_writer.demo_states,
+        spool_writer.CaptureManifest(spool_writer.DEMO, spool_writer.IDS, "float32", spool_writer.TOP_K, "", 0, "t"),
+        spool_bytes=10**9,
+        say=lambda _: None,
+    )
+    damage, message = HOSTILE[case]
+    damage(spool, victim)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["train", *TRAIN, "--data", str(spool), "--follow", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "out").exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ FORMAT = "eagle31-mla-captured-states"
 VERSION = 2  # 2: a loss mask per token
 MANIFEST = "manifest.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
+#: Every name a capture gives a shard: a manifest naming anything else (a path, `..`) is refused.
+SHARD_NAME = re.compile(r"shard-[0-9]+\.safetensors")
 LOSS_MASKS = ("all", "assistant", "last-turn")
 
 
@@ -136,14 +139,63 @@ def read_manifest(folder: str | Path) -> CaptureManifest:
         manifest = CaptureManifest(**raw)
     except TypeError as err:
         raise CapturedDataError(f"{path}: unexpected manifest fields ({err})") from None
-    ids = manifest.aux_layer_ids
-    if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 1 for i in ids) and ids == sorted(ids)):
-        raise CapturedDataError(f"{path}: aux_layer_ids must be ascending one-based ints, got {ids!r}")
-    if manifest.dtype not in ("float32", "bfloat16", "float16"):
-        raise CapturedDataError(f"{path}: dtype must be float32, bfloat16 or float16, got {manifest.dtype!r}")
-    if manifest.loss_mask not in LOSS_MASKS:
-        raise CapturedDataError(f"{path}: loss_mask must be one of {LOSS_MASKS}, got {manifest.loss_mask!r}")
+    _check_manifest(path, manifest)
     return manifest
+
+
+def _is_count(value, least: int = 0) -> bool:
+    return type(value) is int and value >= least
+
+
+def _check_manifest(path: Path, m: CaptureManifest) -> None:
+    """A manifest is data from whoever could write the folder: every field the trainer uses, by type and range,
+    before anything is read, trained on or removed. Shard entries are plain names of this folder."""
+
+    def need(field: str, value, ok: bool, expected: str) -> None:
+        if not ok:
+            raise CapturedDataError(f"{path}: `{field}` must be {expected}, got {value!r}")
+
+    ids, target = m.aux_layer_ids, m.target
+    need(
+        "aux_layer_ids",
+        ids,
+        isinstance(ids, list) and ids and all(_is_count(i, 1) for i in ids) and ids == sorted(ids),
+        "ascending one-based ints",
+    )
+    need("dtype", m.dtype, m.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
+    need("loss_mask", m.loss_mask, m.loss_mask in LOSS_MASKS, f"one of {LOSS_MASKS}")
+    need("target", target, isinstance(target, dict), "an object")
+    for key in ("hidden_size", "vocab_size"):
+        need(f"target.{key}", target.get(key), _is_count(target.get(key), 1), "a positive integer")
+    need("top_k", m.top_k, _is_count(m.top_k, 1), "a positive integer")
+    need("num_inputs", m.num_inputs, _is_count(m.num_inputs), "a non-negative integer")
+    need("shards", m.shards, isinstance(m.shards, list), "a list")
+    for n, entry in enumerate(m.shards):
+        where = f"shards[{n}]"
+        keys = {"file", "sequences", "tokens", "input_index"}
+        need(where, entry, isinstance(entry, dict) and entry.keys() == keys, f"an object with keys {sorted(keys)}")
+        file, count, index = entry["file"], entry["sequences"], entry["input_index"]
+        need(
+            f"{where}.file",
+            file,
+            isinstance(file, str) and SHARD_NAME.fullmatch(file),
+            "a shard name of this folder (shard-NNNNN.safetensors)",
+        )
+        need(f"{where}.sequences", count, _is_count(count, 1), "a positive integer")
+        need(f"{where}.tokens", entry["tokens"], _is_count(entry["tokens"], count), f"an integer >= {count}")
+        need(
+            f"{where}.input_index",
+            index,
+            isinstance(index, list) and len(index) == count and all(_is_count(i) for i in index),
+            f"a list of {count} non-negative integers",
+        )
+    if m.spool is not None:
+        keys = ("part", "parts", "inputs", "max_bytes", "shard_bytes", "bytes", "sequences_per_shard")
+        need("spool", m.spool, isinstance(m.spool, dict) and set(keys) <= m.spool.keys(), f"an object with {keys}")
+        for key in keys:
+            least = int(key in ("part", "parts", "sequences_per_shard"))
+            need(f"spool.{key}", m.spool[key], _is_count(m.spool[key], least), f"an integer >= {least}")
+        need("spool.part", m.spool["part"], m.spool["part"] <= m.spool["parts"], f"at most parts ({m.spool['parts']})")
 
 
 def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) -> tuple[list[int], torch.Tensor]:
@@ -151,6 +203,8 @@ def check_shard(path: Path, entry: dict[str, Any], manifest: CaptureManifest) ->
     Raises :class:`CapturedDataError` naming the shard and the field that is wrong."""
     from safetensors import safe_open
 
+    if path.is_symlink():
+        raise CapturedDataError(f"{path}: a link; a capture writes its shards as regular files in its folder")
     tokens, n = entry["tokens"], entry["sequences"]
     k, hidden = len(manifest.aux_layer_ids), manifest.target["hidden_size"]
     want = {
@@ -233,12 +287,21 @@ class CapturedStates:
         i-th captured sequence: position t's are the target's next-token distribution after x[..t]."""
         path, start, end = self._where(i)
         f = self._file(path)
-        return (
-            f.get_slice("token_ids")[start:end],
-            f.get_slice("aux")[start:end].reshape(end - start, -1),
-            f.get_slice("topk_logprobs")[start:end],
-            f.get_slice("topk_ids")[start:end].long(),
+        tokens, aux, logprobs, ids = (
+            f.get_slice(name)[start:end] for name in ("token_ids", "aux", "topk_logprobs", "topk_ids")
         )
+        # The values, checked as they are read (a shard is read once per epoch; reading it to check it first
+        # would read a capture twice): a bad one stops the run before the step that would train on it.
+        vocab = self.manifest.target["vocab_size"]
+        for name, bad, expected in (
+            ("token_ids", (tokens < 0) | (tokens >= vocab), f"token ids in [0, {vocab})"),
+            ("topk_ids", (ids < 0) | (ids >= vocab), f"token ids in [0, {vocab})"),
+            ("aux", ~aux.isfinite(), "finite values"),
+            ("topk_logprobs", logprobs.isnan() | (logprobs > 0.01), "log-probabilities (at most 0; -inf: p = 0)"),
+        ):
+            if bad.any():
+                raise CapturedDataError(f"{path}: `{name}` of sequence {i} holds values other than {expected}")
+        return tokens, aux.reshape(end - start, -1), logprobs, ids.long()
 
     def loss_mask(self, i: int) -> torch.Tensor:
         """[S] float: 1 where the i-th sequence's token is trained on (the manifest's ``loss_mask``)."""

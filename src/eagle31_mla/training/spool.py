@@ -33,6 +33,7 @@ import torch
 
 from .captured import (
     MANIFEST,
+    SHARD_NAME,
     CapturedDataError,
     CapturedStates,
     CaptureManifest,
@@ -47,7 +48,6 @@ from .trainer import CapturedTarget, TrainingConfig
 logger = logging.getLogger(__name__)
 
 _PART = re.compile(r"part-([0-9]+)-of-([0-9]+)")
-_SHARD = re.compile(r"shard-([0-9]+)\.safetensors")
 #: Seconds between looks at the spool while waiting (both sides).
 POLL_S = float(os.environ.get("EAGLE31_SPOOL_POLL_S", "0.2"))
 
@@ -109,7 +109,7 @@ def write_shards(
     if manifest.spool is not None:  # what an interrupted run left: temporary files, a shard written but not listed
         listed = {entry["file"] for entry in manifest.shards}
         for path in out.iterdir():
-            unlisted_shard = _SHARD.fullmatch(path.name) and path.name not in listed
+            unlisted_shard = SHARD_NAME.fullmatch(path.name) and path.name not in listed
             if path.is_file() and (unlisted_shard or (path.name.startswith(".") and path.name.endswith(".tmp"))):
                 path.unlink(missing_ok=True)  # (the resumed run writes it again, under the same name)
     pending = [i for i in range(len(sequences)) if i not in manifest.done]
@@ -168,6 +168,9 @@ class FollowedCapture(CapturedStates):
     def __init__(self, folder: str | Path, *, say: Callable[[str], None] = print):
         self.folder, self.say = Path(folder), say
         self.parts = self._wait_for_parts()
+        for part in self.parts:  # the trainer removes shards from the parts: they lie inside the spool
+            if part != self.folder and (part.is_symlink() or part.resolve().parent != self.folder.resolve()):
+                raise CapturedDataError(f"{part}: a link out of the spool; a capture writes its part as a folder")
         self.manifests = [read_manifest(p) for p in self.parts]  # the parts agree, checked once
         self.manifest = first = self.manifests[0]
         for i, (p, m) in enumerate(zip(self.parts, self.manifests)):
@@ -297,6 +300,8 @@ class FollowedCapture(CapturedStates):
                 break
             self._open.pop(shard.path, None)
             if self.spool and remove and not shard.removed:
+                if shard.path.is_symlink() or (shard.offsets is None and shard.path.exists()):
+                    check_shard(shard.path, shard.entry, self.manifest)  # a link is refused; so is a foreign file
                 shard.path.unlink(missing_ok=True)
                 shard.removed = True
                 removed.append(shard.path)
