@@ -93,6 +93,7 @@ class Stub(ThreadingHTTPServer):
         lines += ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {self.in_flight}.0"]
         names = vllm_facts.SPEC_DECODE_COUNTERS
         counters = {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted}
+        counters["drafts"] = o.get("drafts_value", counters["drafts"])  # what a broken exporter writes
         for key, value in () if o.get("no_spec") else counters.items():
             n, doc = names[key], {"drafts": "Number of spec decoding drafts."}.get(key, "Number of tokens.")
             lines += [f"# HELP {n}_total {doc}", f"# TYPE {n}_total counter", f"{n}_total{{{labels}}} {float(value)!r}"]
@@ -107,9 +108,12 @@ class Stub(ThreadingHTTPServer):
 
     def record(self, s: dict) -> None:
         with self.lock:
+            if self.options.get("restarts"):  # the counters start again from 0 after each request
+                self.drafts = self.draft_tokens = self.accepted = 0
+                self.per_pos = [0] * K
             self.drafts += s["rounds"]
             self.draft_tokens += s["rounds"] * K
-            self.accepted += s["accepted"]
+            self.accepted += s["accepted"] + self.options.get("extra_accepted", 0)
             self.per_pos = [a + b for a, b in zip(self.per_pos, s["per_position"])]
 
     def models_body(self) -> dict:
@@ -140,6 +144,7 @@ class Stub(ThreadingHTTPServer):
                 spec = {"mean_acceptance_length": 1.0 + accepted / rounds, "num_spec_tokens": K}
                 spec.update(draft_acceptance_rate=accepted / (rounds * K), acceptance_histogram=s["histogram"])
                 spec.update(num_spec_steps=rounds, num_accepted_draft_tokens=accepted, num_draft_tokens=rounds * K)
+                spec.update(o.get("spec_fields", {}))
                 response["metrics"] = {"speculative_decoding": spec}
             if o.get("late_counters"):  # the step's stats recorded just after the response went out
                 threading.Timer(0.05, self.record, (s,)).start()
@@ -198,6 +203,15 @@ class Handler(BaseHTTPRequestHandler):  # self.server: the Stub
         self.wfile.write(data)
 
     def do_GET(self):
+        if hostile := self.server.options.get("hostile_models_page"):  # drips, streams forever, or redirects away
+            self.send_response(307 if hostile == "redirect" else 200)
+            self.send_header("Location", "http://localhost:9/v1/models")
+            self.send_header("Content-Length", "0" if hostile == "redirect" else str(2**40))
+            self.end_headers()
+            while hostile != "redirect":
+                self.wfile.write(b" " if hostile == "drip" else b" " * 2**20)
+                time.sleep(0.2 if hostile == "drip" else 0)
+            return
         stub, info = self.server, {"model_path": "/models/demo-target", "version": "0.5.23"}
         info.update(speculative_draft_model_path="/models/demo-draft", speculative_algorithm="EAGLE3")
         pages = {  # models_page: what another web server answers there
@@ -533,6 +547,21 @@ def test_the_python_api_and_sglangs_doctor_command(serve, prompts):
         ("sglang", {"owned_by": "x", "metrics_prefix": "sglang:"}, "vllm", [], "like SGLang (its /metrics has sglang:"),
         ("tokenspeed", {}, "sglang", [], "looks like TokenSpeed (its response carries usage.completion_tokens_details"),
         ("sglang", {"owned_by": "self_hosted"}, "tokenspeed", [], "no usage.completion_tokens_details.accepted_"),
+        # a server is untrusted: a request's whole answer within --timeout and 64 MiB, counters checked as counters
+        ("vllm", {"hostile_models_page": "drip"}, "vllm", ["--timeout", "1"], "/v1/models: no answer within 1 s"),
+        ("vllm", {"hostile_models_page": "endless"}, "vllm", [], "an answer larger than 64 MiB: refused"),
+        ("vllm", {"hostile_models_page": "redirect"}, "vllm", [], "redirected to http://localhost:9, another origin "
+         "than http://127.0.0.1:"),
+        ("vllm", {"restarts": True}, "vllm", [], "went down between two scrapes (drafts 13 -> 24, accepted 36 -> 24)"),
+        ("vllm", {"extra_accepted": 100}, "vllm", [], "/metrics: the spec-decode counters accepted 136 draft tokens "
+         "of 39 proposed: impossible counts"),
+        ("vllm", {"drafts_value": -3}, "vllm", [], "/metrics: vllm:spec_decode_num_drafts_total is -3.0; a counter"),
+        ("vllm", {"drafts_value": "NaN"}, "vllm", [], "vllm:spec_decode_num_drafts_total is nan; a counter is a "),
+        ("vllm", {"per_request_metrics": True, "disable_log_stats": True, "spec_fields": {"num_spec_steps": 10**30}},
+         "vllm", [], "prompts.jsonl:1: the response's acceptance fields count 1000000000000000000000000000000 rounds "
+         "for 48 tokens: impossible"),
+        ("vllm", {"per_request_metrics": True, "disable_log_stats": True, "spec_fields": {"num_draft_tokens": 3}},
+         "vllm", [], "prompts.jsonl:1: the response's acceptance fields accepted 36 draft tokens of 3 proposed"),
     ],
 )  # fmt: skip
 def test_a_server_that_cannot_be_measured(serve, prompts, capsys, tmp_path, kind, options, engine, extra, message):
@@ -556,6 +585,16 @@ def test_a_server_that_cannot_be_measured(serve, prompts, capsys, tmp_path, kind
     assert out.read_text() == '{"earlier": true}\n' and not list(tmp_path.glob(".r.json*"))
     if options.get("no_spec") and kind == "vllm":
         assert not stub.bodies  # vLLM's counters: found out before any request
+
+
+def test_credentials_in_the_url_are_never_printed_or_written(serve, prompts, capsys, tmp_path):
+    url, _ = serve("vllm")
+    secret_url = url.replace("http://", "http://ada:hunter2@")
+    code, report, out, err = measure(secret_url, "vllm", prompts, capsys=capsys, json_path=tmp_path / "r.json")
+    assert code == 0 and report["server"]["url"] == url.replace("http://", "http://***@"), err
+    assert "hunter2" not in out + err + (tmp_path / "r.json").read_text()
+    code, _, out, err = measure(secret_url.replace(url.rsplit(":", 1)[1], "9"), "vllm", prompts, capsys=capsys)
+    assert code == 2 and "cannot reach http://***@127.0.0.1:9/v1/models" in err and "hunter2" not in out + err
 
 
 def test_a_bad_prompt_line_is_refused_before_any_request(serve, tmp_path, capsys):

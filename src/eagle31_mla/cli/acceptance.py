@@ -64,7 +64,12 @@ def _flag(dest: str) -> str:
 )
 @option("--concurrency", type=params.CONCURRENCY, metavar="N", help="requests in flight (default 1: per request)")
 @option("--model", type=params.NONEMPTY, metavar="NAME", help="the served model (default: GET /v1/models)")
-@option("--timeout", type=params.POSITIVE_FLOAT, metavar="S", help="seconds for any one answer (default 120)")
+@option(
+    "--timeout",
+    type=params.POSITIVE_FLOAT,
+    metavar="S",
+    help="seconds for each request, connect to last byte (default 120); an answer over 64 MiB is refused",
+)
 @option("--log", type=params.EXISTING_FILE, metavar="FILE", help="TokenSpeed: the scheduler's log file")
 @option("--expect", type=params.ACCEPT_LENGTH, metavar="X", help="the accept length the deployment should reach")
 @option("--reference", type=params.REFERENCE_REPORT, metavar="FILE", help="an offline `acceptance --json` report")

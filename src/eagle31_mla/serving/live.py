@@ -23,11 +23,13 @@ import secrets
 import shlex
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .engine_facts import (
     ENGINE_NAMES,
@@ -167,6 +169,9 @@ def vllm_counters(samples: list) -> Acceptance | None:
     per_pos: dict[int, float] = {}
     for s in samples:
         base = s.name.removesuffix("_total")
+        if base in keys or base == names["accepted_tokens_per_pos"]:
+            if not (math.isfinite(s.value) and s.value >= 0 and s.value == int(s.value)):
+                raise LiveError(f"/metrics: {s.name} is {s.value!r}; a counter is a non-negative integer")
         position = s.labels.get(vllm_facts.SPEC_DECODE_POSITION_LABEL, "")
         if base == names["accepted_tokens_per_pos"] and position.isdigit():
             per_pos[int(position)] = per_pos.get(int(position), 0.0) + s.value
@@ -179,16 +184,31 @@ def vllm_counters(samples: list) -> Acceptance | None:
     return Acceptance(*counts, per_position=[round(per_pos.get(j, 0.0)) for j in range(k)], num_steps=k or None)
 
 
+def _check_counts(rounds: int, accepted: int, drafted: int | None, positions, what: str) -> None:
+    """Counts that contradict each other are a server's error, never a report: accepted drafts within the drafts
+    proposed, each position's within the rounds."""
+    if drafted is not None and accepted > drafted:
+        raise LiveError(f"{what} accepted {accepted} draft tokens of {drafted} proposed: impossible counts")
+    if any(p > rounds for p in positions or ()):
+        raise LiveError(f"{what} accepted more drafts at one position ({max(positions)}) than rounds ({rounds})")
+
+
 def _counter_delta(after: Acceptance, before: Acceptance) -> Acceptance:
     """What the counters moved by; a chain's histogram rebuilt from the per-position counts where they are one's:
     hist[m] = count(>= m) - count(>= m + 1), count(>= 0) = rounds."""
     k = max(len(after.per_position), len(before.per_position))
     pos = [a - b for a, b in zip(after.per_position + [0] * k, before.per_position + [0] * k)][:k]
     rounds, accepted = after.rounds - before.rounds, after.accepted - before.accepted
+    drafted = after.draft_tokens - before.draft_tokens
+    if min(rounds, accepted, drafted, *pos) < 0:
+        raise LiveError(
+            f"/metrics: the spec-decode counters went down between two scrapes (drafts {before.rounds} -> "
+            f"{after.rounds}, accepted {before.accepted} -> {after.accepted}): the server restarted? Measure again"
+        )
+    _check_counts(rounds, accepted, drafted, pos, "/metrics: the spec-decode counters")
     counts = [rounds, *pos, 0]
     chain = k and sum(pos) == accepted and all(b <= a for a, b in zip(counts, counts[1:]))
     hist = [counts[m] - counts[m + 1] for m in range(k + 1)] if chain else None
-    drafted = after.draft_tokens - before.draft_tokens
     return Acceptance(rounds, accepted, drafted, hist, pos if k else None, k or None, "vllm-metrics")
 
 
@@ -446,19 +466,96 @@ def compare(report: dict[str, Any], *, expect: float | None = None, reference: d
 # ---- the server -----------------------------------------------------------------------------------------
 
 
+class _Refused(Exception):
+    """An answer the client stops taking: too large, or from another origin."""
+
+
+def _CappedTransport():
+    """httpx's transport, each answer's body refused once past :data:`MAX_ANSWER_BYTES` as it streams in."""
+    import httpx
+
+    class Capped(httpx.HTTPTransport):
+        def handle_request(self, request):
+            response = super().handle_request(request)
+            body = response.stream
+
+            class Stream(httpx.SyncByteStream):
+                def __iter__(self):
+                    size = 0
+                    for chunk in body:
+                        size += len(chunk)
+                        if size > MAX_ANSWER_BYTES:
+                            raise _Refused(f"an answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused")
+                        yield chunk
+
+                def close(self):
+                    body.close()
+
+            response.stream = Stream()
+            return response
+
+    return Capped()
+
+
+#: The most bytes one answer of a server may take (vLLM's /metrics is ~100 KB; a completion less): a larger one is
+#: refused as it streams in, never held.
+MAX_ANSWER_BYTES = 64 * 2**20
+
+
 class _Client:
-    """The server at ``url`` through the ``openai`` client: every request bounded by ``timeout`` seconds (to
-    connect, to send, each wait for an answer: a whole generation), never retried; ``/metrics``, ``/version`` and
-    ``/server_info`` through its generic ``get``, so with the same timeout and errors."""
+    """The server at ``url`` through the ``openai`` client: every request bounded as a whole by ``timeout`` seconds
+    (connect, headers and body together: httpx bounds each read only, so a server sending a byte at a time would
+    never time out) and by :data:`MAX_ANSWER_BYTES`, never retried, redirected only within the server's origin;
+    ``/metrics``, ``/version`` and ``/server_info`` through its generic ``get``, so with the same bounds and errors.
+    ``shown`` is the URL as printed and written: credentials in it are ``***``."""
 
     def __init__(self, url: str, timeout: float):
+        import httpx
         import openai
 
         self.base, self.timeout = url.rstrip("/").removesuffix("/v1").rstrip("/"), timeout
+        parts = urlsplit(self.base)
+        self.secret = parts.password or parts.username
+        self.shown = (
+            parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl() if self.secret else self.base
+        )
+
+        def same_origin(request) -> None:
+            if (request.url.scheme, request.url.netloc.rsplit(b"@", 1)[-1]) != (parts.scheme, host.encode()):
+                origin = f"{request.url.scheme}://{request.url.netloc.decode().rsplit('@', 1)[-1]}"
+                raise _Refused(f"redirected to {origin}, another origin than {parts.scheme}://{host}: refused")
+
+        host = parts.netloc.rsplit("@", 1)[-1]
         try:  # the key vLLM's docs pass to a server started without --api-key (one with it answers HTTP 401)
-            self.openai = openai.OpenAI(base_url=self.base + "/v1", api_key="EMPTY", timeout=timeout, max_retries=0)
+            http = httpx.Client(
+                transport=_CappedTransport(), follow_redirects=True, event_hooks={"request": [same_origin]}
+            )
+            self.openai = openai.OpenAI(
+                base_url=self.base + "/v1", api_key="EMPTY", timeout=timeout, max_retries=0, http_client=http
+            )
         except Exception as err:  # noqa: BLE001 - a URL its HTTP library refuses (InvalidURL: httpx's or httpx2's)
-            raise LiveError(f"cannot reach {self.base}: {err}") from None
+            raise LiveError(self._redacted(f"cannot reach {self.shown}: {err}")) from None
+
+    def _redacted(self, text: str) -> str:
+        return text.replace(self.base, self.shown).replace(self.secret, "***") if self.secret else text
+
+    def _within_deadline(self, call):
+        """``call()`` in a daemon thread, given up after ``timeout`` s (the thread ends when the client closes)."""
+        done, box = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                box["answer"] = call()
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = err
+            done.set()
+
+        threading.Thread(target=run, daemon=True, name="eagle31-request").start()
+        if not done.wait(self.timeout):
+            raise TimeoutError
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
 
     def request(self, path: str, call) -> tuple[int, Any]:
         """``call()``, the client's request to ``path``, as (HTTP status, answer: a typed one dumped with the engines'
@@ -466,7 +563,7 @@ class _Client:
         import openai
 
         try:
-            answer = call()
+            answer = self._within_deadline(call)
             if isinstance(answer, openai.BaseModel):
                 answer = answer.model_dump(by_alias=True, exclude_unset=True, warnings=False)
             return 200, answer
@@ -475,13 +572,15 @@ class _Client:
                 return err.status_code, err.response.json()
             except ValueError:
                 return err.status_code, None
-        except openai.APITimeoutError:  # before APIConnectionError, its base class
+        except (openai.APITimeoutError, TimeoutError):  # before APIConnectionError, its base class
             reason = f"no answer within {self.timeout:g} s (--timeout)"
         except openai.APIConnectionError as err:  # refused, DNS, reset, a scheme the HTTP library cannot send to
             reason = err.__cause__ or err
+        except _Refused as err:  # raised while the body streams in, past openai's wrapping
+            reason = err
         except ValueError:  # json.JSONDecodeError: a 2xx answer labelled JSON that is not
             return 200, None
-        raise LiveError(f"cannot reach {self.base}{path}: {reason}") from None
+        raise LiveError(self._redacted(f"cannot reach {self.shown}{path}: {reason}")) from None
 
     def get(self, path: str, *, text: bool = False) -> tuple[int, Any]:
         options = {"headers": {"Accept": "text/plain"}} if text else {}
@@ -523,7 +622,7 @@ def _probe_metrics(client: _Client, engine: str) -> Acceptance | None:
         return None
     if status != 200:
         raise LiveError(
-            f"{client.base}/metrics answered HTTP {status}; expected vLLM's Prometheus metrics, which it always "
+            f"{client.shown}/metrics answered HTTP {status}; expected vLLM's Prometheus metrics, which it always "
             "serves (SGLang serves /metrics only with --enable-metrics, TokenSpeed's gateway its own: check --engine)"
         )
     if engines and "vllm" not in engines:
@@ -531,7 +630,7 @@ def _probe_metrics(client: _Client, engine: str) -> Acceptance | None:
         raise _wrong_engine("vllm", other, f"its /metrics has {_FACTS[other].METRIC_PREFIX} series and no vllm: ones")
     if (counters := vllm_counters(samples)) is None and "vllm" in engines:
         raise LiveError(
-            f"{client.base} runs vLLM without speculative decoding: its /metrics has vllm: series but no "
+            f"{client.shown} runs vLLM without speculative decoding: its /metrics has vllm: series but no "
             f"{vllm_facts.SPEC_DECODE_COUNTERS['drafts']}_total (start it with --speculative-config)"
         )
     return counters
@@ -546,11 +645,11 @@ def _probe_server(client: _Client, engine: str, model: str | None):
     if status != 200 or not isinstance(served, list) or not all(isinstance(m, dict) and "id" in m for m in served):
         shown = _message(status, payload) if payload is not None else f"HTTP {status}, not JSON"
         raise LiveError(
-            f"{client.base} is not an OpenAI-compatible server: GET /v1/models answered {shown}; expected "
+            f"{client.shown} is not an OpenAI-compatible server: GET /v1/models answered {shown}; expected "
             '{"data": [{"id": ...}]} (the URL of `vllm serve`, `sglang serve` / launch_server or `tokenspeed serve`)'
         )
     if not served:
-        raise LiveError(f"{client.base} serves no model (GET /v1/models lists none)")
+        raise LiveError(f"{client.shown} serves no model (GET /v1/models lists none)")
     names, matches = ", ".join(str(m["id"]) for m in served[:5]), [m for m in served if m["id"] == model]
     if model is None and len(served) > 1:
         raise LiveError(f"the server serves {len(served)} models ({names}); name one with --model")
@@ -612,7 +711,7 @@ def _settled_counters(client: _Client, before: Acceptance, min_rounds: int, wait
         again = vllm_counters(samples)
         if again is None:
             raise LiveError(
-                f"{client.base}/metrics stopped reporting vLLM's speculative-decoding counters (HTTP {status})"
+                f"{client.shown}/metrics stopped reporting vLLM's speculative-decoding counters (HTTP {status})"
             )
         settled = again == current and again.rounds - before.rounds >= min_rounds
         if settled or time.monotonic() >= deadline:
@@ -717,6 +816,11 @@ def measure_server(
             choice = choices[0] if isinstance(choices[0], dict) else {}
             text = _text(choice.get("text") or _field(choice, ("message", "content"))) or ""
             acceptance = _READERS[engine](out)
+            if acceptance is not None:
+                fields = f"{where}: the response's acceptance fields"
+                _check_counts(acceptance.rounds, acceptance.accepted, acceptance.draft_tokens, None, fields)
+                if acceptance.rounds > completion:
+                    raise LiveError(f"{fields} count {acceptance.rounds} rounds for {completion} tokens: impossible")
             elsewhere = counters is not None if engine == "vllm" else engine == "tokenspeed" and log is not None
             if acceptance is None and completion >= 2 and not elsewhere:  # neither counters nor a log to read
                 raise _no_acceptance(engine, where, out, log is not None)
@@ -805,7 +909,7 @@ def measure_server(
     settings = dict(num_steps=steps, topk=None, num_draft_tokens=num_draft_tokens, temperature=temperature)
     settings.update(top_p=top_p, max_new_tokens=max_tokens, seed=None, eos_token_id=None, target=target or entry["id"])
     settings.update(draft=draft, prompts=str(prompts), concurrency=concurrency, chat=chat, ignore_eos=ignore_eos)
-    server = dict(url=client.base, engine=engine, model=entry["id"], target=target, draft=draft, version=version)
+    server = dict(url=client.shown, engine=engine, model=entry["id"], target=target, draft=draft, version=version)
     server.update(attribution="per-request" if attributed else "aggregate", source=f"{ENGINE_NAMES[engine]} {source}")
     if log_summary is not None:
         server["log"] = log_summary
