@@ -4,32 +4,24 @@
 
 The same three Kimi-K3 tensors go by two names (SPEC §4):
 
-* one-based "completed layers": id ``k`` is the residual stream after ``k`` target layers, i.e. the
-  output of zero-based layer ``k - 1`` and Transformers' ``outputs.hidden_states[k]`` (id 0 would be
-  the embeddings). vLLM, TokenSpeed and upstream SGLang's Kimi-K3 capture use it: ``[2, 46, 90]``.
-* zero-based "output of layer x": id ``x`` is the output of zero-based layer ``x``. The training
-  framework's config and SGLang's native DeepSeek loader use it: ``[1, 45, 89]``.
+* one-based "completed layers": id ``k`` is the residual stream after ``k`` target layers, Transformers'
+  ``hidden_states[k]``. vLLM, TokenSpeed and upstream SGLang's Kimi-K3 capture use it: ``[2, 46, 90]``.
+* zero-based "output of layer x": the training framework's config and SGLang's native DeepSeek loader: ``[1, 45, 89]``.
 
-This library's canonical form is :class:`AuxLayerIds`, which stores the one-based ids (the
-``hidden_states`` index). Everything else converts through it.
+This library's canonical form is :class:`AuxLayerIds` (one-based); everything else converts through it.
 
 Reading a third-party ``config.json`` needs a rule, because the same key holds either convention
 depending on who wrote the file (:func:`aux_layer_ids_from_config`):
 
-1. ``aux_layer_ids_convention`` ("one_based" | "zero_based") is honoured when present. Files written
-   by this library always carry it, so the rules below never apply to them.
+1. ``aux_layer_ids_convention`` ("one_based" | "zero_based") is honoured when present (this library's files).
 2. A top-level ``eagle_aux_hidden_state_layer_ids`` is one-based: it is vLLM's key, and every engine
    that reads the top level reads it one-based.
-3. Nested ``eagle_config.eagle_aux_hidden_state_layer_ids``, unlabelled: zero-based when its smallest
-   id is 0 or 1, one-based otherwise. The training framework's configs start at layer 0/1 (Kimi-K3:
-   ``[1, 45, 89]``); its export adds 1 to every id (Kimi-K3: ``[2, 46, 90]``, the published form),
-   and vLLM's default ``(2, n // 2, n - 3)`` also starts at 2. A one-based list that really starts at
-   1 must be labelled.
-4. Both present: they must name the same layers once each is read by its rule; otherwise the file is
-   contradictory and refused.
+3. Nested ``eagle_config.eagle_aux_hidden_state_layer_ids``, unlabelled: zero-based when its smallest id is 0 or
+   1 (the training framework's configs), one-based otherwise (its export adds 1; vLLM's default starts at 2). A
+   one-based list that really starts at 1 must be labelled.
+4. Both present: they must name the same layers, each read by its rule; else the file is refused.
 
-A config with no ids at all is an error: guessing the engine default is exactly the silent failure
-this module exists to prevent.
+A config with no ids is an error: guessing the engine default is the silent failure this module exists to prevent.
 """
 
 from __future__ import annotations
@@ -54,10 +46,18 @@ class AuxLayerIdError(ValueError):
     """Aux-layer ids that would make an engine feed the drafter the wrong tensors."""
 
 
+def _read_ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {value!r}")
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise AuxLayerIdError(f"{where}: every id must be an int, got {i!r} in {list(value)}")
+    return list(value)
+
+
 @dataclass(frozen=True)
 class AuxLayerIds:
-    """Aux-layer ids in canonical form: one-based completed-layer counts, ascending and distinct; when the
-    target's depth ``num_target_layers`` is known, ids beyond it are refused."""
+    """Canonical aux-layer ids: one-based, ascending, distinct, within ``num_target_layers`` when known."""
 
     one_based: tuple[int, ...]
     num_target_layers: int | None = None
@@ -65,11 +65,9 @@ class AuxLayerIds:
     def __post_init__(self) -> None:
         ids = self.one_based
         where = "aux-layer ids (one-based completed layers)"
-        if not isinstance(ids, tuple) or not ids:
+        if not isinstance(ids, tuple):
             raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {ids!r}")
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise AuxLayerIdError(f"{where}: every id must be an int, got {i!r} in {list(ids)}")
+        _read_ids(ids, where)
         if min(ids) < 1:
             raise AuxLayerIdError(
                 f"{where}: {list(ids)} contains {min(ids)}; one-based ids must be >= 1 "
@@ -104,15 +102,12 @@ class AuxLayerIds:
     def from_convention(cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None) -> AuxLayerIds:
         if convention not in CONVENTIONS:
             raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
-        ids = tuple(ids)
         if convention == ZERO_BASED:
-            for i in ids:
-                if isinstance(i, bool) or not isinstance(i, int):
-                    raise AuxLayerIdError(f"zero-based aux-layer ids: every id must be an int, got {i!r}")
-                if i < 0:
-                    raise AuxLayerIdError(f"zero-based aux-layer ids: {list(ids)} contains {i}; ids must be >= 0")
-            ids = tuple(i + 1 for i in ids)
-        return cls(ids, num_target_layers)
+            ids = _read_ids(tuple(ids), "zero-based aux-layer ids")
+            if min(ids) < 0:
+                raise AuxLayerIdError(f"zero-based aux-layer ids: {ids} contains {min(ids)}; ids must be >= 0")
+            ids = [i + 1 for i in ids]
+        return cls(tuple(ids), num_target_layers)
 
     @property
     def zero_based(self) -> tuple[int, ...]:
@@ -138,20 +133,10 @@ class AuxLayerIds:
 KIMI_K3_AUX_LAYER_IDS = AuxLayerIds((2, 46, 90), KIMI_K3_NUM_LAYERS)
 
 
-def _read_ids(value: Any, where: str) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not value:
-        raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {value!r}")
-    for i in value:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise AuxLayerIdError(f"{where}: every id must be an int, got {i!r} in {list(value)}")
-    return list(value)
-
-
 def aux_layer_ids_from_config(
     config: Mapping[str, Any], num_target_layers: int | None = None
 ) -> tuple[AuxLayerIds, str]:
-    """The aux-layer ids of a drafter ``config.json`` dict, read by the module's rule, and a one-line account of
-    how they were read (for logs and the CLI)."""
+    """The aux-layer ids of a ``config.json`` dict, read by the module's rule, and how they were read."""
     convention = config.get(CONVENTION_KEY)  # an unknown one is refused by from_convention
     eagle_config = config.get("eagle_config") or {}
     if not isinstance(eagle_config, Mapping):
@@ -202,8 +187,7 @@ def aux_layer_ids_from_config(
 
 
 def aux_layer_ids_from_attributes(config: Any, num_target_layers: int | None = None) -> tuple[AuxLayerIds, str]:
-    """:func:`aux_layer_ids_from_config` for a config object (an engine's parsed ``PretrainedConfig``):
-    the same keys, read as attributes."""
+    """:func:`aux_layer_ids_from_config` for a config object (an engine's parsed ``PretrainedConfig``)."""
     keys = (IDS_KEY, "eagle_config", CONVENTION_KEY, "target_layer_ids")
     raw = {key: getattr(config, key, None) for key in keys}
     return aux_layer_ids_from_config({k: v for k, v in raw.items() if v is not None}, num_target_layers)
@@ -216,12 +200,9 @@ def engine_default_one_based_ids(num_target_layers: int) -> list[int]:
 
 
 def aux_layer_ids_config_entries(ids: AuxLayerIds, convention: str = ONE_BASED) -> dict[str, Any]:
-    """The ``config.json`` entries this library writes: the ids in one convention everywhere, labelled.
-
-    One-based is the form written to files: the top level is what vLLM (both model runners, every version)
-    and TokenSpeed read; the nested copy mirrors the published checkpoint's layout. An engine plugin that
-    must hand a target the other form writes it with its label, so the entries still read back as ``ids``.
-    """
+    """The ``config.json`` entries this library writes, labelled. Files get one-based: the top level for vLLM (both
+    runners, every version) and TokenSpeed, the nested copy as published. A plugin handing a target the other form
+    writes it labelled, so the entries still read back as ``ids``."""
     if convention not in CONVENTIONS:
         raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
     form = list(ids.one_based) if convention == ONE_BASED else list(ids.zero_based)
@@ -233,8 +214,7 @@ def aux_layer_ids_config_entries(ids: AuxLayerIds, convention: str = ONE_BASED) 
 
 
 def write_aux_layer_ids(config: Any, ids: AuxLayerIds, convention: str = ONE_BASED) -> None:
-    """Set :func:`aux_layer_ids_config_entries` on a config object (a ``PretrainedConfig``, an engine's parsed
-    draft config), so every writer labels them alike; other keys of an existing ``eagle_config`` are kept."""
+    """Set :func:`aux_layer_ids_config_entries` on a config object, keeping other ``eagle_config`` keys."""
     entries = aux_layer_ids_config_entries(ids, convention)
     config.eagle_aux_hidden_state_layer_ids = entries[IDS_KEY]
     config.aux_layer_ids_convention = entries[CONVENTION_KEY]

@@ -2,14 +2,11 @@
 # Remote code for `trust_remote_code=True`; needs only torch and transformers.
 """Configuration of the EAGLE-3.1 MLA drafter for Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
 
-``Eagle31MLAConfig()`` with no arguments describes the published drafter: one DeepSeek-style MLA decoder layer
-(hidden 7168, 64 heads, q_lora 1536, kv_lora 512 + rope 64) fed by three Kimi-K3 aux states (one-based completed
-layers [2, 46, 90]), EAGLE-3.1's ``fc_norm`` and ``norm_output`` on, YaRN RoPE (theta 50000, factor 32 over 32768).
+``Eagle31MLAConfig()`` with no arguments describes the published drafter: one MLA layer (hidden 7168, 64 heads,
+q_lora 1536, kv_lora 512 + rope 64) fed by Kimi-K3's layers [2, 46, 90], EAGLE-3.1, YaRN RoPE.
 
-A Transformers-5 config: a ``@strict`` dataclass (huggingface_hub checks each field's type), Transformers' own
-reader of config.json and its rope-dict conversion (``rope_scaling`` + ``rope_theta`` -> ``rope_parameters``).
-Written here by hand is only what they lack: the domain of a few numbers, the aux-layer id rule
-(:mod:`aux_layers`), the meaning of a key a *file* leaves out, and a rope schedule whose numbers are usable.
+A ``@strict`` Transformers-5 config; written here is only what huggingface_hub and Transformers lack: the domain
+of a few numbers, the aux-layer id rule (:mod:`aux_layers`), what a *file* leaving a key out means, a usable rope.
 """
 
 import logging
@@ -77,8 +74,7 @@ class ConfigError(ValueError):
 
 
 def resolve_dtype(value: Any, name: str = "dtype") -> torch.dtype | None:
-    """The floating-point dtype ``value`` names (a ``torch.dtype`` or ``"bfloat16"``, ``"torch.float32"``, ...);
-    None for None or ``"auto"``; else :class:`ConfigError` naming ``name``. One rule for the config and the CLI."""
+    """The floating-point dtype ``value`` names (None for None or "auto"): one rule for the config and the CLI."""
     if value is None or value == "auto":
         return None
     dtype = value if isinstance(value, torch.dtype) else getattr(torch, str(value).removeprefix("torch."), None)
@@ -88,8 +84,7 @@ def resolve_dtype(value: Any, name: str = "dtype") -> torch.dtype | None:
 
 
 def describe_rope(config: Any) -> str:
-    """The rope schedule in words (``yarn, theta 50000, factor 32 over 32768 positions``): the one wording
-    inspect, roster and model cards print. ``config``: a config or a config dict."""
+    """The rope schedule of a config or config dict in words, as inspect, roster and model cards print it."""
     rope = (config.get("rope_parameters") if isinstance(config, dict) else config.rope_parameters) or {}
     text = f"{rope.get('rope_type', 'default')}, theta {rope.get('rope_theta', 10000.0):g}"
     if rope.get("rope_type") == "yarn":
@@ -98,8 +93,7 @@ def describe_rope(config: Any) -> str:
 
 
 def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Tensor, float]:
-    """The inverse frequencies [R/2] and attention scaling of the rope slice: YaRN through Transformers' own
-    rope init, plain RoPE by the usual formula. The model and the config's check share it."""
+    """The inverse frequencies [R/2] and attention scaling of the rope slice (YaRN by Transformers' rope init)."""
     rope = config.rope_parameters
     if rope["rope_type"] == "yarn":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -116,14 +110,12 @@ class Eagle31MLAConfig(PretrainedConfig):
 
     * the constructor: a missing key takes the published drafter's value (as :meth:`kimi_k3`);
     * a ``config.json`` (``from_pretrained``, ``from_dict``, ``from_json_file``): absent ``fc_norm`` /
-      ``norm_output`` mean EAGLE-3 (off), absent rope settings mean plain RoPE, absent aux-layer ids are an error
-      (:mod:`aux_layers`). Another framework's EAGLE-3 file omits them meaning exactly that. Every file this
-      library saves writes them out, so it reads the same both ways.
+      ``norm_output`` mean EAGLE-3 (off), absent rope settings plain RoPE, absent aux-layer ids an error, as another
+      framework's EAGLE-3 file means them. Every file this library saves writes them out: it reads the same both ways.
 
-    ``draft_vocab_size`` < ``vocab_size`` is a pruned vocabulary (``d2t``/``t2d`` in the checkpoint);
-    ``target_hidden_size`` is each captured state's width (``fc`` takes n of them); aux-layer ids are read by the
-    rule in :mod:`aux_layers` and written back one-based and labelled; ``target_num_hidden_layers``, when known,
-    bounds them. ``mla_use_nope`` (in the training template) is ignored, as every engine ignores it.
+    ``draft_vocab_size`` < ``vocab_size``: a pruned vocabulary (``d2t``/``t2d``); ``target_hidden_size``: each
+    captured state's width; ``target_num_hidden_layers`` bounds the aux ids. ``mla_use_nope`` is ignored, as every
+    engine ignores it.
     """
 
     model_type = "kimi_k2"
@@ -238,8 +230,7 @@ class Eagle31MLAConfig(PretrainedConfig):
         if (self.eagle_config or {}).get("use_aux_hidden_state", True) is not True:
             raise ConfigError(
                 f"`eagle_config.use_aux_hidden_state` is {self.eagle_config['use_aux_hidden_state']!r} (EAGLE-1 style: "
-                "false); this drafter's `fc` takes the "
-                "concatenated aux states: expected true, or leave it out"
+                "false); this drafter's `fc` takes the concatenated aux states: expected true, or leave it out"
             )
         if self.eagle_aux_hidden_state_layer_ids is None and self.eagle_config is None:
             ids = AuxLayerIds(KIMI_K3_AUX_LAYER_IDS.one_based, self.target_num_hidden_layers)  # no-arg config
@@ -317,8 +308,7 @@ class Eagle31MLAConfig(PretrainedConfig):
                     raise ConfigError(f"`{name}` is {value}; expected ids in [0, {self.vocab_size}) (vocab_size)")
 
     def validate_rope(self) -> None:
-        """The rope type is one this drafter has, holds only its own keys, and gives usable numbers: inverse
-        frequencies, attention scaling and softmax scale finite and > 0 (Transformers' check only warns)."""
+        """A known rope type, only its own keys, usable numbers (Transformers' check only warns)."""
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"`qk_rope_head_dim` is {self.qk_rope_head_dim}; expected an even number")
         rope = self.rope_parameters
@@ -359,8 +349,7 @@ class Eagle31MLAConfig(PretrainedConfig):
 
 
 def _validate(config: Eagle31MLAConfig, strict_validate=Eagle31MLAConfig.validate) -> None:
-    """strict's class validation, raising the validator's own ConfigError (strict wraps it in an error of its own
-    whose message is two lines)."""
+    """strict's class validation, raising the validator's ConfigError (strict's wrapper has a two-line message)."""
     try:
         strict_validate(config)
     except StrictDataclassClassValidationError as err:

@@ -7,8 +7,7 @@ residual-stream states. EAGLE-3.1 adds two switches to EAGLE-3: ``fc_norm`` (an 
 ``fc``) and ``norm_output`` (the next draft step is fed ``norm(h)``, not ``h``). MLA keeps the draft KV cache
 small: per token only the normalised latent ``c_kv`` (512) and the rotated shared rope key ``k_pe`` (64).
 
-Module names are the published tensor names; other layouts load through Transformers' key mapping
-(:data:`KEY_MAPPING`).
+Module names are the published tensor names; other layouts load through :data:`KEY_MAPPING`.
 
 Symbols in shape comments: B batch, T new tokens, S cached + new tokens, H hidden, Ht target hidden, n aux
 states, h heads, C kv_lora_rank (512), R qk_rope_head_dim (64), N qk_nope_head_dim, V v_head_dim.
@@ -45,8 +44,7 @@ def canonical_tensor_name(name: str) -> str:
 
 
 class DraftInputError(ValueError, TypeError):
-    """A call argument this library refuses, raised before any compute: the message names the argument and what
-    was expected. Both a ValueError and a TypeError, so either ``except`` catches it."""
+    """A refused call argument, named in the message; both a ValueError and a TypeError, so either ``except`` works."""
 
 
 class Eagle31MLALinear(nn.Linear):
@@ -73,8 +71,7 @@ class Eagle31MLARMSNorm(nn.Module):
 
 
 class Eagle31MLARotaryEmbedding(nn.Module):
-    """RoPE angles for the rope slice: plain, or YaRN through Transformers' helper. The frequencies are a function
-    of the config, computed once per device and kept off the state dict (nothing to load or initialise)."""
+    """RoPE angles for the rope slice; frequencies computed once per device, off the state dict (nothing to load)."""
 
     def __init__(self, config: Eagle31MLAConfig):
         super().__init__()
@@ -99,9 +96,8 @@ def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return rotated.flatten(-2).to(x.dtype)
 
 
-#: Whether this CPU computes bf16 natively (AVX-512 BF16, AMX-BF16, Arm BF16). None: detected once, on
-#: first use, by :func:`cpu_has_native_bf16`. Set it (tests, benchmarks) to force a path; the
-#: environment variable ``EAGLE31_CPU_NATIVE_BF16=0`` / ``=1`` does the same for a whole process.
+#: Whether this CPU computes bf16 natively; None: detected on first use. Set it (tests, benchmarks), or
+#: ``EAGLE31_CPU_NATIVE_BF16=0`` / ``=1`` for a whole process, to force a path.
 CPU_NATIVE_BF16: bool | None = None
 
 
@@ -127,7 +123,6 @@ def _detect_cpu_native_bf16() -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether the CPU has native bf16 arithmetic, decided once per process (see :data:`CPU_NATIVE_BF16`)."""
     global CPU_NATIVE_BF16
     if CPU_NATIVE_BF16 is None:
         CPU_NATIVE_BF16 = _detect_cpu_native_bf16()
@@ -135,20 +130,17 @@ def cpu_has_native_bf16() -> bool:
 
 
 def latent_attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype the absorbed attention computes in over the latent cache: the model's, except bf16 on
-    a CPU without native bf16 (e.g. AVX2-only), where torch's bf16 matrix kernels run several times
-    slower than fp32 ones: there the cache (1,152 bytes a token: under 5 MB at 4k) is converted to fp32
-    each step, which costs far less. Weights are never converted: their reads stay streaming in bf16."""
+    """The absorbed attention's dtype: the model's, except bf16 on a CPU without native bf16, whose bf16 matrix
+    kernels run several times slower than fp32: there the cache (1,152 bytes a token: under 5 MB at 4k) is converted
+    to fp32 each step, which costs far less. Weights are never converted: their reads stay streaming in bf16."""
     if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
         return torch.float32
     return dtype
 
 
 class LatentKVCache:
-    """The drafter's KV cache: per token only normalised c_kv [C] and rotated k_pe [R], side by side in one buffer
-    [B, capacity, C+R], so attention reads keys ([c_kv | k_pe]) and values (c_kv) as views. It grows by doubling;
-    ``crop`` rolls back rejected drafts. It is bound to the drafter that writes it first (its weights normalised
-    c_kv, its rope schedule rotated k_pe): no other drafter may extend it."""
+    """Per token normalised c_kv [C] and rotated k_pe [R] in one buffer [B, capacity, C+R]: keys and values are
+    views. Grows by doubling; ``crop`` rolls back rejected drafts. Bound to the drafter that writes it first."""
 
     def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
         self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
@@ -158,7 +150,6 @@ class LatentKVCache:
 
     @classmethod
     def for_model(cls, model_or_config, batch_size: int, *, dtype, device, capacity: int = 256):
-        """A cache for a drafter's config; given the drafter itself, the cache is bound to it."""
         model = model_or_config if isinstance(model_or_config, nn.Module) else None
         config = model.config if model is not None else model_or_config
         cache = cls(
@@ -271,10 +262,9 @@ class Eagle31MLAAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
 
     def _absorbed(self, q_nope, q_pe, latent, mask, cache=None) -> torch.Tensor:
-        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache. Every head
-        shares the one latent key, so the heads become extra query rows of a single-head attention: the cache is
-        read once per step, never expanded per head. An unmasked one-token step may run FlashInfer's kernel
-        (``flashinfer_backend``); multi-token and masked steps stay here (the kernel takes no arbitrary mask)."""
+        """Fold kv_b_proj into the query and the output, so attention reads only the latent cache. Every head shares
+        the one latent key, so the heads become extra query rows of a single-head attention: the cache is read once
+        per step, never expanded per head. An unmasked one-token step may run FlashInfer's kernel instead."""
         B, h, T, _ = q_nope.shape
         w_k, w_v_t = self._absorbed_weights()  # [h, N, C], [h, C, V]
         q_latent = torch.matmul(q_nope.transpose(0, 1).reshape(h, B * T, -1), w_k)  # [h, B·T, C]
@@ -327,8 +317,7 @@ class Eagle31MLAMLP(nn.Module):
 
 
 def normalise_aux_chunks(aux_hidden_states: torch.Tensor, norms) -> torch.Tensor:
-    """EAGLE-3.1 ``fc_norm``: each captured state gets its own RMSNorm before ``fc``.
-    [.., n·Ht] -> [.., n·Ht]; ``norms`` is any sequence of n norm modules (the engines pass theirs)."""
+    """EAGLE-3.1 ``fc_norm``: each captured state its own RMSNorm before ``fc`` (the engines pass their norms)."""
     chunks = aux_hidden_states.chunk(len(norms), dim=-1)  # n × [.., Ht]
     return torch.cat([norm(chunk) for norm, chunk in zip(norms, chunks)], dim=-1)
 
@@ -361,8 +350,7 @@ SAMPLING_BACKENDS = ("torch", "flashinfer")
 
 
 def check_sampling_settings(temperature, top_p, backend: str = "torch") -> tuple[float, float]:
-    """The one rule for sampling settings, checked once at each public entry (``draft``, ``speculative_generate``,
-    ``measure_acceptance``, the CLI): ``temperature`` finite and >= 0 (0 = greedy), ``top_p`` in (0, 1]."""
+    """The one rule for sampling settings, checked once at each public entry (``draft``, the loop, the CLI)."""
     real = (int, float)
     if not isinstance(temperature, real) or isinstance(temperature, bool) or not 0 <= temperature < math.inf:
         raise DraftInputError(f"`temperature` is {temperature!r}; expected a finite number >= 0 (0 = greedy decoding)")
@@ -374,8 +362,7 @@ def check_sampling_settings(temperature, top_p, backend: str = "torch") -> tuple
 
 
 def flashinfer_backend():
-    """``eagle31_mla.model.flashinfer_backend``, imported on first use: the installed library carries it, the Hub
-    remote code (this file next to a checkpoint) does not."""
+    """``eagle31_mla.model.flashinfer_backend``, imported on first use: the Hub remote code does not carry it."""
     try:
         return importlib.import_module(".flashinfer_backend", __package__)
     except ImportError:
@@ -418,8 +405,7 @@ def sample_from_logits(logits, temperature: float, top_p: float, generator, back
 
 @dataclass
 class Eagle31MLAOutput:
-    """``logits`` [B, T, draft_vocab]; ``hidden_states`` [B, T, H], the state the next draft step is fed
-    (post-norm under ``norm_output``, else pre-norm); ``past_key_values`` the latent cache. A plain dataclass:
+    """``hidden_states``: what the next draft step is fed (post-norm under ``norm_output``). A plain dataclass:
     Transformers' ``ModelOutput`` renames ``past_key_values`` from 5.2x on."""
 
     logits: torch.Tensor | None = None
@@ -429,9 +415,8 @@ class Eagle31MLAOutput:
 
 @dataclass
 class DraftOutput:
-    """``tokens`` [B, k] drafted target ids; ``probs`` [B, k, draft_vocab] the distribution each was drawn from
-    (one-hot when greedy); ``past_key_values`` the cache, holding the context plus the first k-1 drafted tokens
-    (crop it to the accepted length after verification)."""
+    """``tokens`` [B, k] target ids drawn from ``probs`` [B, k, draft_vocab]; ``past_key_values`` holds the context
+    and the first k-1 drafts (crop it to the accepted length after verification)."""
 
     tokens: torch.Tensor | None = None
     probs: torch.Tensor | None = None
@@ -464,11 +449,10 @@ class Eagle31MLAPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """Transformers' ``from_pretrained``, every keyword passed through untouched. Added, as Transformers lacks
-        them: :data:`KEY_MAPPING` as the default ``key_mapping``; safetensors only unless ``use_safetensors=False``
-        (pickle can run code); a missing, unexpected or misshaped tensor, a NaN or inf weight, or a ``d2t`` beyond the
-        vocabulary is a :class:`CheckpointError` naming it, never a random or poisoned weight; a pruned vocabulary's
-        ``t2d``, a function of ``d2t``, derived when the file omits it; ``attn_implementation="flashinfer"``."""
+        """Transformers' ``from_pretrained``, every keyword passed through. Added: :data:`KEY_MAPPING`; safetensors
+        only unless ``use_safetensors=False`` (pickle can run code); a missing, unexpected or misshaped tensor, a NaN or
+        inf weight, or a ``d2t`` beyond the vocabulary is a :class:`CheckpointError` naming it, never a random or
+        poisoned weight; ``t2d`` derived from ``d2t`` when the file omits it; ``attn_implementation="flashinfer"``."""
         kwargs.setdefault("key_mapping", KEY_MAPPING)
         kwargs.setdefault("use_safetensors", True)  # pickle can run code: opt in with use_safetensors=False
         kwargs.setdefault("ignore_mismatched_sizes", True)  # then refused below, by name (Transformers' error is not)
@@ -552,22 +536,18 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         logits_to_keep: int = 0,
         **kwargs,  # Transformers' own keywords (return_dict, ...): nothing to change here
     ) -> Eagle31MLAOutput:
-        """One draft step over T tokens. ``absorb`` (default: when tokens are cached) picks the weight-absorbed
-        attention. ``logits_to_keep`` = N > 0: logits of the last N positions only. Checked here is only what
-        would otherwise be silently wrong and costs no host sync: the state's shape, a cache of another drafter
-        or batch."""
+        """One draft step over T tokens (``absorb``: the weight-absorbed attention; default when tokens are cached).
+        Checked here is only what would be silently wrong and costs no host sync: the state's shape, the cache's."""
         if input_ids.dim() != 2:
             raise DraftInputError(f"`input_ids` has shape {tuple(input_ids.shape)}; expected [B, T]")
         B, T = input_ids.shape
         if (aux_hidden_states is None) == (hidden_states is None):
             raise DraftInputError("pass exactly one of `aux_hidden_states` (first step) or `hidden_states` (later)")
         config = self.config
-        name, state = (
-            ("aux_hidden_states", aux_hidden_states) if hidden_states is None else ("hidden_states", hidden_states)
-        )
-        width = (
-            config.num_aux_hidden_states * config.target_hidden_size if hidden_states is None else config.hidden_size
-        )
+        name, state, width = ("hidden_states", hidden_states, config.hidden_size)
+        if hidden_states is None:
+            name, state = "aux_hidden_states", aux_hidden_states
+            width = config.num_aux_hidden_states * config.target_hidden_size
         if tuple(state.shape) != (B, T, width):
             raise DraftInputError(f"`{name}` has shape {tuple(state.shape)}; expected {(B, T, width)}")
         if past_key_values is not None:
@@ -611,8 +591,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
 
     @staticmethod
     def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
-        """[B, 1, T, S] bool (True = attend), or None when a one-token step with no padding sees everything
-        cached (attention's unmasked fast path)."""
+        """[B, 1, T, S] bool (True = attend); None for an unpadded one-token step (the unmasked fast path)."""
         S = past + T
         if attention_mask is None and T == 1:
             return None
@@ -644,8 +623,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         sampling_backend: str = "torch",
     ) -> DraftOutput:
-        """Draft ``num_tokens`` chained tokens after the context: each from the previous token's embedding and the
-        previous step's state, one position further. Arguments are checked once, before anything is cached."""
+        """Draft ``num_tokens`` chained tokens after the context; arguments checked before anything is cached."""
         temperature, top_p = check_sampling_settings(temperature, top_p, sampling_backend)
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise DraftInputError(f"`num_tokens` is {num_tokens!r}; expected an int >= 1")
@@ -691,7 +669,6 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
 
     @classmethod
     def on_meta_device(cls, config: Eagle31MLAConfig, dtype: torch.dtype | None = None) -> Eagle31MLAForCausalLM:
-        """The model's structure with no storage: for rosters and shape checks."""
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype or config.dtype or torch.float32)
         try:

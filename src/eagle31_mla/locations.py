@@ -41,8 +41,7 @@ def model_folder(name_or_path: str | os.PathLike) -> Path:
 
 
 def safetensors_files(folder) -> list[Path]:
-    """The weight files of a model folder: the shards its ``model.safetensors.index.json`` names (each inside the
-    folder), or ``model.safetensors``."""
+    """A model folder's weight files: the shards its index names (each inside the folder), or model.safetensors."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -57,8 +56,7 @@ def safetensors_files(folder) -> list[Path]:
 
 
 def atomic_write(path, write) -> None:
-    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one, and a
-    failure leaves the old one as it was (shards, manifests, trainer states, checkpoint pointers, reports)."""
+    """``write(temporary_path)``, then rename over ``path``: readers see the old file or the whole new one."""
     path = Path(path).expanduser()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
     os.close(fd)

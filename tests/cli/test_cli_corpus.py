@@ -9,11 +9,21 @@ import shlex
 import pytest
 
 from eagle31_mla.cli import main
+from tests.support.engine_configs import draft, write_config
 
 TARGET = "--target {r}/model --draft {r}/model --prompts {r}/prompts.txt"  # a valid offline acceptance pair
 TRAIN = "train --target {r}/model --text {r}/prompts.txt"
 SERVER = "acceptance --server http://127.0.0.1:9 --engine vllm --prompts {r}/prompts.txt"
 CAPTURE = "capture --target {r}/model --text {r}/prompts.txt"
+PAIR = "--prefill-command 'vllm serve T' --decode-command 'vllm serve T'"  # a PD pair for doctor
+
+
+def spec_pair(spec: str) -> str:
+    """doctor on a PD pair whose prefill side passes this --speculative-config."""
+    prefill = shlex.quote(f"vllm serve T --speculative-config {shlex.quote(spec)}")
+    return f"doctor --engine vllm --prefill-command {prefill} --decode-command 'vllm serve T'"
+
+
 #: (command line, exit code, the message after "eagle31-mla: error: "); "{r}" is the fixture folder
 BAD = [
     # a path that is not there, or not of its kind
@@ -36,6 +46,18 @@ BAD = [
     ("demo --max-new-tokens -3", 2, "argument --max-new-tokens: -3 is not in the range 1<=x<=10000000."),
     ("demo --prompts 9999", 2, "argument --prompts: expected at most 24 (the held-out prompts shipped), got 9999"),
     ("serve-command --engine vllm --num-steps 100", 2, "argument --num-steps: 100 is not in the range 1<=x<=64."),
+    ("serve-command --engine vllm --tp 1000000000000000000000", 2, "--tp 1000000000000000000000: the drafter's 64 "
+     "attention heads do not split evenly over that many ranks, as every engine shards them; use a divisor of 64"),
+    # a launch line is untrusted: its speculative settings typed as the engine types them
+    (spec_pair('{"model": "D", "num_speculative_tokens": NaN}'), 2, "argument --prefill-command: "
+     "--speculative-config's num_speculative_tokens must be an integer in [1, 4096], got nan"),
+    (spec_pair('{"model": "D", "num_speculative_tokens": 1e40}'), 2, "argument --prefill-command: "
+     "--speculative-config's num_speculative_tokens must be an integer in [1, 4096], got 1e+40"),
+    (spec_pair('{"model": ["D"], "num_speculative_tokens": 3}'), 2, "argument --prefill-command: "
+     "--speculative-config's model must be a path or hub id, got ['D']"),
+    ("doctor --engine sglang --prefill-command 'sglang serve --model-path T --speculative-num-steps 1e9' "
+     "--decode-command 'sglang serve --model-path T'", 2, "argument --prefill-command: argument "
+     "--speculative-num-steps: invalid count value: '1e9'"),
     ("serve-command --engine vllm --tp x", 2, "argument --tp: 'x' is not a valid integer range."),
     (f"acceptance {TARGET} --top-p 1.5", 2, "argument --top-p: 1.5 is not in the range 0<x<=1."),
     (f"{TRAIN} --out {{r}}/out --lr nan", 2, "argument --lr: 'nan' is not a finite number."),
@@ -83,6 +105,36 @@ BAD = [
      "argument --text: expected at least one non-empty document, {r}/blank.txt has none"),
     ("serve-command --engine tokenspeed --topk 2 --num-draft-tokens 4", 2,
      "TokenSpeed's --speculative-eagle-topk accepts only 1"),
+    ("serve-command --engine vllm --topk 2 --num-draft-tokens 6", 2,
+     "vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)"),
+    ("serve-command --engine sglang --num-draft-tokens 7", 2,
+     "with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = 4"),
+    ("serve-command --engine sglang --topk 2 --num-steps 3 --num-draft-tokens 1000", 2, "--num-draft-tokens is 1000; "
+     "a tree of topk 2 over 3 steps holds 2 to 11 tokens (root included)"),
+    ("serve-command --engine vllm --connector nixl", 2, "argument --connector: applies to --pd only"),
+    ("serve-command --engine vllm --pd --connector ascend", 2,
+     "--connector ascend is not one of vLLM's: nixl, mooncake, lmcache, example"),
+    ("serve-command --engine sglang --pd --connector example", 2,
+     "--connector example is not one of SGLang's: mooncake, nixl, ascend, mori"),
+    ("serve-command --engine vllm --pd --connector example", 2, "--connector example: vLLM's Kimi-K3 is a hybrid "
+     "model (KDA + MLA layers) and ExampleConnector cannot move a hybrid cache (no hybrid KV-cache manager): the "
+     "server would not start; use nixl or mooncake"),
+    ("serve-command --engine tokenspeed --pd --topk 2 --num-draft-tokens 4", 2,
+     "TokenSpeed's --speculative-eagle-topk accepts only 1"),
+    ("doctor --draft {r}/draft --engine vllm", 2, "doctor needs --target"),
+    ("doctor --target {r}/model --draft {r}/a-file.txt --engine vllm", 2, "{r}/a-file.txt: not a readable JSON file "
+     "(Expecting value: line 1 column 1 (char 0)); expected a config.json object"),
+    ("doctor --target {r}/model --draft {r}/draft --engine vllm --eagle3-layers-to-capture 2,46,90", 2,
+     "--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)"),
+    ("doctor --draft {r}/model --target {r}/draft --engine vllm", 2, "--draft {r}/model and --target {r}/draft look "
+     "swapped: the target's config.json is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER "
+     "--target TARGET"),
+    ("doctor --engine vllm --prefill-command 'vllm serve T'", 2, "a PD pair needs --decode-command"),
+    (f"doctor {PAIR}", 2, "a PD pair needs --engine"),
+    (f"doctor --engine vllm --draft {{r}}/draft {PAIR}", 2,
+     "argument --draft: a PD pair takes it from --prefill-command and --decode-command"),
+    (f"doctor --engine sglang {PAIR}", 2, "argument --prefill-command: expected SGLang's launch command (sglang serve "
+     "or -m sglang.launch_server ...), got 'vllm serve T'"),
     # an output that would overwrite an input: the same file (a hard link too), or around or inside it
     (f"acceptance {TARGET} --json {{r}}/prompts.txt", 2, "argument --json: expected a path apart from the inputs: "
      "'{r}/prompts.txt' is the same file as --prompts '{r}/prompts.txt', which it would overwrite"),
@@ -111,6 +163,7 @@ def root(tmp_path_factory):
     (root / "model").mkdir()
     config = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 300}
     (root / "model" / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    write_config(root / "draft", draft())  # an EAGLE drafter's config, for doctor
     (root / "prompts.txt").write_text("Once upon a time\n")
     (root / "hard-link.txt").hardlink_to(root / "prompts.txt")
     (root / "blank.txt").write_text("\n   \n\n")

@@ -1,12 +1,12 @@
 """The main job: the embedded pair, speculative decoding on it, and agreement between engines."""
 
 import json
-import sys
 
 import pytest
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
 from tests.support.paths import ROOT
+from tests.support.subprocesses import run_python
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -37,12 +37,11 @@ def hf_result():
     return run_demo("hf", num_prompts=8, max_new_tokens=48)
 
 
-def test_demo_reaches_the_accept_length_goal(hf_result, capsys):
-    assert hf_result.accept_length >= 2.5
-    assert len(hf_result.acceptance_per_position) == 3
-    assert all(
-        1 >= a >= b >= 0 for a, b in zip(hf_result.acceptance_per_position, hf_result.acceptance_per_position[1:])
-    )
+def test_demo_keeps_its_accept_length(hf_result, capsys):
+    """The embedded pair, greedy, its first 8 held-out prompts, 48 tokens: the numbers the docs and engines cite."""
+    assert abs(hf_result.accept_length - 3.40) < 0.02, hf_result.accept_length
+    per_position = zip(hf_result.acceptance_per_position, [0.90, 0.80, 0.70], strict=True)
+    assert all(abs(a - b) < 0.02 for a, b in per_position), hf_result.acceptance_per_position
     assert hf_result.num_generated_tokens == 8 * 48
     with capsys.disabled():
         print("\n" + hf_result.report(show=1))
@@ -62,20 +61,10 @@ def test_vllm_and_the_reference_agree(hf_result):
 def test_rebuild_script_is_deterministic(tmp_path):
     """scripts/build_demo_pair.py (in --quick mode: the same code, tiny step counts), run twice, writes
     byte-identical folders, and its configs are those of the shipped pair (only the step count differs)."""
-    import os
-    import subprocess
-
     script = ROOT / "scripts" / "build_demo_pair.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: float sums in one fixed order
     folders = [tmp_path / "a", tmp_path / "b"]
-    for out in folders:
-        run = subprocess.run(
-            [sys.executable, str(script), "--quick", "--out", str(out)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
+    for out in folders:  # one thread: float sums in one fixed order
+        run = run_python([str(script), "--quick", "--out", str(out)], env={"OMP_NUM_THREADS": "1"})
         assert run.returncode == 0, run.stderr[-3000:]
     a, b = ({str(p.relative_to(f)): p.read_bytes() for p in f.rglob("*") if p.is_file()} for f in folders)
     assert {"target/model.safetensors", "draft/model.safetensors", "prompts.jsonl"} <= set(a)

@@ -77,24 +77,12 @@ def test_every_command_passes_doctor_for_the_canonical_and_the_training_form(tmp
             assert report.ok, report.format()
 
 
-def test_usage_errors_and_remaining_problems(tmp_path, capsys):
-    """TokenSpeed's topk and a --draft that is nowhere: test_cli_corpus."""
-    assert main(["serve-command", "--engine", "vllm", "--topk", "2", "--num-draft-tokens", "6"]) == 2
-    assert main(["serve-command", "--engine", "sglang", "--num-draft-tokens", "7"]) == 2  # chain: steps + 1
+def test_remaining_problems_are_printed_with_the_command(tmp_path, capsys):
+    """(The usage errors, exact: tests/cli/test_cli_corpus.py; the library's numbers: tests/unit/test_bad_inputs.py.)"""
     k3 = write_config(tmp_path / "k3", kimi_k3_target())
     assert main(["serve-command", "--engine", "vllm", "--target", str(k3), "--engine-version", "0.26"]) == 1
     captured = capsys.readouterr()
     assert "vllm serve" in captured.out and "vllm-kimi-k3-version" in captured.err
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [dict(num_steps=0), dict(topk=-1), dict(num_steps=2.5), dict(num_steps=True), dict(num_draft_tokens=0, topk=2)]
-    + [dict(tensor_parallel_size=0), dict(tensor_parallel_size=-8)],
-)
-def test_the_library_function_checks_its_numbers_too(bad):
-    with pytest.raises(ValueError, match="must be"):
-        serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft(), **bad)
 
 
 def test_shell_text_quotes_and_continues_lines():
@@ -105,8 +93,9 @@ def test_shell_text_quotes_and_continues_lines():
 
 
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
-def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys):
-    """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens."""
+def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps):
+    """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens
+    (through the CLI: tests/cli/test_cli_corpus.py)."""
     from eagle31_mla.decoding.limits import max_tree_draft_tokens
 
     most = max_tree_draft_tokens(topk, steps)
@@ -115,5 +104,3 @@ def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps, capsys)
     tree(num_draft_tokens=most)
     with pytest.raises(ValueError, match=f"holds 2 to {most} tokens"):
         tree(num_draft_tokens=most + 1)
-    argv = f"serve-command --engine sglang --topk {topk} --num-steps {steps} --num-draft-tokens 1000".split()
-    assert main(argv) == 2 and "holds 2 to" in capsys.readouterr().err

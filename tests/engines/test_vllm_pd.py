@@ -4,18 +4,10 @@ prompt's KV cache, a decode engine loads it and generates. The demo pair, the dr
 vLLM's ExampleConnector moves the KV through files on a shared folder, one per layer and prompt prefix
 (``<folder>/<hash of the prefix>/<layer>.safetensors``), whole 16-token blocks of the prompt. The drafter's one MLA
 layer (``model.layers.4.self_attn.attn``: the demo target has 4) sits in the target's KV-cache group and travels
-with the target's layers. Proven here, in-process engines (each in its own process) and behind two OpenAI servers
-with a router that does what vLLM's disaggregation proxy does:
-
-* greedy, the decode side's tokens are the reference loop's (which equals one engine: tests/engines/test_vllm_serve.py),
-  with speculation (behind the router) and without; with speculation each request takes the reference's rounds (the
-  same accept length, request by request);
-* the drafter's KV is among what is transferred, and its rows are the ones the library's drafter computes for
-  those tokens;
-* the loud trap: a decode engine with the drafter, fed by a prefill engine without it, fails at the first request;
-* the silent trap: a drafter KV garbled in transit leaves the output right and drops the accept length, and
-  ``eagle31-mla acceptance --server --reference`` says so.
-
+with the target's layers. Proven with in-process engines (each in its own process) and behind two OpenAI servers
+and a router: the decode side generates the reference loop's tokens (and rounds, with speculation); the drafter's
+transferred KV is the library's; a decode side with the drafter fed by a prefill side without it fails loudly; a
+drafter KV garbled in transit drops the accept length silently, and ``acceptance --server --reference`` says so.
 The prompts join three held-out demo prompts each (43 to 49 tokens), so that two or three blocks are transferred.
 """
 
@@ -29,6 +21,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -81,11 +74,10 @@ print("RESULTS " + json.dumps([list(out.outputs[0].token_ids) for out in outputs
 def run_engine(role: str | None, store: Path, *, speculative: bool, max_tokens: int = MAX_TOKENS):
     """One engine over PROMPTS in a fresh process (an in-process vLLM engine keeps memory the CPU build does not give
     back): ``role`` "kv_producer" (the prefill side: one token each), "kv_consumer" (the decode side) or None."""
-    engine = dict(model=str(TARGET), dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
-    if amx_tiles():
-        engine["attention_backend"] = CPU_MLA
+    amx = {"attention_backend": CPU_MLA} if amx_tiles() else {}
+    engine = dict(model=str(TARGET), dtype="float32", max_model_len=512, enforce_eager=True, seed=0, **amx)
     if speculative:
-        engine["speculative_config"] = dict(SPECULATIVE, **({"attention_backend": CPU_MLA} if amx_tiles() else {}))
+        engine["speculative_config"] = dict(SPECULATIVE, **amx)
     job = {"engine": engine, "role": role, "store": str(store), "prompts": PROMPTS, "max_tokens": max_tokens}
     return run_python(["-c", ENGINE_SCRIPT, json.dumps(job)], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 
@@ -170,59 +162,53 @@ def test_a_decode_side_with_the_drafter_fed_by_a_prefill_side_without_it_fails_l
 # ---- behind two OpenAI servers and a router ---------------------------------------------------------------------
 
 
-class Router(ThreadingHTTPServer):
+def start_router(prefill: str, decode: str) -> SimpleNamespace:
     """What vLLM's disaggregation proxy does, for ExampleConnector: each completion request goes to the prefill
     server with ``max_tokens`` 1, then unchanged to the decode server, whose answer is returned; anything else
     (``/metrics``, ``/v1/models``) is the decode server's. ``between`` runs after the prefill answer (a transfer
     that goes wrong), and the decode answers' token ids are kept (vLLM's ``return_token_ids``)."""
+    router = SimpleNamespace(between=None, answers=[])
 
-    daemon_threads = True
-
-    def __init__(self, prefill: str, decode: str):
-        super().__init__(("127.0.0.1", 0), RouterHandler)
-        self.prefill, self.decode, self.between, self.answers = prefill, decode, None, []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class RouterHandler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _forward(self, url: str, body: bytes | None = None) -> tuple[int, str, bytes]:
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    def forward(url: str, body: dict | None = None) -> tuple[int, str, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                return response.status, response.headers.get("Content-Type", ""), response.read()
+            response = urllib.request.urlopen(request, timeout=120)
         except urllib.error.HTTPError as err:
-            return err.code, err.headers.get("Content-Type", ""), err.read()
+            response = err
+        with response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
 
-    def do_GET(self):
-        self._send(*self._forward(self.server.decode + self.path))
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
 
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        request = json.loads(body)
-        first = dict(request, max_tokens=1, stream=False)
-        status, *answer = self._forward(self.server.prefill + self.path, json.dumps(first).encode())
-        if status != 200:
-            return self._send(status, *answer)
-        if self.server.between:
-            self.server.between()
-        second = json.dumps(dict(request, return_token_ids=True)).encode()
-        status, content_type, answer = self._forward(self.server.decode + self.path, second)
-        if status == 200:
-            self.server.answers.append(json.loads(answer)["choices"][0]["token_ids"])
-        self._send(status, content_type, answer)
+        def answer(self, status: int, content_type: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.answer(*forward(decode + self.path))
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            answer = forward(prefill + self.path, dict(request, max_tokens=1, stream=False))
+            if answer[0] == 200:
+                if router.between:
+                    router.between()
+                answer = forward(decode + self.path, dict(request, return_token_ids=True))
+                if answer[0] == 200:
+                    router.answers.append(json.loads(answer[2])["choices"][0]["token_ids"])
+            self.answer(*answer)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+    router.url, router.shutdown = f"http://127.0.0.1:{server.server_address[1]}", server.shutdown
+    return router
 
 
 def garble_drafter_kv(store: Path, done: set) -> None:
@@ -272,8 +258,7 @@ def test_behind_a_router_acceptance_is_the_reference_and_a_garbled_drafter_kv_is
     offline.write_text(json.dumps({k: v for k, v in reference.items() if k not in ("models", "prompt_ids")}))
     prefill, decode = pd_servers(tmp_path, store)
     with prefill, decode:  # started, and stopped whatever happens
-        router = Router(prefill.url, decode.url)
-        threading.Thread(target=router.serve_forever, args=(0.02,), daemon=True).start()
+        router = start_router(prefill.url, decode.url)
         try:
             options = ["--ignore-eos", "--reference", str(offline)]
             intact = run_acceptance(router.url, prompts, tmp_path / "intact.json", *options)

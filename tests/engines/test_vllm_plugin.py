@@ -8,8 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
+import traceback
 from types import SimpleNamespace
 
 import pytest
@@ -23,10 +22,10 @@ import eagle31_mla_vllm  # noqa: E402
 from eagle31_mla import Eagle31MLAForCausalLM  # noqa: E402
 from eagle31_mla_vllm import KIMI_K3_STREAM_ENV, VLLM_ARCHITECTURE  # noqa: E402
 from tests.support.engine_policy import engine_version_skip  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
     AUX_ONE_BASED,
     PROMPTS,
-    DrafterProbe,
     acceptance_report,
     build_target,
     draft_model,
@@ -68,26 +67,50 @@ def baseline(models):
     return SimpleNamespace(outputs=outputs, prompt_ids=prompt_ids)
 
 
-def serve(target, draft, prompts=PROMPTS):
-    """Spec-decode each prompt separately, recording the drafter's first two steps for each."""
-    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM
+def first_two_steps(calls):
+    """The first prefill's draft step, (aux [T, n·Ht], input_ids [T], positions [T], logits [T, V]), and the
+    draft step right after it, (input state [1, H], input_ids [1], positions [1], logits [1, V]): the state is
+    what the first step handed on (post-norm under norm_output)."""
+    i = next(i for i, c in enumerate(calls) if c[0] == "combine")
+    aux = calls[i][1]
+    (_, ids, pos, logits, _), (_, ids2, pos2, logits2, state) = [c for c in calls[i:] if c[0] == "forward"][:2]
+    T = aux.shape[0]
+    return (aux, ids[:T], pos[:T], logits[:T]), (state[:1], ids2[:1], pos2[:1], logits2[:1])
 
-    probe = DrafterProbe(Eagle31MLAEagle3ForCausalLM)
-    try:
+
+def serve(target, draft, prompts=PROMPTS):
+    """Spec-decode each prompt separately, recording what vLLM hands the drafter class in its first two steps."""
+    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM as drafter_class
+
+    calls = []
+    combine, forward = drafter_class.combine_hidden_states, drafter_class.forward
+
+    def probe_combine(model, hidden_states):
+        calls.append(("combine", hidden_states.detach().clone()))
+        return combine(model, hidden_states)
+
+    def probe_forward(model, input_ids, positions, hidden_states, inputs_embeds=None):
+        out = forward(model, input_ids, positions, hidden_states, inputs_embeds)
+        with torch.no_grad():
+            logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
+        calls.append(("forward", *(t.detach().clone() for t in (input_ids, positions, logits, hidden_states))))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(drafter_class, "combine_hidden_states", probe_combine)
+        patch.setattr(drafter_class, "forward", probe_forward)
         llm = make_llm(target, draft, k=K)
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
         drafter_type = type(runner.drafter.model).__name__
         captured_layers = tuple(runner.model.model.aux_hidden_state_layers)
         outputs, steps = [], []
         for prompt in prompts:
-            probe.calls.clear()
+            calls.clear()
             outputs += greedy(llm, [prompt])
-            steps.append(probe.first_two_steps())
+            steps.append(first_two_steps(calls))
         metrics = spec_metrics(llm)
         del llm, runner
         gc.collect()
-    finally:
-        probe.restore()
     return SimpleNamespace(
         outputs=outputs,
         steps=steps,
@@ -165,12 +188,9 @@ def test_target_in_vllm_equals_transformers(models, baseline):
         assert output == hf_greedy(models.target, prompt_ids, 12), f"prompt {n}"
 
 
-def test_served_by_the_plugin_class(served):
+def test_lossless_and_served_by_the_plugin_class(served, baseline):
     assert served.drafter_type == "Eagle31MLAEagle3ForCausalLM"
     assert served.captured_layers == tuple(AUX_ONE_BASED)
-
-
-def test_lossless(served, baseline):
     # Exact on purpose: speculative decoding is lossless by contract. It is robust here because the
     # target runs the same kernels in both engines (same model, dtype, attention backend, eager mode);
     # the verification pass feeds it k+1 tokens where plain decoding feeds 1, but a greedy argmax over
@@ -230,25 +250,16 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
     old = features(parse_version(version))
     monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
     if not old.applies_fc_norm:
-        monkeypatch.setattr(
-            base.Eagle3DeepseekV2ForCausalLM,
-            "combine_hidden_states",
-            lambda self, hidden_states: self.model.fc(hidden_states),
-        )
-    if not old.builds_fc_norm or not old.applies_norm_output:
+        monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "combine_hidden_states", lambda self, h: self.model.fc(h))
+    if not old.builds_fc_norm:  # nor applies_norm_output: both came in 0.22
         init, load = base.DeepseekV2Eagle3Model.__init__, base.Eagle3DeepseekV2ForCausalLM.load_weights
 
         def old_init(self, *args, **kwargs):
             init(self, *args, **kwargs)
-            if not old.builds_fc_norm:
-                self.fc_norm = None
-            if not old.applies_norm_output:
-                self.norm_output = False  # the base forward then hands on the pre-norm state
+            self.fc_norm, self.norm_output = None, False  # the base forward then hands on the pre-norm state
 
         def old_load(self, weights):
-            return load(
-                self, ((name, w) for name, w in weights if old.builds_fc_norm or not name.startswith("fc_norm."))
-            )
+            return load(self, ((name, w) for name, w in weights if not name.startswith("fc_norm.")))
 
         monkeypatch.setattr(base.DeepseekV2Eagle3Model, "__init__", old_init)
         monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "load_weights", old_load)
@@ -327,14 +338,8 @@ def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
     draft = write_draft(tmp_path / "k3ids", drafter, "published")
     with pytest.raises(Exception) as err:
         make_llm(models.target, draft)
-    text = "".join(str(e) for e in iter_chain(err.value))
+    text = "".join(traceback.format_exception(err.value))  # the chained causes too
     assert "do not fit this target" in text and "depth of 6" in text
-
-
-def iter_chain(exc):
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 # ---- plugin mechanics and policies -------------------------------------------------------------
@@ -355,7 +360,7 @@ def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
         "assert eagle31_mla_vllm._original_hf_config_override is not eagle31_mla_vllm.draft_hf_config_override\n"
         "print(os.environ['VLLM_KIMI_K3_AUX_ATTN_RES_STREAM'])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = run_python(["-c", code])
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "0"  # unset -> set to the prefix-only stream
 

@@ -1,12 +1,7 @@
-"""``vllm serve`` end to end: the embedded demo pair behind the real OpenAI-compatible server, a real client.
-
-The server runs in a subprocess as a user starts it (``tests/support/vllm_server.py``). The ``openai`` package
-talks to it over HTTP: completions and chat completions, streaming and not, one at a time and concurrently.
-Greedy outputs (temperature 0, 48 tokens) equal those of the reference loop (the demo pair in Transformers, fp32;
-lossless: the target's own greedy output) on the demo's held-out prompts; ``/metrics`` counts the drafts;
-``eagle31-mla acceptance --server`` measures the offline accept length on the server and flags a broken
-deployment. Servers stop on SIGINT, leave no process behind and free their ports. About 2 minutes on 2 cores
-(three servers started, ~25 s each).
+"""``vllm serve`` end to end: the embedded demo pair behind the real OpenAI-compatible server (started as a user
+starts it: ``tests/support/vllm_server.py``), the ``openai`` package as client. Greedy outputs equal the reference
+loop's (the demo pair in Transformers, fp32); ``eagle31-mla acceptance --server`` measures the offline accept length
+and flags a broken deployment. About 2 minutes on 2 cores (three servers started, ~25 s each).
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ from tests.support.vllm_server import (  # noqa: E402
     demo_reference,
     parsed_by_vllm_serve,
     run_acceptance,
-    spec_decode_counters,
 )
 
 pytestmark = pytest.mark.vllm
@@ -46,9 +40,6 @@ PROMPTS_FILE = DEMO_DIR / "prompts.jsonl"  # the 24 held-out prompts
 SPECULATIVE_CONFIG = {"model": str(DEMO_DIR / "draft"), "method": "eagle3", "num_speculative_tokens": K}
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0)
 DRAFTER_CLASS = "Eagle31MLADeepseekV2ForCausalLM"  # the plugin's architecture name for the draft
-
-
-# ---- fixtures: the reference loop and the server ---------------------------------------------------------
 
 
 def offline(prompts: list[str]) -> SimpleNamespace:
@@ -112,9 +103,11 @@ def chat(client, prompt: str, stream: bool = False) -> str:
 
 
 def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served):
-    """One API server, one engine core, one worker (V1 multiprocessing, as ``vllm serve`` runs): the plugin
-    registered by vLLM in each (its log lines carry their process id), the draft served by the plugin's class,
-    and every process guarded against network access (the suite's guard, inherited through PYTHONPATH)."""
+    """API server, engine core and worker (V1 multiprocessing): the plugin registered by vLLM in each (its log lines
+    carry their process id), the draft served by the plugin's class, and every process under the suite's network
+    guard: PYTHONPATH with netguard_site (whose sitecustomize installs it) and its log in the API server's
+    environment, no flag that skips sitecustomize. The engine core and worker get the same environment: their /proc
+    environ is overwritten by setproctitle, but the logging configuration passed with it reached them."""
     command = served.command()
     assert command[1:6] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET), "--speculative-config"]
     amx = {"attention_backend": "CPU_MLA"} if amx_tiles() else {}  # see tests/support/vllm_server.py
@@ -122,18 +115,13 @@ def test_the_readme_command_runs_with_the_plugin_in_every_server_process(served)
     processes = [p for p in served.processes() if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]
     names = [p.name() for p in processes]
     assert len(processes) >= 3 and any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
-    pids = {p.pid for p in processes}
-    missing = pids - served.plugin_log_pids()
+    missing = {p.pid for p in processes} - served.plugin_log_pids()
     assert not missing, f"no plugin log line from server processes {missing}:\n{served.log_tail()}"
     log = served.log_text()
     assert f"Resolved architecture: {DRAFTER_CLASS}" in log
     assert served.plugin_log_pids(f"serving as {DRAFTER_CLASS}")  # the plugin's draft-config hook
     worker = next(p.pid for p in processes if "Worker" in p.name())
     assert worker in served.plugin_log_pids("target captures")  # the plugin's class, built in the worker
-    # The network guard: the API server's environment has it (PYTHONPATH with netguard_site, whose sitecustomize
-    # installs it, and its log), and no flag skips sitecustomize. The engine core and the worker get the same
-    # environment and flags: their /proc environ is overwritten by setproctitle, but the logging configuration
-    # passed in the same environment reached them (their plugin lines above).
     leader = processes[0]
     assert leader.pid == served.proc.pid
     env = leader.environ()
@@ -178,35 +166,31 @@ def test_the_console_script_of_the_cpu_build_fails_as_documented():
 
 
 def test_greedy_completions_equal_the_reference_and_metrics_count_each_requests_drafts(served, reference):
-    """Token for token, on the demo's held-out prompts, one request at a time. ``/metrics`` (counter names from
-    vLLM's source; the same in 0.20-0.33) after each request: the drafts grow, K draft tokens each, accepted tokens
-    never exceed draft tokens, per-position acceptance never grows with the position; over all requests the
-    offline accept length."""
+    """Token for token, one request at a time. ``/metrics`` after each: the drafts grow, K draft tokens each,
+    per-position acceptance never grows with the position; over all requests the offline accept length."""
     client = client_of(served)
-    counters = [spec_decode_counters(served.metrics_text())]
+    counters = [served.counters()]
     outputs = []
     for prompt in reference.prompts:
         outputs.append(complete(client, prompt))
-        counters.append(spec_decode_counters(served.metrics_text()))
+        counters.append(served.counters())
     assert [ids for _, ids in outputs] == reference.ids
     assert [text for text, _ in outputs] == reference.texts
     for before, after in zip(counters, counters[1:]):
-        drafts = after["num_drafts"] - before["num_drafts"]
+        drafts = after.rounds - before.rounds
         assert drafts > 0
-        assert after["num_draft_tokens"] - before["num_draft_tokens"] == K * drafts
-        accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-        per_pos = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"])]
-        assert len(per_pos) == K and sum(per_pos) == accepted <= K * drafts
+        assert after.draft_tokens - before.draft_tokens == K * drafts
+        per_pos = [a - b for a, b in zip(after.per_position, before.per_position)]
+        assert len(per_pos) == K and sum(per_pos) == after.accepted - before.accepted <= K * drafts
         assert per_pos == sorted(per_pos, reverse=True)
-    drafts = counters[-1]["num_drafts"] - counters[0]["num_drafts"]
-    accepted = counters[-1]["num_accepted_tokens"] - counters[0]["num_accepted_tokens"]
+    drafts = counters[-1].rounds - counters[0].rounds
+    accepted = counters[-1].accepted - counters[0].accepted
     assert abs(1 + accepted / drafts - reference.accept_length) <= 0.02, (drafts, accepted, reference.accept_length)
 
 
 def test_concurrent_requests(served, reference):
-    """Every prompt sent four ways at once (completion and chat, streaming and not: 32 requests, 8 threads):
-    each gets the reference output, whatever the batch it was verified in. (The chat template of the demo
-    renders a user message unchanged: the chat text is the completion's.)"""
+    """Every prompt sent four ways at once (completion and chat, streaming and not: 32 requests, 8 threads): each
+    gets the reference output (the demo's chat template renders a user message unchanged)."""
     client = client_of(served)
     jobs = [
         (i, kind, stream)
@@ -220,24 +204,18 @@ def test_concurrent_requests(served, reference):
         prompt = reference.prompts[i]
         return complete(client, prompt, stream)[0] if kind == "completion" else chat(client, prompt, stream)
 
-    before = spec_decode_counters(served.metrics_text())
+    before = served.counters()
     with ThreadPoolExecutor(max_workers=8) as pool:
         texts = list(pool.map(run, jobs))
     wrong = [(job, text) for job, text in zip(jobs, texts) if text != reference.texts[job[0]]]
     assert not wrong, wrong[:3]
-    after = spec_decode_counters(served.metrics_text())
-    assert after["num_drafts"] > before["num_drafts"]
-
-
-# ---- eagle31-mla acceptance --server against the live server (issue 15, part 3) ------------------------
+    assert served.counters().rounds > before.rounds
 
 
 @pytest.mark.parametrize("how", [[], ["--chat"], ["--concurrency", "4"]], ids=["completions", "chat", "concurrency-4"])
 def test_acceptance_of_the_server_equals_the_offline_accept_length(served, reference, tmp_path, how):
-    """``eagle31-mla acceptance --server``, a real subprocess, on the demo's held-out prompts: the offline
-    accept length (3.40) within 0.02. One request at a time it is attributed per request from the server's
-    counters, and each request takes the offline number of rounds; with ``--chat`` the prompts go to
-    ``/v1/chat/completions`` (the demo's chat template leaves them unchanged); four at a time, the counters
+    """``eagle31-mla acceptance --server`` (a subprocess): the offline accept length (3.40) within 0.02. One request
+    at a time it is attributed per request, each taking the offline number of rounds; four at a time, the counters
     are read around the run (aggregate)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in reference.prompts))
@@ -273,7 +251,6 @@ def _assert_stopped_cleanly(server: VllmServer) -> None:
 
 
 def test_the_server_stops_cleanly(served):
-    """After the tests that use it (its fixture stops it again at the module's end: a no-op then)."""
     _assert_stopped_cleanly(served)
 
 
@@ -310,12 +287,11 @@ def _unplugged(tmp_path_factory, name: str, nested_ids: list[int]):
 
 
 def test_acceptance_flags_a_draft_whose_aux_ids_are_one_layer_off(tmp_path_factory, tmp_path, reference):
-    """The model card's silent misconfiguration, aux ids off by one layer, served without the plugin: the demo
-    draft with the nested, unlabelled ids [2, 3, 4], one layer later than the [1, 2, 3] it was trained on (the
-    plugin would read them the same way: no config check can know what a drafter was trained on). vLLM serves it
-    silently and losslessly; ``acceptance --server --expect <offline>`` exits 1, shows the drop and names the
-    likely cause and ``eagle31-mla doctor``. The drop is about 0.11 on this pair: measured on all 24 held-out
-    prompts (over the first 8 the interval, +-0.19, would cover it)."""
+    """The model card's silent misconfiguration: the demo draft with ids [2, 3, 4], one layer later than the
+    [1, 2, 3] it was trained on (no config check can know what a drafter was trained on). vLLM serves it silently
+    and losslessly; ``acceptance --server --expect <offline>`` exits 1, names the likely cause and
+    ``eagle31-mla doctor``. The drop is about 0.11 on this pair: measured on all 24 held-out prompts (over the
+    first 8 the interval, +-0.19, would cover it)."""
     prompts = demo_prompts()
     expected = offline(prompts).accept_length
     with _unplugged(tmp_path_factory, "one-layer-off", [2, 3, 4]) as server:
@@ -334,12 +310,10 @@ def test_acceptance_flags_a_draft_whose_aux_ids_are_one_layer_off(tmp_path_facto
 
 
 def test_training_form_ids_without_the_plugin_stop_vllm_at_the_first_request(tmp_path_factory, tmp_path):
-    """The demo draft with training-form aux ids (zero-based [0, 1, 2], nested, unlabelled) served without the
-    plugin: vLLM reads them as one-based, and on this 4-layer pair that means layer 0, which its DeepSeek model
-    cannot capture (no residual before the first layer: ``TypeError`` in ``deepseek_v2.py``). The engine dies at
-    the first request, and ``acceptance --server`` says so in one line (exit 2, no report). On Kimi-K3 the same
-    mistake ([1, 45, 89] read one-based) is silent: the drop of the test above. With the plugin these ids are
-    read right (tests/engines/test_vllm_plugin.py, form "training")."""
+    """Training-form ids (zero-based [0, 1, 2]) without the plugin: vLLM reads them one-based, and layer 0 its
+    DeepSeek model cannot capture (no residual before the first layer: ``TypeError`` in ``deepseek_v2.py``). The
+    engine dies at the first request; ``acceptance --server`` says so in one line (exit 2, no report). On Kimi-K3
+    the same mistake is silent: the drop of the test above. With the plugin: test_vllm_plugin.py, form "training"."""
     with _unplugged(tmp_path_factory, "training-form", [0, 1, 2]) as server:
         run = run_acceptance(server.url, PROMPTS_FILE, tmp_path / "report.json", "--expect", "3.35")
         report = server.stop()
@@ -385,9 +359,8 @@ time.sleep(120)
 
 
 def test_stop_escalates_to_sigkill_and_leaves_no_process(tmp_path):
-    """A server (here a stand-in) that ignores SIGINT and SIGTERM, with a child that does too and, once the stop has
-    begun, another one in a session of its own (a vLLM worker may start after the stop began, and may call
-    setsid): the stop ends in SIGKILL of every one, reports what was still running, and nothing is left afterwards."""
+    """A stand-in server that ignores SIGINT and SIGTERM, with a child that does too and, once the stop has begun,
+    another in a session of its own (as a vLLM worker may): the stop ends in SIGKILL of every one, nothing left."""
     import time
 
     import psutil

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 K3_IDS = [2, 46, 90]  # one-based = zero-based [1, 45, 89]
+K3_SIZES = dict(hidden_size=7168, vocab_size=163840, bos_token_id=163584, eos_token_id=163586)
 
 
 class LastRank:
@@ -28,15 +29,7 @@ def bare(cls, **attributes):
 
 def kimi_k3_target(**text) -> dict:
     """A Kimi-K3 config.json as the Hub ships it: a multimodal wrapper around the language model."""
-    text_config = {
-        "model_type": "kimi_linear",
-        "num_hidden_layers": 93,
-        "hidden_size": 7168,
-        "vocab_size": 163840,
-        "bos_token_id": 163584,
-        "eos_token_id": 163586,
-        **text,
-    }
+    text_config = {"model_type": "kimi_linear", "num_hidden_layers": 93, **K3_SIZES, **text}
     return {"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"], "text_config": text_config}
 
 
@@ -44,25 +37,13 @@ def deepseek_target(layers: int = 61, **changes) -> dict:
     """A Kimi-K2-style target (DeepSeek-V3 architecture), from Transformers' own config class."""
     from transformers import DeepseekV3Config
 
-    kwargs = dict(
-        num_hidden_layers=layers, hidden_size=7168, vocab_size=163840, bos_token_id=163584, eos_token_id=163586
-    )
-    kwargs.update(changes)
-    config = DeepseekV3Config(**kwargs)
+    config = DeepseekV3Config(**{"num_hidden_layers": layers, **K3_SIZES, **changes})
     config.architectures = ["DeepseekV3ForCausalLM"]
     return config.to_dict()
 
 
 def llama_target(layers: int = 32) -> dict:
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": layers,
-        "hidden_size": 7168,
-        "vocab_size": 163840,
-        "bos_token_id": 163584,
-        "eos_token_id": 163586,
-    }
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers, **K3_SIZES}
 
 
 def draft(ids=K3_IDS, **changes) -> dict:

@@ -1,19 +1,14 @@
 """No network in the test suite: a guard on Python's socket layer.
 
 ``install()`` patches ``socket.socket.connect`` / ``connect_ex``, ``socket.getaddrinfo`` and
-``socket.gethostbyname`` (``socket.create_connection``, ``http.client``, ``requests`` and
-``huggingface_hub`` all go through them) so that any attempt to reach a host other than this machine
-raises :class:`NetworkAccessBlocked` and is recorded; a UDP connect counts too, though it sends
-nothing (vLLM's address probe; the suite sets ``VLLM_HOST_IP`` instead). Loopback addresses, this
-machine's own host name and Unix sockets keep working: vLLM's engines and their ZMQ/IPC plumbing
-use them.
+``socket.gethostbyname`` (which ``http.client``, ``requests`` and ``huggingface_hub`` go through): reaching
+any other host raises :class:`NetworkAccessBlocked`, a UDP connect too (vLLM's address probe; the suite sets
+``VLLM_HOST_IP`` instead). Loopback, this machine's host name and Unix sockets keep working (vLLM's ZMQ/IPC).
 
-It is an ``OSError``, so libraries take their ordinary offline path; because such code may swallow it,
-every attempt is also recorded (in :data:`ATTEMPTS`, and appended to the file named by
-``EAGLE31_NETGUARD_LOG`` when set, which is how subprocesses report), and the suite fails at the end if
-any was made (``tests/conftest.py``). Subprocesses get the guard through ``tests/support/netguard_site/
-sitecustomize.py`` on ``PYTHONPATH``; one in which the guard cannot be installed says so in the log,
-which fails the session too.
+It is an ``OSError``, so libraries take their offline path; because such code may swallow it, every attempt
+is also recorded (:data:`ATTEMPTS`, and the file named by ``EAGLE31_NETGUARD_LOG``, where subprocesses report),
+and the suite fails at the end if any was made (``tests/conftest.py``). Subprocesses get the guard through
+``tests/support/netguard_site/sitecustomize.py`` on ``PYTHONPATH``; one that cannot install it says so in the log.
 
 Not seen: sockets opened by C/C++ code directly (ZMQ, gloo, NCCL, libcurl), ``sendto`` on an unconnected
 UDP socket, ``gethostbyname_ex`` / ``gethostbyaddr``, non-Python subprocesses, and Python started with

@@ -128,28 +128,18 @@ def forward(
     return logits, (normed if post_norm else h2)
 
 
-def config_dict(config) -> dict:
-    """The numbers the reference needs, read from a drafter's raw ``config.json`` (a dict, or the folder
-    or file path) by the file rules of SPEC §2, independently of the library's config class: absent
-    ``fc_norm`` / ``norm_output`` mean off, ``rope_parameters`` or else ``rope_scaling`` plus the top-level
-    ``rope_theta``, absent rope settings mean plain RoPE, aux ids at the top level or in ``eagle_config``.
-
-    A library config object is refused: sharing the library's parsing would hide its mistakes."""
-    if isinstance(config, (str, Path)) and str(config):
-        path = Path(config)
-        config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-    if not isinstance(config, dict):
-        raise TypeError(f"pass a raw config.json (a dict, or the folder or file path), got {type(config).__name__}")
-    raw, nested = config, config.get("eagle_config") or {}
+def config_dict(folder) -> dict:
+    """The numbers the reference needs, read from a drafter folder's raw ``config.json`` by the file rules of SPEC §2,
+    independently of the library's config class (sharing its parsing would hide its mistakes): absent ``fc_norm`` /
+    ``norm_output`` mean off, ``rope_parameters`` or else ``rope_scaling`` plus the top-level ``rope_theta``, absent
+    rope settings mean plain RoPE, aux ids at the top level or in ``eagle_config``."""
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    nested = raw.get("eagle_config") or {}
     ids = (
         raw.get("eagle_aux_hidden_state_layer_ids")
         or nested.get("eagle_aux_hidden_state_layer_ids")
         or raw.get("target_layer_ids")
     )
-    if not ids:
-        raise KeyError(
-            "config.json names no aux layers (eagle_aux_hidden_state_layer_ids, top level or in eagle_config)"
-        )
     if raw.get("rope_parameters"):
         rope = dict(raw["rope_parameters"])
     elif raw.get("rope_scaling"):

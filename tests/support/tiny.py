@@ -1,4 +1,5 @@
-"""Tiny drafters for tests: small dims, weights large enough that every norm and rotation shows."""
+"""Tiny drafters for tests (small dims, weights large enough that every norm and rotation shows), and the
+tolerances the exactness tests share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
+from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 
 YARN = {
     "rope_type": "yarn",
@@ -47,10 +48,10 @@ def tiny_config(**overrides) -> Eagle31MLAConfig:
     return Eagle31MLAConfig(**kwargs)
 
 
-def randomize(model: Eagle31MLAForCausalLM, seed: int = 0) -> Eagle31MLAForCausalLM:
-    """Unit-variance projections and norm weights away from 1, so a skipped norm or a wrong
-    rotation changes the output by O(1), not by rounding."""
-    g = torch.Generator().manual_seed(seed)
+def tiny_drafter(seed: int = 0, **overrides) -> Eagle31MLAForCausalLM:
+    """Unit-variance projections and norm weights away from 1, so a skipped norm or a wrong rotation changes the
+    output by O(1), not by rounding."""
+    model, g = Eagle31MLAForCausalLM(tiny_config(**overrides)), torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -68,10 +69,6 @@ def randomize(model: Eagle31MLAForCausalLM, seed: int = 0) -> Eagle31MLAForCausa
     return model.eval()
 
 
-def tiny_drafter(seed: int = 0, **overrides) -> Eagle31MLAForCausalLM:
-    return randomize(Eagle31MLAForCausalLM(tiny_config(**overrides)), seed)
-
-
 def aux_inputs(config: Eagle31MLAConfig, batch: int, length: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch, length), generator=g)
@@ -84,6 +81,34 @@ def same_logits(loaded: Eagle31MLAForCausalLM, model: Eagle31MLAForCausalLM) -> 
     is a loading difference, not rounding (a tolerance would hide a wrong copy of a few rows)."""
     ids, aux = aux_inputs(model.config, 2, 6)
     return torch.equal(loaded(ids, aux_hidden_states=aux).logits, model(ids, aux_hidden_states=aux).logits)
+
+
+# fp32 over one drafter layer of width <= 96: two paths that reduce over other lengths or orders (unrolled or cached,
+# absorbed or naive) differ by rounding of about 1e-7 relative per operation; 1e-5 leaves two orders of magnitude.
+TOL = 1e-5
+
+
+def bf16_tolerance(reference: torch.Tensor) -> float:
+    """bf16 holds 8 significant bits (an ulp is at most 2^-7 of a value). Two bf16 paths that differ only in roundings
+    inside the attention (products in fp32 or in bf16, another summation order), each under half an ulp and passed on
+    by later bf16 roundings: 4 ulps at the output's scale bound them with margin (measured: about 1), while a real bug
+    (a lost scale, mask or rotation, a wrong query, page or length) moves outputs by O(1)."""
+    return 4 * 2**-7 * reference.float().abs().max().item()
+
+
+@torch.no_grad()
+def draft_step_by_step(model: Eagle31MLAForCausalLM, ids, aux, t: int, depth: int) -> list[torch.Tensor]:
+    """Depth k's logits at position t as serving drafts them, with a cache: the context ending at t, then k steps fed
+    the true tokens x[t+1+k] at rope positions t+k (as far as the sequence goes). ``ids``, ``aux``: one sequence."""
+    cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu")
+    out = model(ids[:, 1 : t + 2], aux_hidden_states=aux[:, : t + 1], past_key_values=cache)
+    logits, state = [out.logits[:, -1]], out.hidden_states[:, -1:]
+    for k in range(1, min(depth, ids.shape[1] - 1 - t)):
+        position = torch.tensor([[t + k]])
+        out = model(ids[:, t + 1 + k : t + 2 + k], hidden_states=state, past_key_values=cache, position_ids=position)
+        logits.append(out.logits[:, 0])
+        state = out.hidden_states
+    return logits
 
 
 def write_checkpoint(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:

@@ -94,11 +94,9 @@ def draft_model(seed: int = 2, *, rope=None, zero_lm_head: bool = False, **overr
 
 
 def early_exit_draft(target: Path, seed: int = 2) -> Eagle31MLAForCausalLM:
-    """A drafter that agrees with the target part of the time, so that both accepted and rejected
-    drafts occur: it reads only the deepest captured state (after target layer 5 of 6) and predicts
-    with the target's own final norm and ``lm_head`` (its attention and MLP outputs are zeroed), i.e.
-    the target's early-exit guess of the current token, drafted again at every step. The tiny target's
-    greedy output often repeats a token, and those drafts are accepted."""
+    """A drafter that agrees with the target part of the time: the target's early-exit guess from the deepest
+    captured state (after layer 5 of 6) through its own final norm and ``lm_head`` (attention and MLP zeroed).
+    The tiny target's greedy output often repeats a token, and those drafts are accepted."""
     from safetensors.torch import load_file
 
     weights = load_file(Path(target) / "model.safetensors")
@@ -189,44 +187,6 @@ def acceptance_report(metrics: dict) -> dict:
     }
 
 
-class DrafterProbe:
-    """Records, in-process, what vLLM hands the drafter class: every ``combine_hidden_states`` input
-    (the concatenated aux states) and every forward's ids, positions, input state and draft logits at
-    all rows."""
-
-    def __init__(self, cls):
-        self.cls, self.calls = cls, []
-        self._combine, self._forward = cls.combine_hidden_states, cls.forward
-        probe = self
-
-        def combine(model, hidden_states):
-            probe.calls.append(("combine", hidden_states.detach().clone()))
-            return probe._combine(model, hidden_states)
-
-        def forward(model, input_ids, positions, hidden_states, inputs_embeds=None):
-            out = probe._forward(model, input_ids, positions, hidden_states, inputs_embeds)
-            with torch.no_grad():
-                logits = model.compute_logits(out[0] if isinstance(out, tuple) else out)
-            tensors = (input_ids, positions, logits, hidden_states)
-            probe.calls.append(("forward", *(t.detach().clone() for t in tensors)))
-            return out
-
-        cls.combine_hidden_states, cls.forward = combine, forward
-
-    def first_two_steps(self):
-        """The first prefill's draft step, (aux [T, n·Ht], input_ids [T], positions [T], logits [T, V]), and the
-        draft step right after it, (input state [1, H], input_ids [1], positions [1], logits [1, V]): the state is
-        what the first step handed on (post-norm under norm_output)."""
-        i = next(i for i, c in enumerate(self.calls) if c[0] == "combine")
-        aux = self.calls[i][1]
-        (_, ids, pos, logits, _), (_, ids2, pos2, logits2, state) = [c for c in self.calls[i:] if c[0] == "forward"][:2]
-        T = aux.shape[0]
-        return (aux, ids[:T], pos[:T], logits[:T]), (state[:1], ids2[:1], pos2[:1], logits2[:1])
-
-    def restore(self):
-        self.cls.combine_hidden_states, self.cls.forward = self._combine, self._forward
-
-
 @functools.lru_cache(maxsize=8)
 def hf_model(target: Path):
     """The target in Transformers, fp32, loaded once per folder (the tests compare many prompts)."""
@@ -257,8 +217,8 @@ def hf_greedy(target: Path, token_ids: list[int], n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """One request of a concurrent load: greedy or sampled (seeded), maybe aborted once it has
-    ``abort_after`` output tokens. ``ignore_eos``: every request runs to ``max_tokens`` or the context limit."""
+    """One request of a concurrent load: greedy or sampled (seeded, top-p 0.95), maybe aborted once it has
+    ``abort_after`` output tokens; each runs to ``max_tokens`` or the context limit (ignore_eos)."""
 
     id: str
     prompt_ids: tuple[int, ...]
@@ -267,17 +227,6 @@ class LoadRequest:
     seed: int | None = None
     abort_after: int | None = None
     kind: str = "greedy"  # greedy | sampled | aborted | context-limit | over-long
-
-    def params(self):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=self.seed,
-            top_p=0.95 if self.temperature else 1.0,
-            ignore_eos=True,
-        )
 
 
 def mixed_load(n: int, *, max_model_len: int, seed: int = 0) -> list[LoadRequest]:
@@ -320,12 +269,16 @@ class LoadRun:
 def run_load(llm, requests: list[LoadRequest], *, aborts: bool = True, max_steps: int = 5000) -> LoadRun:
     """Add every request at once to ``llm``'s engine, then step it until all are done, aborting
     requests as they reach ``abort_after`` tokens (the offline ``LLM.generate`` cannot abort)."""
+    from vllm import SamplingParams
+
     engine = llm.llm_engine
     tokens, finish = {}, {}
     start = time.perf_counter()
     for r in requests:
+        sampling = dict(temperature=r.temperature, seed=r.seed, top_p=0.95 if r.temperature else 1.0)
+        params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, **sampling)
         try:
-            engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, r.params())
+            engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, params)
         except Exception as err:  # noqa: BLE001 - vLLM's validation errors are the expected outcome here
             finish[r.id] = f"refused: {type(err).__name__}: {err}"
         else:

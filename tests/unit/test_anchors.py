@@ -1,10 +1,7 @@
 """TTT's loss as TorchSpec trains it, dense and anchored, TorchSpec's anchor sampler, and the loss mask's index.
 
-The sampler is checked against its rule written out here (TorchSpec's ``torchspec/models/ops/anchors.py``):
-candidates, stride, phase, wrapping, empty slots, and that every candidate is drawn with probability
-num_anchors / candidates. The loss is checked against an independent reference: each anchor's (or position's)
-depths computed by drafting step by step with a cache (what serving does), weighted and combined as
-TorchSpec's anchored loss does, with TorchSpec's mask index (t+k) given the mask shifted by one."""
+The sampler is checked against its rule written out here (TorchSpec's ``torchspec/models/ops/anchors.py``), the loss
+against an independent reference (reference_anchored_loss: what serving drafts, weighted as TorchSpec does)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle31_mla import LatentKVCache
 from eagle31_mla.training.trainer import (
     TrainingConfig,
     loss_weight_sums,
@@ -23,14 +19,10 @@ from eagle31_mla.training.trainer import (
     ttt_forward,
     ttt_loss,
 )
-from tests.support.tiny import aux_inputs, tiny_drafter
+from tests.support.tiny import TOL, aux_inputs, draft_step_by_step, tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
-
-# fp32 over one layer of width <= 96: the unrolled and the cached step-by-step paths differ by rounding of
-# about 1e-7 relative per operation; 1e-5 leaves two orders of magnitude.
-TOL = 1e-5
 
 
 def candidates_of(weights: torch.Tensor, depth: int) -> list[int]:
@@ -98,32 +90,13 @@ def reference_anchored_loss(drafter, ids, aux, probs, depth, anchors, torchspec_
     after drafting d steps from a context ending at a (computed here with a cache, step by step), trained
     towards P[a+1+d], weighted by its mask at a+d (TorchSpec's index) and by the slot being used; per
     depth the weighted mean, then sum_d decay^d x loss_d."""
-    B, S = ids.shape
-    sums = torch.zeros(depth)
-    counts = torch.zeros(depth)
-    for b in range(B):
-        for a in anchors[b].tolist():
-            if a < 0:
-                continue
-            cache = LatentKVCache.for_model(drafter.config, 1, dtype=torch.float32, device="cpu")
-            out = drafter(ids[b : b + 1, 1 : a + 2], aux_hidden_states=aux[b : b + 1, : a + 1], past_key_values=cache)
-            logits, state = out.logits[:, -1], out.hidden_states[:, -1:]
-            for d in range(depth):
-                if d:
-                    fed = min(a + 1 + d, S - 1)
-                    out = drafter(
-                        ids[b : b + 1, fed : fed + 1],
-                        hidden_states=state,
-                        past_key_values=cache,
-                        position_ids=torch.tensor([[a + d]]),
-                    )
-                    logits, state = out.logits[:, 0], out.hidden_states
-                gate = torchspec_mask[b, a + d] if a + d < S else 0.0
-                if a + 1 + d >= S:
-                    gate = 0.0
-                p = probs[b, min(a + 1 + d, S - 1)]
-                kl = (torch.special.xlogy(p, p) - p * F.log_softmax(logits[0], -1)).sum()
-                sums[d] += gate * kl
+    sums, counts = torch.zeros(depth), torch.zeros(depth)
+    for b in range(ids.shape[0]):
+        for a in [a for a in anchors[b].tolist() if a >= 0]:
+            # depths past the sequence's end (a + 1 + d >= S) are not drafted: they weigh 0
+            for d, logits in enumerate(draft_step_by_step(drafter, ids[b : b + 1], aux[b : b + 1], a, depth)):
+                p, gate = probs[b, a + 1 + d], torchspec_mask[b, a + d]
+                sums[d] += gate * (torch.special.xlogy(p, p) - p * F.log_softmax(logits[0], -1)).sum()
                 counts[d] += gate
     return sum(decay**d * sums[d] / counts[d].clamp_min(1) for d in range(depth))
 

@@ -1,12 +1,12 @@
 # ruff: noqa: E501 -- one bad input per line: the table is kept under `# fmt: off` so each row reads as a row
 """The bad inputs users actually make, one row each, with the exact error they must get.
 
-One table (:data:`ROWS`): a case id, the call, the exception type, and the exact message (a plain string) or a
-precise regex of it (a compiled pattern, where the message holds a temporary path). A ``(wrapper, cause)`` type
-is one of the config's ``validate_*`` rules: its ``cause`` type with the message, raised as it is or wrapped by
-huggingface_hub's ``@strict`` in ``wrapper`` (then the wrapper's ``__cause__``). Rows marked ``LIBRARY`` are inputs the library does not yet refuse clearly (a
-silent wrong result or a raw error without the argument's name): they state the refusal it should give and are
-strict xfails, so a fix turns them into failures until the mark is removed.
+One table (:data:`ROWS`): a case id, the call, the exception type, and the exact message (a plain string, ``{t}``
+standing for the case's folder) or a regex of it (a compiled pattern). A ``(wrapper, cause)`` type is one of the
+config's ``validate_*`` rules: its ``cause`` type with the message, raised as it is or wrapped by huggingface_hub's
+``@strict`` in ``wrapper`` (then the wrapper's ``__cause__``). Rows marked ``LIBRARY`` are inputs the library does
+not yet refuse clearly (a silent wrong result or a raw error without the argument's name): they state the refusal it
+should give and are strict xfails, so a fix turns them into failures until the mark is removed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,18 @@ from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDa
 from transformers import DynamicCache
 
 from eagle31_mla import CheckpointError, ConfigError, DraftInputError, Eagle31MLAConfig, Eagle31MLAForCausalLM
+from eagle31_mla.hub.convert import read_token_counts
+from eagle31_mla.model.aux_layers import (
+    AuxLayerIdError,
+    AuxLayerIds,
+    aux_layer_ids_config_entries,
+    aux_layer_ids_from_config,
+)
+from eagle31_mla.prompts import PromptError, read_conversations
+from eagle31_mla.serving.command import serve_command
+from eagle31_mla.serving.engines import KIMI_K3_TARGET, InputError
+from eagle31_mla.serving.pd import parse_launch
+from tests.support.engine_configs import draft as draft_config
 from tests.support.tiny import aux_inputs, published_style_config, tiny_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -100,8 +112,10 @@ def without(tmp: Path, name: str) -> Eagle31MLAForCausalLM:
     return Eagle31MLAForCausalLM.from_pretrained(tmp)
 
 
-def at(tmp) -> str:
-    return re.escape(str(tmp))
+def from_file(tmp: Path, read: Callable[[Path], object], name: str, text: str):
+    """``read`` of the file ``name`` holding ``text``."""
+    (tmp / name).write_text(text)
+    return read(tmp / name)
 
 
 def strict_type(field: str, text: str) -> str:
@@ -114,6 +128,8 @@ UNION = "Field '{0}' with value {1} doesn't match any type in (<class '{2}'>, <c
 AUX = "aux-layer ids (one-based completed layers): "
 ROPE = "give non-finite or non-positive frequencies or scales; expected a usable schedule (Kimi-K3's: yarn, rope_theta 50000, factor 32, beta_fast 32 > beta_slow 1)"  # noqa: E501
 YARN = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 256}
+TOKEN_ID = "expected a token id written as a non-negative integer (no sign, no leading zero), got "
+COUNT = "expected a count written as a non-negative integer (no sign, no leading zero), got "
 LIBRARY = "LIBRARY"  # a row the library fails today: see the module docstring and the report
 
 
@@ -146,6 +162,7 @@ ROWS = [
     Row("type: dtype misspelt", lambda t: tiny_config(dtype="fp16"), ConfigError, "`dtype` is 'fp16'; expected a floating-point torch dtype such as 'bfloat16'"),
     Row("type: torch_dtype misspelt (file)", lambda t: config_file(t, torch_dtype="fp16"), ConfigError, "`dtype` is 'fp16'; expected a floating-point torch dtype such as 'bfloat16'"),
     Row("type: torch_dtype not floating (file)", lambda t: config_file(t, torch_dtype="int32"), ConfigError, "`dtype` is 'int32'; expected a floating-point torch dtype such as 'bfloat16'"),
+    Row("type: int field given a bool (file)", lambda t: config_file(t, num_attention_heads=True), TYPE, strict_type("num_attention_heads", "Field 'num_attention_heads' expected int, got bool (value: True)")),
     Row("type: use_aux_hidden_state a string", lambda t: tiny_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 9], "use_aux_hidden_state": "false"}), ConfigError, re.compile(r"`eagle_config\.use_aux_hidden_state` is 'false' \(EAGLE-1 style: false\).*expected true, or leave it out")),
     # ---- a size or number out of range (validate_architecture) ----
     Row("range: hidden_size 0", lambda t: tiny_config(hidden_size=0), RULE, "`hidden_size` is 0; expected an int >= 1 and <= 2147483647"),
@@ -153,6 +170,7 @@ ROWS = [
     Row("range: beyond int32", lambda t: tiny_config(max_position_embeddings=2**31), RULE, "`max_position_embeddings` is 2147483648; expected an int >= 1 and <= 2147483647"),
     Row("range: rms_norm_eps NaN (file, Transformers' special float)", lambda t: config_file(t, rms_norm_eps={"__float__": "NaN"}), RULE, "`rms_norm_eps` is nan; expected a number > 0 and < 1"),
     Row("range: rms_norm_eps 0", lambda t: tiny_config(rms_norm_eps=0.0), RULE, "`rms_norm_eps` is 0.0; expected a number > 0 and < 1"),
+    Row("range: vocab_size beyond any int (file)", lambda t: config_file(t, vocab_size=10**30), RULE, "`vocab_size` is 1000000000000000000000000000000; expected an int >= 1 and <= 2147483647"),
     Row("arch: num_hidden_layers 2 (file)", lambda t: config_file(t, num_hidden_layers=2), RULE, "`num_hidden_layers` is 2; this drafter has exactly 1 layer"),
     Row("arch: kv heads != heads (file)", lambda t: config_file(t, num_key_value_heads=2), RULE, "`num_key_value_heads` (2) must equal `num_attention_heads` (4) for MLA"),
     Row("arch: draft_vocab_size > vocab_size", lambda t: tiny_config(draft_vocab_size=400), RULE, "`draft_vocab_size` (400) exceeds `vocab_size` (300); expected <= vocab_size (the draft vocabulary is a subset of the target's)"),
@@ -176,6 +194,8 @@ ROWS = [
     Row("rope: the constructor's K3 yarn over a short max_position_embeddings", lambda t: Eagle31MLAConfig(max_position_embeddings=4096), RULE, "yarn `original_max_position_embeddings` (32768) exceeds `max_position_embeddings` (4096); expected <= max_position_embeddings"),
     Row("rope: theta too small to be usable", lambda t: tiny_config(rope_parameters={**YARN, "rope_theta": 1e-300}), RULE, f"the rope settings {{'rope_type': 'yarn', 'rope_theta': 1e-300, 'factor': 32.0, 'original_max_position_embeddings': 256}} {ROPE}"),
     Row("rope: negative theta", lambda t: tiny_config(rope_parameters={"rope_type": "default", "rope_theta": -5.0}), RULE, f"the rope settings {{'rope_type': 'default', 'rope_theta': -5.0}} {ROPE}"),
+    Row("rope: infinite theta (file)", lambda t: config_file(t, rope_theta=math.inf), RULE, "`rope_parameters.rope_theta` is inf; expected a finite number"),
+    Row("rope: yarn factor a string (file)", lambda t: config_file(t, rope_scaling={"type": "yarn", "factor": "32", "original_max_position_embeddings": 256}), RULE, "`rope_parameters.factor` is '32'; expected a finite number"),
     Row("rope: odd rope width", lambda t: tiny_config(qk_rope_head_dim=15), RULE, "`qk_rope_head_dim` is 15; expected an even number"),
     Row("rope: contradictory type and rope_type (file)", lambda t: config_file(t, rope_scaling={"type": "yarn", "rope_type": "default", "factor": 32.0}), RULE, "`rope_parameters` holds ['factor'], not settings of default rope; remove them"),
     Row("rope: both rope_parameters and rope_scaling (file)", lambda t: config_file(t, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), RULE, re.compile(r".*`rope_parameters`.*`rope_scaling`.*")),
@@ -190,23 +210,29 @@ ROWS = [
     Row("aux: top level and nested disagree", lambda t: tiny_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 8]}), ConfigError, "config.json is contradictory about aux layers: top-level [2, 5, 9] read one_based (top-level ids are one-based (vLLM's key)) gives one-based [2, 5, 9] = zero-based [1, 4, 8], but eagle_config [2, 5, 8] read one_based (unlabelled nested ids starting above 1 are the exported one-based form) gives one-based [2, 5, 8] = zero-based [1, 4, 7]; keep one, or label them with `aux_layer_ids_convention`"),
     Row("aux: unknown convention", lambda t: tiny_config(aux_layer_ids_convention="two_based"), ConfigError, "aux_layer_ids_convention: expected one of ('one_based', 'zero_based'), got 'two_based'"),
     Row("aux: EAGLE-1 use_aux_hidden_state false (file)", lambda t: config_file(t, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 9], "use_aux_hidden_state": False}), ConfigError, "`eagle_config.use_aux_hidden_state` is False (EAGLE-1 style: false); this drafter's `fc` takes the concatenated aux states: expected true, or leave it out"),
+    Row("aux ids: none", lambda t: AuxLayerIds.from_convention([], "one_based"), AuxLayerIdError, AUX + "expected a non-empty list of ints, got ()"),
+    Row("aux ids: a string id", lambda t: AuxLayerIds.from_convention([2, "46", 90], "one_based"), AuxLayerIdError, AUX + "every id must be an int, got '46' in [2, '46', 90]"),
+    Row("aux ids: negative zero-based", lambda t: AuxLayerIds.from_convention([-1, 4], "zero_based"), AuxLayerIdError, "zero-based aux-layer ids: [-1, 4] contains -1; ids must be >= 0"),
+    Row("aux ids: zero-based id of the target's depth", lambda t: AuxLayerIds.from_convention([1, 45, 93], "zero_based", 93), AuxLayerIdError, AUX + "[2, 46, 94] goes beyond the target's depth of 93 layers (one-based ids must be <= 93; zero-based <= 92)"),
+    Row("aux ids: eagle_config a list", lambda t: aux_layer_ids_from_config({"eagle_config": [1, 2]}), AuxLayerIdError, "eagle_config: expected a dict, got list"),
+    Row("aux ids: written in an unknown convention", lambda t: aux_layer_ids_config_entries(AuxLayerIds((1, 2, 3)), "two_based"), AuxLayerIdError, "aux_layer_ids_convention: expected one of ('one_based', 'zero_based'), got 'two_based'"),
     # ---- config.json that is not a config ----
     Row("file: config.json is null", lambda t: config_text(t, "null"), ConfigError, "config.json holds a NoneType; expected a JSON object"),
     Row("file: config.json is a list", lambda t: config_text(t, "[1, 2]"), ConfigError, "config.json holds a list; expected a JSON object"),
     Row("file: config.json is not JSON", lambda t: config_text(t, "{'hidden_size': 1}"), OSError, re.compile(r"It looks like the config file at '{t}/config\.json' is not a valid JSON file\.")),
     Row("file: weights without config.json", lambda t: without(t, "config.json"), OSError, re.compile(r".*config\.json.*"), f"{LIBRARY}: ConfigError 'config.json names no aux layers', as if the file were there"),
     # ---- checkpoints: missing, extra, misshaped tensors; EAGLE-3 vs 3.1; pruned vocabulary; pickle; no weights ----
-    Row("ckpt: missing tensor", lambda t: load(t, drop={"layers.0.self_attn.kv_a_layernorm.weight"}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'layers.0.self_attn.kv_a_layernorm.weight'")),
-    Row("ckpt: extra tensor (another architecture's gate)", lambda t: load(t, put={"layers.0.self_attn.g_proj.weight": torch.zeros(80, 128)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'layers.0.self_attn.g_proj.weight'")),
+    Row("ckpt: missing tensor", lambda t: load(t, drop={"layers.0.self_attn.kv_a_layernorm.weight"}), CheckpointError, "{t}: the checkpoint does not match its config: missing tensor 'layers.0.self_attn.kv_a_layernorm.weight'"),
+    Row("ckpt: extra tensor (another architecture's gate)", lambda t: load(t, put={"layers.0.self_attn.g_proj.weight": torch.zeros(80, 128)}), CheckpointError, "{t}: the checkpoint does not match its config: unexpected tensor 'layers.0.self_attn.g_proj.weight'"),
     Row("ckpt: misshaped tensor", lambda t: load(t, put={"layers.0.self_attn.kv_b_proj.weight": torch.zeros(144, 16)}), CheckpointError, re.compile(r".*: the checkpoint does not match its config: tensor 'layers.0.self_attn.kv_b_proj.weight' has shape \[144, 16\], expected \[144, 32\]")),
     Row("ckpt: a NaN weight", lambda t: load(t, put={"norm.weight": ctx()[0].norm.weight.detach() * float("nan")}), CheckpointError, re.compile(r".*: the checkpoint does not match its config: tensor 'norm.weight' holds NaN or inf")),
     Row("ckpt: fc stored transposed", lambda t: load(t, put={"fc.weight": ctx()[0].fc.weight.detach().T}), CheckpointError, re.compile(r".*: the checkpoint does not match its config: tensor 'fc.weight' has shape \[\d+, \d+\], expected \[\d+, \d+\]")),
     Row("ckpt: four aux ids for an fc trained on three", lambda t: load(t, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 5, 9, 12]}}), CheckpointError, re.compile(r".*: tensor 'fc.weight' has shape \[\d+, \d+\], expected \[\d+, \d+\]; missing tensor 'fc_norm.3.weight'")),
-    Row("ckpt: EAGLE-3.1 config, no fc_norm weights", lambda t: load(t, drop={f"fc_norm.{i}.weight" for i in range(3)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'fc_norm.0.weight'; missing tensor 'fc_norm.1.weight'; missing tensor 'fc_norm.2.weight'")),
-    Row("ckpt: EAGLE-3.1 weights, fc_norm false", lambda t: load(t, config={"fc_norm": False}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'")),
-    Row("ckpt: EAGLE-3.1 weights, fc_norm absent (file = EAGLE-3)", lambda t: load(t, config={"fc_norm": DROP}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'")),
-    Row("ckpt: pruned config without d2t", lambda t: load(t, base="pruned", drop={"d2t", "t2d"}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: missing tensor 'd2t'; missing tensor 't2d'")),
-    Row("ckpt: full-vocabulary config with d2t", lambda t: load(t, put={"d2t": torch.zeros(300, dtype=torch.long)}), CheckpointError, re.compile("{t}: the checkpoint does not match its config: unexpected tensor 'd2t'")),
+    Row("ckpt: EAGLE-3.1 config, no fc_norm weights", lambda t: load(t, drop={f"fc_norm.{i}.weight" for i in range(3)}), CheckpointError, "{t}: the checkpoint does not match its config: missing tensor 'fc_norm.0.weight'; missing tensor 'fc_norm.1.weight'; missing tensor 'fc_norm.2.weight'"),
+    Row("ckpt: EAGLE-3.1 weights, fc_norm false", lambda t: load(t, config={"fc_norm": False}), CheckpointError, "{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'"),
+    Row("ckpt: EAGLE-3.1 weights, fc_norm absent (file = EAGLE-3)", lambda t: load(t, config={"fc_norm": DROP}), CheckpointError, "{t}: the checkpoint does not match its config: unexpected tensor 'fc_norm.0.weight'; unexpected tensor 'fc_norm.1.weight'; unexpected tensor 'fc_norm.2.weight'"),
+    Row("ckpt: pruned config without d2t", lambda t: load(t, base="pruned", drop={"d2t", "t2d"}), CheckpointError, "{t}: the checkpoint does not match its config: missing tensor 'd2t'; missing tensor 't2d'"),
+    Row("ckpt: full-vocabulary config with d2t", lambda t: load(t, put={"d2t": torch.zeros(300, dtype=torch.long)}), CheckpointError, "{t}: the checkpoint does not match its config: unexpected tensor 'd2t'"),
     Row("ckpt: d2t maps beyond the vocabulary", lambda t: load(t, base="pruned", put={"d2t": torch.full((100,), 250)}), CheckpointError, re.compile(r".*'d2t'.*\[0, 300\).*")),
     Row("ckpt: d2t maps beyond the vocabulary, no t2d", lambda t: load(t, base="pruned", drop={"t2d"}, put={"d2t": torch.full((100,), 250)}), CheckpointError, re.compile(r".*'d2t'.*\[0, 300\).*")),
     Row("ckpt: no weight file", lambda t: without(t, "model.safetensors"), OSError, re.compile(r"Error no file named model\.safetensors(, or pytorch_model\.bin)? found in directory {t}\.")),
@@ -240,6 +266,37 @@ ROWS = [
     Row("draft: a batch-1 cache for a batch-2 context", lambda t: draft(past_key_values=ctx()[0](ctx()[1][:1], aux_hidden_states=ctx()[2][:1]).past_key_values), DraftInputError, "`past_key_values` holds 1 sequences; expected 2 (the batch)"),
     Row("draft: explicit positions past max_position_embeddings", lambda t: draft(position_ids=torch.arange(4092, 4096).expand(2, 4)), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 2 tokens after the context); expected a shorter context or fewer tokens"),
     Row("draft: a cache so long the drafted tokens pass the limit", lambda t: draft(past_key_values=long_cache(4090), num_tokens=4), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 4 tokens after the context); expected a shorter context or fewer tokens"),
+    # ---- training data: conversations (.jsonl) and token counts ----
+    Row("conversations: not a .jsonl file", lambda t: from_file(t, read_conversations, "c.txt", "hello\n"), PromptError, '{t}/c.txt: expected a .jsonl file, one {"messages": [...]} object per line'),
+    Row("conversations: a prompt, not messages", lambda t: from_file(t, read_conversations, "c.jsonl", '{"prompt": "x"}\n'), PromptError, '{t}/c.jsonl:1: expected an object with "messages" (a conversation to train on)'),
+    Row("conversations: a bare string", lambda t: from_file(t, read_conversations, "c.jsonl", '"x"\n'), PromptError, '{t}/c.jsonl:1: expected an object with "messages" (a conversation to train on)'),
+    Row("conversations: no assistant turn", lambda t: from_file(t, read_conversations, "c.jsonl", '{"messages": [{"role": "user", "content": "x"}]}\n'), PromptError, "{t}/c.jsonl:1: no assistant turn with text content: nothing to train on"),
+    Row("conversations: an empty assistant turn", lambda t: from_file(t, read_conversations, "c.jsonl", '{"messages": [{"role": "assistant", "content": ""}]}\n'), PromptError, "{t}/c.jsonl:1: no assistant turn with text content: nothing to train on"),
+    Row("conversations: a turn without content", lambda t: from_file(t, read_conversations, "c.jsonl", '{"messages": [{"role": "assistant"}]}\n'), PromptError, '{t}/c.jsonl:1: "messages"[0] is {"role": "assistant"}, not a {"role": str, "content": str} object; expected a string, a list of int token ids, or an object with "prompt" or "text" (a string), "messages" (a list of {"role": ..., "content": ...} objects) or "input_ids" (a list of int token ids)'),
+    Row("conversations: none", lambda t: from_file(t, read_conversations, "c.jsonl", "\n\n"), PromptError, "{t}/c.jsonl: expected at least one conversation, found none"),
+    Row("token counts: an id twice", lambda t: from_file(t, read_token_counts, "c.json", '{"5": 3, "5": 4}'), InputError, "{t}/c.json: a token id appears twice"),
+    Row("token counts: a leading zero (json)", lambda t: from_file(t, read_token_counts, "c.json", '{"05": 3, "5": 4}'), InputError, "{t}/c.json: id '05': " + TOKEN_ID + "'05'"),
+    Row("token counts: a fractional count", lambda t: from_file(t, read_token_counts, "c.json", "[1.5, 2, 3]"), InputError, "{t}/c.json: id 0: " + COUNT + "1.5"),
+    Row("token counts: an infinite count", lambda t: from_file(t, read_token_counts, "c.json", '{"5": 1e400}'), InputError, "{t}/c.json: id '5': " + COUNT + "inf"),
+    Row("token counts: a NaN count", lambda t: from_file(t, read_token_counts, "c.json", '{"5": NaN}'), InputError, "{t}/c.json: id '5': " + COUNT + "nan"),
+    Row("token counts: a negative id", lambda t: from_file(t, read_token_counts, "c.json", '{"-1": 3}'), InputError, "{t}/c.json: id '-1': " + TOKEN_ID + "'-1'"),
+    Row("token counts: a bool count", lambda t: from_file(t, read_token_counts, "c.json", '{"5": true}'), InputError, "{t}/c.json: id '5': " + COUNT + "True"),
+    Row("token counts: a full-width digit", lambda t: from_file(t, read_token_counts, "c.json", '{"\uff15": 3}'), InputError, "{t}/c.json: id '\uff15': " + TOKEN_ID + "'\uff15'"),
+    Row("token counts: a leading zero (text)", lambda t: from_file(t, read_token_counts, "c.txt", "05 3\n5 4\n"), InputError, "{t}/c.txt: line 1: " + TOKEN_ID + "'05'"),
+    Row("token counts: an infinite count (text)", lambda t: from_file(t, read_token_counts, "c.txt", "5 1e400\n"), InputError, "{t}/c.txt: line 1: " + COUNT + "'1e400'"),
+    Row("token counts: a word for a count", lambda t: from_file(t, read_token_counts, "c.txt", "3 four\n"), InputError, "{t}/c.txt: line 1: " + COUNT + "'four'"),
+    # ---- serving: the launch command's numbers, a PD side's launch command ----
+    Row("serve: num_steps 0", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), num_steps=0), ValueError, "--num-steps must be an integer >= 1, got 0"),
+    Row("serve: topk negative", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), topk=-1), ValueError, "--topk must be an integer >= 1, got -1"),
+    Row("serve: num_steps a float", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), num_steps=2.5), ValueError, "--num-steps must be an integer >= 1, got 2.5"),
+    Row("serve: num_steps a bool", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), num_steps=True), ValueError, "--num-steps must be an integer >= 1, got True"),
+    Row("serve: num_draft_tokens 0 for a tree", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), num_draft_tokens=0, topk=2), ValueError, "--num-draft-tokens must be an integer >= 1, got 0"),
+    Row("serve: tensor_parallel_size 0", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), tensor_parallel_size=0), ValueError, "--tp must be an integer >= 1, got 0"),
+    Row("serve: tensor_parallel_size negative", lambda t: serve_command("vllm", "t", "d", KIMI_K3_TARGET, draft_config(), tensor_parallel_size=-8), ValueError, "--tp must be an integer >= 1, got -8"),
+    Row("pd: SGLang's command for vLLM", lambda t: parse_launch("vllm", "sglang serve --model-path T"), InputError, "the command: expected vLLM's launch command (vllm serve or -m vllm.entrypoints.openai.api_server ...), got 'sglang serve --model-path T'"),
+    Row("pd: a speculative config that is not JSON", lambda t: parse_launch("vllm", "vllm serve T --speculative-config '{not json'"), InputError, "the command: --speculative-config is not JSON: '{not json'"),
+    Row("pd: a kv-transfer config not an object", lambda t: parse_launch("vllm", "vllm serve T --kv-transfer-config '[1]'"), InputError, "the command: --kv-transfer-config must be a JSON object, got '[1]'"),
+    Row("pd: an unbalanced quote", lambda t: parse_launch("sglang", "sglang serve 'unbalanced"), InputError, "the command: not a shell command line (No closing quotation)"),
 ]
 # fmt: on
 
@@ -252,9 +309,10 @@ def long_cache(length: int):
 
 
 def expected_message(row: Row, tmp: Path) -> re.Pattern:
+    """The row's message ("{t}": the case's temporary folder) as a pattern."""
     if isinstance(row.message, str):
-        return re.compile(re.escape(row.message))
-    return re.compile(row.message.pattern.replace("{t}", at(tmp)), re.DOTALL)
+        return re.compile(re.escape(row.message).replace(re.escape("{t}"), re.escape(str(tmp))))
+    return re.compile(row.message.pattern.replace("{t}", re.escape(str(tmp))), re.DOTALL)
 
 
 @pytest.mark.parametrize("row", [r.param() for r in ROWS])

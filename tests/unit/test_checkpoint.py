@@ -46,9 +46,8 @@ def test_default_config_reproduces_the_published_roster():
     state = model.state_dict()
     assert {k: list(v.shape) for k, v in state.items()} == PUBLISHED
     assert {v.dtype for v in state.values()} == {torch.bfloat16}
+    # bytes on disk: bf16 data + 8-byte length + 2,128-byte header = 6,031,253,592, the pinned file size
     assert sum(v.numel() for v in state.values()) == 3_015_625_728
-    # bytes on disk: bf16 data + 8-byte length + 2,128-byte header = the pinned file size
-    assert 2 * 3_015_625_728 + 8 + 2128 == 6_031_253_592
     assert all(p.is_meta for p in model.parameters())
 
 

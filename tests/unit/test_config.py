@@ -92,11 +92,8 @@ def test_published_config_reads_as_the_default_and_saves_in_its_form(tmp_path):
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert saved["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and saved["model_type"] == "kimi_k2"
     assert "head_dim" not in saved and "qk_head_dim" not in saved
-
-
-@pytest.mark.parametrize("model_type", ["kimi_k2", "deepseek_v2", "deepseek_v3"])
-def test_model_types(tmp_path, model_type):
-    assert read(tmp_path, published_k3_config(model_type=model_type)).hidden_size == 7168
+    for model_type in ("deepseek_v2", "deepseek_v3"):  # the other model types drafters are exported as
+        assert read(tmp_path, published_k3_config(model_type=model_type)).hidden_size == 7168
 
 
 def test_rope_forms_agree(tmp_path):

@@ -1,6 +1,7 @@
 """Chat-rendered training data: conversations rendered with the target's chat template, the loss on assistant
 content only (every turn, or the last), carried through live training. Captured batches carry their masks:
-tests/unit/test_captured.py; the CLI: tests/unit/test_training.py and tests/engines/test_vllm_capture.py."""
+tests/unit/test_captured.py; the CLI: tests/unit/test_training.py and tests/engines/test_vllm_capture.py; the
+conversation files refused: rows of tests/unit/test_bad_inputs.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens, read_conversations
+from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -89,25 +90,6 @@ def test_a_tokenizer_that_does_not_decode_back_is_refused(tokenizer, monkeypatch
     monkeypatch.setattr(type(tokenizer), "decode", lambda self, ids, **kw: "x" * len(ids))
     with pytest.raises(PromptError, match="c.jsonl:3: the tokenizer's decode does not give back"):
         conversation_tokens(CHAT, tokenizer, where="c.jsonl:3")
-
-
-@pytest.mark.parametrize(
-    "name, text, message",
-    [
-        ("c.txt", "hello\n", "expected a .jsonl file"),
-        ("c.jsonl", '{"prompt": "x"}\n', 'c.jsonl:1: expected an object with "messages"'),
-        ("c.jsonl", '"x"\n', 'expected an object with "messages"'),
-        ("c.jsonl", '{"messages": [{"role": "user", "content": "x"}]}\n', "c.jsonl:1: no assistant turn"),
-        ("c.jsonl", '{"messages": [{"role": "assistant", "content": ""}]}\n', "no assistant turn with text"),
-        ("c.jsonl", '{"messages": [{"role": "assistant"}]}\n', 'c.jsonl:1: "messages"\\[0\\]'),
-        ("c.jsonl", "\n\n", "at least one conversation"),
-    ],
-)
-def test_bad_conversation_files_are_refused_by_line(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(PromptError, match=message):
-        read_conversations(path)
 
 
 def test_conversations_whose_assistant_content_is_cut_off_are_left_out_and_counted(tmp_path, tokenizer):

@@ -28,41 +28,27 @@ from tests.support.spool_writer import demo_target
 pytestmark = pytest.mark.transformers
 
 
-@pytest.fixture(scope="module")
-def sequences():
-    from transformers import AutoTokenizer
-
-    from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training.trainer import tokenize_corpus
-
-    texts, _ = demo_corpus(seed=31, n=60)
-    return tokenize_corpus(AutoTokenizer.from_pretrained(DEMO_DIR / "target"), texts, 64)[:16]
+SEQUENCES = torch.randint(3, 512, (16, 64), generator=torch.Generator().manual_seed(31))  # the demo target's ids
 
 
 def to_finetune():
     return drafter_to_finetune(DEMO_DIR / "draft", demo_target().get_input_embeddings().weight)
 
 
-def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict(sequences):
+def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict():
     """Positions whose target argmax has no draft token carry no loss (TorchSpec's rule)."""
     full = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
-    ids = sequences[:2]
+    ids = SEQUENCES[:2]
     aux, probs = capture_target_states(demo_target(), ids, full.config.aux_layer_ids)
     keep = probs.argmax(-1)[0, :20].unique()  # a draft vocabulary holding some targets' argmax only
     extra = torch.tensor([i for i in range(512) if i not in set(keep.tolist())][: 64 - len(keep)])
     kept = torch.cat([keep, extra]).sort().values
-    config = full.config.to_dict()
-    config.update(draft_vocab_size=len(kept))
-    from eagle31_mla import Eagle31MLAConfig
-
-    pruned = Eagle31MLAForCausalLM(Eagle31MLAConfig.from_dict(config))
-    state = {k: v for k, v in full.state_dict().items() if k != "lm_head.weight"}
-    state["lm_head.weight"] = full.lm_head.weight[kept]
-    state["d2t"] = kept - torch.arange(len(kept))
+    pruned = Eagle31MLAForCausalLM(
+        type(full.config).from_dict({**full.config.to_dict(), "draft_vocab_size": len(kept)})
+    )
+    state = {**full.state_dict(), "lm_head.weight": full.lm_head.weight[kept], "d2t": kept - torch.arange(len(kept))}
     state["t2d"] = torch.zeros(512, dtype=torch.bool).index_fill_(0, kept, True)
-    pruned.load_state_dict(state, strict=False)
-    pruned.d2t.copy_(state["d2t"])
-    pruned.t2d.copy_(state["t2d"])
+    pruned.load_state_dict(state)
     with torch.no_grad():
         loss, _ = ttt_loss(pruned, ids, aux, probs, 2)
         # by hand: only positions whose target argmax is in the draft vocabulary count
@@ -78,7 +64,7 @@ def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict(sequences):
     assert torch.allclose(loss, manual, rtol=1e-5)
 
 
-def test_a_non_finite_step_is_skipped_and_logged(sequences, tmp_path):
+def test_a_non_finite_step_is_skipped_and_logged(tmp_path):
     class PoisonedOnce(LiveTarget):
         def batch(self, indices, aux_layer_ids):
             ids, aux, probs, mask = super().batch(indices, aux_layer_ids)
@@ -88,7 +74,7 @@ def test_a_non_finite_step_is_skipped_and_logged(sequences, tmp_path):
             self.calls += 1
             return ids, aux, probs, mask
 
-    states = PoisonedOnce(demo_target(), sequences)
+    states = PoisonedOnce(demo_target(), SEQUENCES)
     states.calls = 0
     drafter = to_finetune()
     before = {}
@@ -107,7 +93,7 @@ def test_a_non_finite_step_is_skipped_and_logged(sequences, tmp_path):
     assert all(torch.isfinite(p).all() for p in drafter.parameters())
 
 
-def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(sequences, tmp_path):
+def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(tmp_path):
     target, drafter = demo_target(), to_finetune()
     assert drafter.dtype == torch.float32 and not drafter.embed_tokens.weight.requires_grad
 
@@ -116,7 +102,7 @@ def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(sequences, 
 
     config = recipe()
     assert (config.betas, config.depth_decay, config.grad_clip, config.warmup) == ((0.9, 0.999), 0.8, 1.0, 1)
-    trained = train_on(LiveTarget(target, sequences), drafter, tmp_path / "out", config, progress=False)
+    trained = train_on(LiveTarget(target, SEQUENCES), drafter, tmp_path / "out", config, progress=False)
     assert all(p.dtype == torch.float32 for p in trained.parameters())
     export = tmp_path / "out"
     exported = Eagle31MLAForCausalLM.from_pretrained(export)
@@ -127,8 +113,8 @@ def test_finetune_recipe_bf16_compute_float32_master_and_bf16_export(sequences, 
     master = Eagle31MLAForCausalLM.from_pretrained(export / "checkpoint")
     assert master.dtype == torch.float32 and (export / "checkpoint" / "trainer_state.pt").is_file()
     # resuming from the float32 checkpoint gives the uninterrupted run's weights exactly
-    train_on(LiveTarget(target, sequences), to_finetune(), tmp_path / "b", recipe(), progress=False, stop_at=2)
-    resumed = train_on(LiveTarget(target, sequences), to_finetune(), tmp_path / "b", recipe(), progress=False)
+    train_on(LiveTarget(target, SEQUENCES), to_finetune(), tmp_path / "b", recipe(), progress=False, stop_at=2)
+    resumed = train_on(LiveTarget(target, SEQUENCES), to_finetune(), tmp_path / "b", recipe(), progress=False)
     for (name, a), (_, b) in zip(resumed.named_parameters(), trained.named_parameters()):
         assert torch.equal(a, b), name
 

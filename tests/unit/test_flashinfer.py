@@ -3,7 +3,7 @@ API: where it cannot run, each entry point names what is missing and the install
 the decode glue hands the planned-MLA wrapper the right query, cache, metadata and scale (the stand-in computes the
 attention in torch from what it receives: equal to the torch absorbed path); sampling is wired. On a GPU (``gpu``,
 skipped here, run by scripts/gpu_check.sh): FlashInfer's decode equals the torch path at contexts up to 32768 and
-reads nothing past the length; its sampling passes test_speculative.py's chi-square tests.
+reads nothing past the length; its sampling passes the chi-square tests test_speculative.py runs.
 """
 
 from __future__ import annotations
@@ -20,16 +20,23 @@ import transformers
 
 import eagle31_mla.model.flashinfer_backend as fb
 import eagle31_mla.model.modeling_eagle31_mla as modeling
-import tests.unit.test_speculative as spec  # the chi-square helper, the tiny pair and one small-vocabulary round
 from eagle31_mla import Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.cli import main
 from eagle31_mla.decoding.speculative import accept_chain, speculative_generate
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.model.modeling_eagle31_mla import sample_from_logits, sampling_probs
+from tests.support.decoding import SAMPLES, chi_square_p_value, drafter, prompt, small_vocab_round, tiny_target
 from tests.support.paths import ROOT
-from tests.support.tiny import PLAIN_ROPE, YARN, aux_inputs, published_style_config, tiny_drafter, write_checkpoint
+from tests.support.tiny import (
+    PLAIN_ROPE,
+    YARN,
+    aux_inputs,
+    bf16_tolerance,
+    published_style_config,
+    tiny_drafter,
+    write_checkpoint,
+)
 
-small_vocab_round = spec.small_vocab_round  # a fixture, for the gpu tests
 INSTALL, BF16 = 'pip install "eagle31-mla[gpu]"', torch.bfloat16
 
 
@@ -224,10 +231,10 @@ def test_the_remote_code_copy_says_flashinfer_needs_the_library(monkeypatch):
 
 def test_sampling_backend_flashinfer_is_refused_where_it_cannot_run(no_flashinfer, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    target, draft = spec.tiny_target(), spec.drafter()
+    target, draft = tiny_target(), drafter()
     ids, aux = aux_inputs(draft.config, 1, 3)
     for call in (
-        lambda: speculative_generate(target, draft, spec.prompt(5), max_new_tokens=4, sampling_backend="flashinfer"),
+        lambda: speculative_generate(target, draft, prompt(5), max_new_tokens=4, sampling_backend="flashinfer"),
         lambda: draft.draft(ids, aux, 2, sampling_backend="flashinfer"),
         lambda: sampling_probs(torch.randn(2, 9), 0.7, 0.9, "flashinfer"),
     ):
@@ -252,14 +259,6 @@ def test_cli_sampling_backend_flashinfer_is_one_line_before_loading(tmp_path, ca
 
 
 # ---- decode: what the glue hands FlashInfer, and the result equal to the torch path ---------------------------------
-
-
-# bf16 holds 8 significant bits (an ulp is at most 2^-7 of a value). On CPU the torch path is forced onto fp32
-# products (as without native bf16) and the stand-in computes in fp32, from the same bf16 query and cache: outputs
-# differ by summation order, then one bf16 rounding each. 4 ulps at the output's scale bound that
-# (test_numerics.py bf16_tolerance); a lost scale, a wrong query, page or length, or a missing rope half is O(1).
-def bf16_close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.float() - b.float()).abs().max().item() <= 4 * 2**-7 * b.float().abs().max().item()
 
 
 @torch.no_grad()
@@ -299,7 +298,10 @@ def test_drafting_hands_flashinfer_the_cache_in_place_and_matches_the_torch_path
         cache = LatentKVCache.for_model(model, 2, dtype=BF16, device="cpu", capacity=8)
         drafted[implementation] = model.draft(ids, aux.bfloat16(), 5, past_key_values=cache)
     assert torch.equal(drafted["flashinfer"].tokens, drafted["eager"].tokens)
-    assert bf16_close(drafted["flashinfer"].hidden_states, drafted["eager"].hidden_states)
+    # the torch path forced onto fp32 products, the stand-in in fp32: from the same bf16 query and cache, they differ
+    # by summation order, then bf16 roundings
+    fused, eager = (drafted[name].hidden_states.float() for name in ("flashinfer", "eager"))
+    assert (fused - eager).abs().max() <= bf16_tolerance(eager)
     calls, h, C, R = StandInMLAWrapper.calls, model.config.num_attention_heads, 512, 64
     assert [c["metadata"].kv_len_arr.tolist() for c in calls] == [[n, n] for n in (7, 8, 9, 10)]
     assert [c["page_size"] for c in calls] == [8, 8, 16, 16]
@@ -335,14 +337,14 @@ TREE = dict(topk=2, num_draft_tokens=4)
 def test_speculative_generate_wires_flashinfer_sampling(temperature, top_p, tree, flashinfer_here):
     """Chains: every verification and draw through FlashInfer; trees keep the torch acceptance rule over
     FlashInfer's p; greedy is the argmax rule, nothing sampled."""
-    target, draft = spec.tiny_target(), spec.drafter()
+    target, draft = tiny_target(), drafter()
     V, settings = draft.config.vocab_size, dict(max_new_tokens=12, temperature=temperature, top_p=top_p, **tree)
     g = torch.Generator().manual_seed(0)
-    out = speculative_generate(target, draft, spec.prompt(7), generator=g, sampling_backend="flashinfer", **settings)
+    out = speculative_generate(target, draft, prompt(7), generator=g, sampling_backend="flashinfer", **settings)
     assert len(out.tokens) == 12
     calls, rounds = flashinfer_here.sampling.calls, len(out.accepted_per_round)
     if temperature == 0:
-        assert not calls and out.tokens == speculative_generate(target, draft, spec.prompt(7), **settings).tokens
+        assert not calls and out.tokens == speculative_generate(target, draft, prompt(7), **settings).tokens
         return
     assert [s for n, s in calls if n == "chain_speculative_sampling"] == ([] if tree else [(1, 3, V)] * rounds)
     if not tree:  # the target's first token, then each draft
@@ -396,19 +398,19 @@ CHAINS = {  # (temperature, top_p), what accept_chain is handed as q and p: the 
 
 @gpu_test
 @pytest.mark.parametrize("case", CHAINS)
-def test_gpu_chain_sampling_is_lossless(small_vocab_round, case):
+def test_gpu_chain_sampling_is_lossless(case):
     """As test_speculative.chain_first_two, on CUDA: drafts drawn from q by FlashInfer, 1e5 rounds at once."""
     sampling, wiring = CHAINS[case]
-    p, q = (t.cuda() for t in small_vocab_round[sampling])
+    p, q = (t.cuda() for t in small_vocab_round()[sampling])
     g = torch.Generator(device="cuda").manual_seed(0)
-    drafts = torch.stack([fb.sample(q[j].expand(spec.SAMPLES, -1), g) for j in range(q.shape[0])], 1)
-    n, nxt = fb.accept_chain(drafts, *wiring(q.expand(spec.SAMPLES, -1, -1), p.expand(spec.SAMPLES, -1, -1)), g)
+    drafts = torch.stack([fb.sample(q[j].expand(SAMPLES, -1), g) for j in range(q.shape[0])], 1)
+    n, nxt = fb.accept_chain(drafts, *wiring(q.expand(SAMPLES, -1, -1), p.expand(SAMPLES, -1, -1)), g)
     first, second = torch.where(n >= 1, drafts[:, 0], nxt).cpu(), torch.where(n >= 2, drafts[:, 1], nxt)[n >= 1].cpu()
     if case.startswith("broken"):
-        assert spec.chi_square_p_value(first, p[0].cpu()) < 0.01
+        assert chi_square_p_value(first, p[0].cpu()) < 0.01
         return
-    assert spec.chi_square_p_value(first, p[0].cpu()) > 0.01
-    assert second.numel() > 10_000 and spec.chi_square_p_value(second, p[1].cpu()) > 0.01
+    assert chi_square_p_value(first, p[0].cpu()) > 0.01
+    assert second.numel() > 10_000 and chi_square_p_value(second, p[1].cpu()) > 0.01
 
 
 @gpu_test
@@ -420,16 +422,16 @@ def test_gpu_draws_and_top_p_follow_the_library_rule(temperature, top_p):
     want = sampling_probs(logits, temperature, top_p)
     assert ((want > 0).sum(-1) >= 3).all()  # top-p keeps several tokens: the draws have something to test
     assert torch.allclose(sampling_probs(logits, temperature, top_p, "flashinfer"), want, atol=1e-4)
-    ids, _ = sample_from_logits(logits[:1].expand(spec.SAMPLES, -1), temperature, top_p, g, "flashinfer")
-    assert spec.chi_square_p_value(ids.cpu(), want[0].cpu()) > 0.01
+    ids, _ = sample_from_logits(logits[:1].expand(SAMPLES, -1), temperature, top_p, g, "flashinfer")
+    assert chi_square_p_value(ids.cpu(), want[0].cpu()) > 0.01
 
 
 @gpu_test
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_gpu_speculative_generate_with_flashinfer_sampling(temperature):
-    target, draft = spec.tiny_target().cuda(), spec.drafter().cuda()
+    target, draft = tiny_target().cuda(), drafter().cuda()
     kwargs = dict(max_new_tokens=16, temperature=temperature, generator=torch.Generator(device="cuda").manual_seed(0))
-    out = speculative_generate(target, draft, spec.prompt(7), sampling_backend="flashinfer", **kwargs)
+    out = speculative_generate(target, draft, prompt(7), sampling_backend="flashinfer", **kwargs)
     assert len(out.tokens) == 16
     if temperature == 0:  # greedy: the same argmax rule as the torch backend
-        assert out.tokens == speculative_generate(target, draft, spec.prompt(7), **kwargs).tokens
+        assert out.tokens == speculative_generate(target, draft, prompt(7), **kwargs).tokens

@@ -1,9 +1,8 @@
 # ruff: noqa: E501 -- the table of bad calls keeps one row per line (under `# fmt: off`)
-"""The reference speculative-decoding loop (decoding/speculative.py) against the target's own decoding, on tiny
-Transformers targets of four families (the drafter reads aux ids [1, 2, 4] of 4 layers: the last through the pre-norm
-hook). Greedy output equals a plain argmax loop token for token; every round sees what a from-scratch recompute gives;
-sampling reproduces the target distribution (chi-square on 1e5 draws) and deliberately broken samplers do not. Then
-the statistics, the bad calls users make (one row each, with its message), and the CLI."""
+"""The reference speculative-decoding loop (decoding/speculative.py) against the target's own decoding, on the tiny
+targets of tests/support/decoding.py. Greedy output equals a plain argmax loop token for token; every round sees what
+a from-scratch recompute gives; sampling reproduces the target distribution (chi-square on 1e5 draws) and deliberately
+broken samplers do not. Then the statistics, the bad calls users make (one row each, with its message), and the CLI."""
 
 import functools
 import json
@@ -11,7 +10,6 @@ import shutil
 
 import pytest
 import torch
-import transformers
 
 from eagle31_mla import AuxLayerIdError, AuxLayerIds
 from eagle31_mla.decoding import speculative as spec
@@ -19,22 +17,22 @@ from eagle31_mla.decoding.speculative import AcceptanceStats, accept_chain, acce
 from eagle31_mla.decoding.target import TargetAuxCapture
 from eagle31_mla.model.modeling_eagle31_mla import DraftInputError, sample_from_logits, sampling_probs
 from eagle31_mla.prompts import PROMPT_SHAPES, eos_token_ids
-from tests.support.tiny import tiny_drafter
+from tests.support.decoding import (
+    AUX_IDS,
+    FAMILIES,
+    HIDDEN,
+    LAYERS,
+    SAMPLES,
+    VOCAB,
+    chi_square_p_value,
+    drafter,
+    prompt,
+    small_vocab_round,
+    tiny_target,
+)
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
-
-VOCAB, HIDDEN, LAYERS = 64, 48, 4
-AUX_IDS = [1, 2, 4]  # 4 = the target's depth: read pre-norm through the hook
-# fmt: off
-COMMON = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
-FAMILIES = {  # the Transformers class prefix, what its config adds
-    "llama": ("Llama", dict(num_key_value_heads=2)),
-    "qwen2": ("Qwen2", dict(num_key_value_heads=2)),
-    "qwen3": ("Qwen3", dict(num_key_value_heads=2, head_dim=16)),
-    "deepseek_v3": ("DeepseekV3", dict(num_key_value_heads=4, moe_intermediate_size=16, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)),
-}
-# fmt: on
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -43,33 +41,6 @@ def one_thread():  # tiny models run many times faster on one thread on shared c
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def tiny_target(family="llama", *, seed=0, vocab=VOCAB, lm_head="repeats", attn="sdpa"):
-    """Unit-variance weights with strong attention / MLP outputs, so the greedy stream wanders instead of settling
-    into a loop. ``lm_head``: "repeats" (half the embedding plus noise: runs of repeated tokens of varied length),
-    "random", or "zero" (always token 0)."""
-    prefix, extra = FAMILIES[family]
-    config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, **COMMON, **extra)
-    config._attn_implementation = attn
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2 and not name.startswith(("lm_head", "model.embed_tokens")):
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
-                if "o_proj" in name or "down_proj" in name:
-                    p.mul_(16.0)
-        embed = model.model.embed_tokens.weight
-        embed.copy_(torch.randn(embed.shape, generator=g))
-        noise = torch.randn(embed.shape, generator=g)
-        model.lm_head.weight.copy_({"repeats": 0.5 * embed + noise, "random": noise, "zero": 0 * noise}[lm_head])
-    return model
-
-
-def drafter(seed: int = 1, *, vocab: int = VOCAB, **overrides):
-    kwargs = dict(vocab_size=vocab, target_hidden_size=HIDDEN, eagle_aux_hidden_state_layer_ids=AUX_IDS)
-    return tiny_drafter(seed, **{**kwargs, **overrides})
 
 
 def echo_drafter(target, leak: float = 0.0):
@@ -88,10 +59,6 @@ def echo_drafter(target, leak: float = 0.0):
         model.lm_head.weight.zero_()
         model.lm_head.weight[:, :HIDDEN] = target.lm_head.weight
     return model
-
-
-def prompt(n: int = 7, seed: int = 3, vocab: int = VOCAB) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @torch.no_grad()
@@ -315,46 +282,6 @@ def test_each_round_sees_what_a_recompute_gives(monkeypatch, case):
 
 # ---- Sampling is lossless: 1e5 vectorised draws of the first tokens of a round ------------------------------
 
-SAMPLES = 100_000
-SMALL_VOCAB = 16
-
-
-def chi_square_p_value(samples: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's test of draws against a distribution; cells expecting < 5 are pooled. A draw in a zero-probability
-    cell fails outright."""
-    counts = torch.bincount(samples, minlength=probs.numel()).double()
-    probs = probs.double()
-    if counts[probs == 0].sum() > 0:
-        return 0.0
-    expected = probs * samples.numel()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big & (probs > 0)].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big & (probs > 0)].sum()[None]])
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat = ((obs - exp) ** 2 / exp).sum()
-    return float(torch.special.gammaincc(torch.tensor((obs.numel() - 1) / 2, dtype=torch.float64), stat / 2))
-
-
-@pytest.fixture(scope="module")
-def small_vocab_round():
-    """A small-vocabulary target and drafter on one context: p_j of the target at 4 positions, the drafter's q_j at 3
-    (temperature 1 and temperature 0.7 / top-p 0.8)."""
-    target = tiny_target("llama", vocab=SMALL_VOCAB, seed=11)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(0.1)  # p spread over the vocabulary
-    draft = drafter(seed=12, vocab=SMALL_VOCAB)
-    ids = torch.tensor([prompt(10, seed=13, vocab=SMALL_VOCAB)])
-    with torch.no_grad(), TargetAuxCapture(target, draft.config.aux_layer_ids) as capture:
-        res = target(ids, output_hidden_states=True)
-        draft_logits = draft(ids[:, 1:], aux_hidden_states=capture(res.hidden_states)[:, :-1]).logits[0]
-    rounds = {}
-    for T, top_p in ((1.0, 1.0), (0.7, 0.8)):
-        p = sampling_probs(res.logits[0, -4:], T, top_p)  # [4, V]
-        q = torch.stack([sample_from_logits(draft_logits[i][None], T, top_p, None)[1][0] for i in (-1, -2, -3)])
-        assert 0.2 < 0.5 * (p[:3] - q).abs().sum(-1).min()  # the drafter really disagrees
-        rounds[(T, top_p)] = p, q
-    return rounds
-
 
 def chain_first_two(sampler, p, q, seed=0):
     """B independent rounds through ``sampler``: the first token of each, and the second where the first draft was
@@ -391,8 +318,8 @@ SAMPLINGS = {"T1": (1.0, 1.0), "T0.7_top_p0.8": (0.7, 0.8)}
 
 @pytest.mark.parametrize("sampler", [accept_chain, always_accept, accept_with_p_only, resample_from_p])
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_chain_sampling_is_lossless_and_broken_samplers_fail_the_same_test(small_vocab_round, sampling, sampler):
-    p, q = small_vocab_round[SAMPLINGS[sampling]]
+def test_chain_sampling_is_lossless_and_broken_samplers_fail_the_same_test(sampling, sampler):
+    p, q = small_vocab_round()[SAMPLINGS[sampling]]
     first, second = chain_first_two(sampler, p, q)
     if sampler is not accept_chain:
         assert chi_square_p_value(first, p[0]) < 0.01
@@ -439,8 +366,8 @@ def broken_tree_sampler(tokens, parents, probs, g, *, q=None):
 
 @pytest.mark.parametrize("sampler", ["accept_tree", "broken_no_residual", "broken_draft_ratio"])
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_tree_sampling_is_lossless_and_broken_samplers_fail_the_same_test(small_vocab_round, sampling, sampler):
-    p, q = small_vocab_round[SAMPLINGS[sampling]]
+def test_tree_sampling_is_lossless_and_broken_samplers_fail_the_same_test(sampling, sampler):
+    p, q = small_vocab_round()[SAMPLINGS[sampling]]
     if sampler != "accept_tree":
         broken = functools.partial(broken_tree_sampler, q=None if sampler == "broken_no_residual" else q[0])
         assert chi_square_p_value(tree_first_two(broken, p, q)[0], p[0]) < 0.01
@@ -483,15 +410,6 @@ def test_statistics():
     table = s.table()
     assert "mean accept length          2.000" in table and "ceiling 4" in table
     assert table.splitlines()[-1].split()[:3] == ["3", "1", "0.250"]
-
-
-def test_demo_pair_keeps_its_accept_length():
-    """The embedded pair, greedy, its first 8 held-out prompts, 48 tokens: the numbers the docs and engines cite."""
-    from eagle31_mla.demo import run_demo
-
-    result = run_demo("hf", num_prompts=8, max_new_tokens=48)
-    assert abs(result.accept_length - 3.40) < 0.02, result.accept_length
-    assert all(abs(a - b) < 0.02 for a, b in zip(result.acceptance_per_position, [0.90, 0.80, 0.70], strict=True))
 
 
 def _flash_target():

@@ -5,16 +5,12 @@ import json
 import pytest
 import torch
 
-from eagle31_mla import LatentKVCache
 from eagle31_mla.training.trainer import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
-from tests.support.tiny import aux_inputs, tiny_drafter
+from tests.support.decoding import tiny_target
+from tests.support.tiny import TOL, aux_inputs, draft_step_by_step, tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
-
-# fp32: the unrolled (masked, one pass) and step-by-step (cached) paths reduce over different lengths and
-# orders; rounding of ~1e-7 relative per op over one layer of width <= 96 stays far below this.
-TOL = 1e-5
 
 
 def test_diagonal_mask_literal():
@@ -33,57 +29,24 @@ def test_diagonal_mask_literal():
 
 @pytest.mark.parametrize("form", [dict(fc_norm=True, norm_output=True), dict(fc_norm=False, norm_output=False)])
 def test_ttt_equals_teacher_forced_drafting(form):
-    """Depth k at position t == drafting k steps after a context ending at t, fed the true tokens."""
+    """Depth k at position t (dense, or at an anchor slot holding t) == drafting k steps after a context ending at t,
+    fed the true tokens. Anchors shared by the batch, or each sequence its own with an empty slot (-1) among them;
+    depth 0 included (TorchSpec's anchored loss)."""
     model = tiny_drafter(seed=4, **form)
     S, depth = 9, 4
-    ids, aux = aux_inputs(model.config, 1, S)
-    with torch.no_grad():
-        unrolled = [logits for _, logits, _ in ttt_forward(model, ids, aux, depth)]
-        for t in range(S - depth):
-            cache = LatentKVCache.for_model(model.config, 1, dtype=torch.float32, device="cpu")
-            out = model(ids[:, 1 : t + 2], aux_hidden_states=aux[:, : t + 1], past_key_values=cache)
-            assert (out.logits[:, t] - unrolled[0][:, t]).abs().max() <= TOL
-            state = out.hidden_states[:, -1:]
-            for k in range(1, depth):
-                if t + 1 + k >= S:
-                    break
-                out = model(
-                    ids[:, t + 1 + k : t + 2 + k],
-                    hidden_states=state,
-                    past_key_values=cache,
-                    position_ids=torch.tensor([[t + k]]),
-                )
-                assert (out.logits[:, 0] - unrolled[k][:, t]).abs().max() <= TOL, (t, k)
-                state = out.hidden_states
-
-
-def test_anchored_ttt_equals_full_ttt_at_the_anchors():
-    model = tiny_drafter(seed=5)
-    ids, aux = aux_inputs(model.config, 2, 10)
-    anchors = torch.tensor([1, 4, 6])
-    with torch.no_grad():
-        full = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3)]
-        anchored = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, anchors)]
-    for k in (0, 1, 2):  # every depth at the anchors, depth 0 included (TorchSpec's anchored loss)
-        assert torch.allclose(anchored[k], full[k][:, anchors], atol=TOL)
-    # per-sequence anchors, an empty slot (-1) among them: each row its own
-    per_row = torch.tensor([[6, 1, -1], [2, 7, 5]])
-    with torch.no_grad():
-        rows = [logits for _, logits, _ in ttt_forward(model, ids, aux, 3, per_row)]
-    for k in (0, 1, 2):
-        for b in (0, 1):
-            for slot, a in enumerate(per_row[b].tolist()):
-                if a >= 0:
-                    assert torch.allclose(rows[k][b, slot], full[k][b, a], atol=TOL), (k, b, a)
-
-
-def tiny_target(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, max_position_embeddings=128)
-    heads = dict(num_attention_heads=2, num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=2)
-    return LlamaForCausalLM(LlamaConfig(**sizes, **heads)).eval()
+    ids, aux = aux_inputs(model.config, 2, S)
+    drafted = {
+        (b, t): draft_step_by_step(model, ids[b : b + 1], aux[b : b + 1], t, depth)
+        for b in (0, 1)
+        for t in range(S - 1)
+    }
+    for anchors in (None, torch.tensor([1, 4, 6]), torch.tensor([[6, 1, -1], [2, 7, 5]])):
+        with torch.no_grad():
+            unrolled = [logits for _, logits, _ in ttt_forward(model, ids, aux, depth, anchors)]
+        slots = (torch.arange(S - 1) if anchors is None else anchors).expand(2, -1)  # S - 1 predicts nothing
+        for b, slot in (slots >= 0).nonzero().tolist():
+            for k, logits in enumerate(drafted[b, int(slots[b, slot])]):
+                assert (logits[0] - unrolled[k][b, slot]).abs().max() <= TOL, (anchors, b, slot, k)
 
 
 def new_drafter(target):

@@ -1,6 +1,5 @@
-"""SGLang plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (SGLang's own ``Eagle3DeepseekV2ForCausalLM``), loaded
-through the ``sglang.srt.plugins`` entry point or ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``; what it adds
-is in docs/engines.md. SGLang only logs a hook it could not apply, so the plugin checks its own (:func:`check_hooks`).
+"""SGLang plugin (``sglang.srt.plugins`` or ``SGLANG_EXTERNAL_MODEL_PACKAGE=eagle31_mla_sglang``; docs/engines.md).
+SGLang only logs a hook it could not apply, so the plugin checks its own (:func:`check_hooks`).
 """
 
 from __future__ import annotations

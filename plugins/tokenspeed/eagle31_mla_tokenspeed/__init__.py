@@ -1,7 +1,6 @@
-"""TokenSpeed plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded through the ``tokenspeed.plugins`` entry point:
-TokenSpeed's own ``Eagle3DeepseekV2ForCausalLM`` registered again with a profile (:mod:`.drafter`; docs/engines.md).
-TokenSpeed only warns when a plugin fails, so a TokenSpeed whose plugin API or needed symbols differ gets a stand-in
-drafter whose profile raises :class:`~eagle31_mla.serving.engine_facts.tokenspeed.PluginAPIError` naming them.
+"""TokenSpeed plugin (``tokenspeed.plugins`` entry point): its own MLA drafter registered again with a profile
+(:mod:`.drafter`; docs/engines.md). TokenSpeed only warns when a plugin fails, so an unsupported TokenSpeed gets a
+stand-in drafter whose profile raises ``PluginAPIError`` naming what is missing.
 """
 
 from __future__ import annotations

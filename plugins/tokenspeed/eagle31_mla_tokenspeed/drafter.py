@@ -85,8 +85,7 @@ def configure_draft(model_config, server_args) -> None:
 
 
 def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
-    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures them right, and return it; or
-    refuse (:class:`ServingConfigError`), naming why."""
+    """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures right, and return it."""
     ids = draft_ids(hf_config, target.num_layers)
     name = target_cls.__name__
     built_for = Sizes(
@@ -142,8 +141,7 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
 
 
 def stored_layers(target_cls: type, given: list[int], num_layers: int) -> list[int]:
-    """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores (one-based, where
-    ``facts.STORED_IDS`` says); ValueError where the setter refuses ``given``."""
+    """What TokenSpeed's own ``target_cls.set_eagle3_layers_to_capture(given)`` stores (ValueError: it refuses)."""
     model = text = object.__new__(target_cls)  # without layers or weights: enough for the setter
     nn.Module.__init__(model)
     if inner := facts.LANGUAGE_MODELS.get(target_cls.__name__):

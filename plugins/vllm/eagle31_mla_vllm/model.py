@@ -1,13 +1,9 @@
-"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM``
-(one DeepSeek MLA layer over [embeddings | fc(aux)], latent KV cache of 512 + 64 per token) plus
-what makes it safe to serve:
+"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM`` plus what makes it
+safe to serve:
 
-* refuses, before any weight is read, aux ids the target cannot provide (beyond its depth), a
-  ``target_hidden_size`` or ``vocab_size`` that differs from the target's, and a Kimi-K3 target whose
-  aux stream is not the prefix-only one the drafter was trained on (the rules and their wording are
-  :mod:`eagle31_mla.serving.compatibility`'s, shared with ``eagle31-mla doctor``);
-* EAGLE-3.1's ``fc_norm`` (a norm per captured state before ``fc``) and ``norm_output`` (the next
-  step is fed the post-norm state) take effect on every vLLM release, including 0.22.x, which builds
+* refuses, before any weight is read, aux ids beyond the target's depth, sizes that differ from the target's,
+  and a Kimi-K3 aux stream other than the prefix-only one (:mod:`eagle31_mla.serving.compatibility`'s rules);
+* EAGLE-3.1's ``fc_norm`` and ``norm_output`` take effect on every vLLM release, including 0.22.x, which builds
   ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
 * accepts the checkpoint layouts the library accepts (NeMo's ``model.`` prefix, ``midlayer.*``).
 
@@ -68,9 +64,8 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
 
 
 def _built_for(draft) -> compatibility.Sizes:
-    """The target sizes vLLM builds the drafter for: ``fc`` over n × ``target_hidden_size`` (as vLLM reads
-    it, ``hidden_size`` when absent) and the vocabulary; a size left out is not compared. (The depth a
-    draft records is reported by ``eagle31-mla doctor``; the aux ids are checked against the real depth.)"""
+    """The target sizes vLLM builds the drafter for (``target_hidden_size``, else ``hidden_size``; the vocabulary);
+    a size left out is not compared, and the recorded depth is doctor's (the ids meet the real depth)."""
     width = getattr(draft, "target_hidden_size", None) or getattr(draft, "hidden_size", None)
     return compatibility.Sizes(hidden_size=width or None, vocab_size=getattr(draft, "vocab_size", None) or None)
 

@@ -1,9 +1,8 @@
 """The ``eagle31-mla`` command: parsing and printing, one click module per subcommand; the work is done by
 eagle31_mla.hub, .serving, .training and .decoding. Heavy imports happen inside the subcommands (fast ``--help``).
 
-Whatever goes wrong is one line on stderr, ``eagle31-mla: error: ...``, and an exit code (EXIT_CODES):
-click parses with ``standalone_mode=False`` (it neither prints a usage block nor exits), its refusals are
-worded here as argparse worded them, and the subcommand runs outside click (:func:`.common.subcommand`).
+Whatever goes wrong is one line on stderr, ``eagle31-mla: error: ...``, and an exit code (EXIT_CODES): click
+parses with ``standalone_mode=False``, its refusals worded as argparse worded them; the subcommand runs outside click.
 """
 
 from __future__ import annotations

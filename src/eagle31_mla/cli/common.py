@@ -90,8 +90,7 @@ class OneOf:
 
 
 def subcommand(name: str, summary: str, *, one_of: tuple[OneOf, ...] = ()):
-    """Declare ``run(args) -> int`` (its docstring the description) as subcommand ``name``: parsing checks values
-    (:mod:`.params`, :func:`check_rules`) and returns ``run`` bound to them, which ``main`` runs outside click."""
+    """Declare ``run(args) -> int`` as subcommand ``name``: parsing returns ``run`` bound to checked values."""
 
     def declare(run: Callable[[SimpleNamespace], int]) -> click.Command:
         def parsed(**values) -> partial:

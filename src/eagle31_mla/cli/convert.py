@@ -70,7 +70,6 @@ def convert(args: SimpleNamespace) -> int:
     SRC: the source drafter, a folder (or a Hub repo id); DST: the folder to write (new or empty; see --force)."""
     from ..hub.convert import convert
 
-    # a refused source (ConvertError, exit 1) and unusable input (InputError, OSError, exit 2): main's one line
     result = convert(
         args.src,
         args.dst,

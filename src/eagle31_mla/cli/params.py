@@ -47,8 +47,7 @@ TOP_P = Float(0, 1, min_open=True)  # 1 = no truncation
 
 
 class Checked(click.ParamType):
-    """A value ``accept`` says yes to, ``read`` into what the command gets; a refusal (falsy, or any error) is
-    "expected WHAT, got 'value'", with the error's own words when it has some."""
+    """A value ``accept`` says yes to, ``read`` into what the command gets; else "expected WHAT, got 'value'"."""
 
     name = "text"
 
@@ -143,8 +142,7 @@ CONFIG = Checked("a model folder, its config.json, or a Hub repo id like org/nam
 
 
 class RolePath(click.Path):
-    """click.Path, marked "input" or "output" (:func:`.common.check_rules`), then ``check``-ed (a ValueError or
-    OSError refuses it, its words the message)."""
+    """click.Path with a ``role`` (:func:`.common.check_rules`), then ``check``-ed (a ValueError or OSError refuses)."""
 
     def __init__(self, role: str, check: Callable[[str], None] | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -3,17 +3,13 @@
 What the serving engines do, in plain PyTorch, one request at a time (batch 1, one device), so that acceptance
 can be measured offline and every engine checked against it. A round (gpt-fast's ``speculative_decode``):
 
-1. **Draft.** The drafter catches up on the tokens committed last round (token ``i + 1``'s embedding with the
-   target's aux states at ``i``: EAGLE's shift), then drafts ``num_steps`` tokens sampled from its q (a chain),
-   or grows EAGLE's top-k tree (``topk > 1``): each step expands the ``topk`` best leaves in one call; the best
-   ``num_draft_tokens - 1`` nodes by cumulative log-probability form the tree (under the root, the last token).
+1. **Draft.** The drafter catches up on the tokens committed last round (EAGLE's shift), then drafts ``num_steps``
+   tokens from its q (a chain), or grows EAGLE's top-k tree: each step expands the ``topk`` best leaves in one call;
+   the best ``num_draft_tokens - 1`` nodes by cumulative log-probability form the tree under the root.
 2. **Verify.** ONE target forward over the root and the drafts (a tree mask for trees: ``sdpa`` or ``eager``).
-3. **Accept**, so that the output follows exactly the target's p (after temperature / top-p). Chain, d ~ q:
-   accept d with probability min(1, p(d) / q(d)); at the first rejection sample norm(max(p - q, 0)); after all
-   k, a bonus token from p (Leviathan et al. 2023). Tree: a child is a deterministic top-k choice, a point mass,
-   so it is accepted with probability p(x); on rejection p <- norm(max(p - onehot(x), 0)) and the next child is
-   tried against that; with none accepted, sample what is left (EAGLE's ``evaluate_posterior``). Greedy is the
-   same rules with one-hot p and q: the argmax path.
+3. **Accept**, so that the output follows exactly the target's p (after temperature / top-p): a chain by
+   speculative rejection sampling (Leviathan et al. 2023), a tree of point-mass drafts by EAGLE's
+   ``evaluate_posterior`` (the rules beside the code). Greedy is the same rules with one-hot p and q.
 4. **Roll back.** The target cache keeps the committed tokens (a tree's accepted path is gathered into place);
    the drafter cache is cropped to before the draft steps and refilled next round from the target's own states.
 
@@ -51,8 +47,7 @@ def accept_chain(
     target_probs: torch.Tensor,  # [B, k+1, V] p_j after the committed prefix and d_1..d_j
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling over a chain: the number of accepted drafts [B] and the token that follows
-    them [B] (the correction, or the bonus token after k accepts)."""
+    """Rejection sampling over a chain: accepted drafts [B] and the token after them [B] (correction or bonus)."""
     B, k = draft_tokens.shape
     p = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # [B, k] p_j(d_j)
     q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]  # [B, k] q_j(d_j) > 0
@@ -72,8 +67,7 @@ def accept_tree(
     target_probs: torch.Tensor,  # [B, N, V] p after each node
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Recursive rejection sampling down a tree of deterministic drafts: the number of accepted drafts [B], the
-    accepted nodes [B, depth] (-1 past the end) and the next token [B]."""
+    """Rejection sampling down a tree of point-mass drafts: accepted drafts [B], nodes [B, depth] (-1), next [B]."""
     B, N, V = target_probs.shape
     device = target_probs.device
     children = [[c for c in range(1, N) if parents[c] == i] for i in range(N)]  # in order
@@ -115,8 +109,7 @@ def accept_tree(
 
 @dataclass
 class AcceptanceStats:
-    """Acceptance of one request or a run: ``accept_histogram[m]`` counts verification rounds that accepted m
-    drafts (m = 0..num_steps, before truncation at EOS / max_new_tokens)."""
+    """``accept_histogram[m]``: verification rounds that accepted m drafts (before truncation at EOS / length)."""
 
     num_steps: int
     draft_tokens_per_round: int
@@ -190,8 +183,7 @@ class AcceptanceStats:
 
 @dataclass
 class SpeculativeOutput:
-    """``tokens``: the new tokens; ``accepted_per_round``: drafts accepted at each verification; ``finish_reason``:
-    "stop" (an EOS token) or "length" (``max_new_tokens``, or the context limit: then ``context_limited``)."""
+    """``finish_reason``: "stop" (an EOS) or "length" (``max_new_tokens``, or the limit: ``context_limited``)."""
 
     tokens: list[int]
     stats: AcceptanceStats
@@ -314,8 +306,7 @@ def check_settings(
     draft_vocab_size: int | None = None,
     sampling_backend: str = "torch",
 ) -> tuple[bool, int]:
-    """The loop's settings, checked before any compute (sampling ones by ``check_sampling_settings``, the library's
-    rule); returns (tree, tokens verified per round, root included)."""
+    """The loop's settings, checked before any compute; returns (tree, tokens verified per round, root included)."""
     for name, value in (("num_steps", num_steps), ("topk", topk), ("max_new_tokens", max_new_tokens)):
         if not is_int(value) or not 1 <= value <= DRAFTING_LIMITS[name]:
             raise DraftInputError(f"`{name}` is {value!r}; expected an int in [1, {DRAFTING_LIMITS[name]}]")
@@ -347,8 +338,7 @@ def check_settings(
 
 
 def context_limit(target, drafter) -> int:
-    """The most tokens (prompt + generated) one sequence may hold: the smaller of the target's and the drafter's
-    ``max_position_embeddings`` (what an engine's ``max_model_len`` defaults to)."""
+    """The most tokens one sequence may hold: the smaller ``max_position_embeddings`` (an engine's max_model_len)."""
     ours = drafter.config.max_position_embeddings
     return min(ours, getattr(target.config.get_text_config(), "max_position_embeddings", None) or ours)
 
@@ -409,10 +399,9 @@ def speculative_generate(
     tree: bool | None = None,
     sampling_backend: str = "torch",
 ) -> SpeculativeOutput:
-    """Up to ``max_new_tokens`` after one prompt (``input_ids`` [1, n] or a list), stopping after any of
-    ``eos_token_id`` or at the context limit (:func:`context_limit`, as an engine at ``max_model_len``: a round runs
+    """Up to ``max_new_tokens`` after one prompt, stopping after an EOS or at :func:`context_limit` (a round runs
     only when all it can emit fits; the last few tokens come from the target alone). ``tree`` defaults to
-    ``topk > 1``; ``num_draft_tokens`` counts the root, as SGLang's flag does (a chain: num_steps + 1)."""
+    ``topk > 1``; ``num_draft_tokens`` counts the root, as SGLang's flag does."""
     settings = (num_steps, topk, num_draft_tokens, temperature, top_p, tree, max_new_tokens)
     s, vocab = _check_call(target, drafter, settings, sampling_backend)
     eos = set(eos_token_ids(eos_token_id, vocab_size=vocab, strict=True))
@@ -494,9 +483,8 @@ def measure_acceptance(
     progress: bool = False,
     sampling_backend: str = "torch",
 ) -> dict[str, Any]:
-    """Every prompt (text, chat ``messages``, ``input_ids`` objects or id lists) through the loop of
-    :func:`speculative_generate`: ``{"settings", "total", "requests"}``, JSON-ready (:meth:`AcceptanceStats.to_dict`
-    and each request's output ids). EOS defaults to the target's; ``ignore_eos`` generates ``max_new_tokens``."""
+    """Every prompt through :func:`speculative_generate`'s loop: ``{"settings", "total", "requests"}``, JSON-ready.
+    EOS defaults to the target's; ``ignore_eos`` generates ``max_new_tokens``."""
     from tqdm.auto import tqdm
 
     settings = (num_steps, topk, num_draft_tokens, temperature, top_p, None, max_new_tokens)

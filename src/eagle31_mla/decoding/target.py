@@ -1,12 +1,8 @@
-"""The target side of a Transformers target: the drafter's aux states read out of its forward, and the
-target as the reference loop drives it (one ``DynamicCache``, rolled back to the committed tokens).
+"""A Transformers target's side: the drafter's aux states read out of its forward, and the reference loop's target.
 
-Aux states are read at the drafter's canonical ids (``config.aux_layer_ids``, one-based: id k =
-``hidden_states[k]``, see :mod:`eagle31_mla.model.aux_layers`). One exception: in Transformers 5 the last
-entry ``hidden_states[num_hidden_layers]`` is AFTER the final norm, while engines capture the pre-norm
-residual stream; an id equal to the target's depth is therefore read with a forward hook on the last
-decoder layer (its pre-norm output). Training (:func:`capture_target_states`) and the reference loop
-(:class:`CachedTarget`) read them the same way.
+Aux id k is ``hidden_states[k]``, with one exception: in Transformers 5 ``hidden_states[num_hidden_layers]`` is
+AFTER the final norm, while engines capture the pre-norm residual stream, so an id equal to the target's depth is
+read with a forward hook on the last decoder layer. Training and the reference loop read them the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from ..model.aux_layers import AuxLayerIds
 
 
 class TargetAuxCapture:
-    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward (``output_hidden_states``), as the
-    module docstring says. Use as a context manager, or call :meth:`close` to remove the hook."""
+    """Reads the drafter's aux states [B, T, n·Ht] out of a target forward; a context manager (the hook)."""
 
     def __init__(self, target, aux_layer_ids: AuxLayerIds):
         self.depth = target.config.get_text_config().num_hidden_layers
@@ -64,8 +59,7 @@ class TargetAuxCapture:
 
 @torch.no_grad()
 def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLayerIds):
-    """The target's aux states [B, S, n·Ht] (read as the reference loop reads them) and its
-    next-token distributions [B, S, V] for a batch of token ids [B, S]: what training learns from."""
+    """The target's aux states [B, S, n·Ht] and next-token distributions [B, S, V]: what training learns from."""
     with TargetAuxCapture(target, aux_layer_ids) as capture:
         out = target(input_ids, output_hidden_states=True)
         aux = capture(out.hidden_states)
@@ -73,8 +67,7 @@ def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLay
 
 
 class CachedTarget:
-    """The target as the reference loop needs it: forwards that fill one ``DynamicCache`` and return
-    (logits, aux states), and the roll back of that cache to the committed tokens."""
+    """Forwards that fill one ``DynamicCache`` and return (logits, aux states); the cache rolled back."""
 
     def __init__(self, model, capture: TargetAuxCapture):
         from transformers import DynamicCache

@@ -1,6 +1,5 @@
-"""``eagle31-mla convert``: load any drafter layout (:meth:`Eagle31MLAForCausalLM.from_pretrained`, strict),
-optionally prune the vocabulary, ``save_pretrained``, add a model card. Memory: the model once (and its cast copy
-with --dtype): peak RSS 1.07x the file for the 6.03 GB published drafter.
+"""``eagle31-mla convert``: load any drafter layout (strict), optionally prune the vocabulary, ``save_pretrained``, add
+a model card. Memory: peak RSS 1.07x the file for the 6.03 GB published drafter (and the cast copy with --dtype).
 
 The folder is written beside DST (``.DST.eagle31-convert-<host>-<pid>-*``, removed on an error or Ctrl-C, and by the
 next convert into DST once that pid is gone), then moved in: onto a new or empty DST by one rename; into a non-empty
@@ -52,8 +51,7 @@ class ConvertResult:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from a plain number or a size as huggingface_hub reads ``max_shard_size`` ("10GB", "500MB", "40KB":
-    powers of ten), by its own ``parse_size_to_int``."""
+    """Bytes from a number or a size as huggingface_hub reads ``max_shard_size`` ("10GB": powers of ten)."""
     from huggingface_hub.serialization._base import parse_size_to_int
 
     try:
@@ -66,9 +64,8 @@ def parse_size(text: str | int) -> int:
 
 
 def read_token_counts(path: str | Path) -> dict[int, int]:
-    """Token frequencies over the TARGET vocabulary, from a JSON object ``{"token_id": count}`` or list of counts
-    (index = token id; each id once), or text lines ``token_id count`` (``#`` comments; repeated ids add up).
-    Ids and counts are non-negative integers as written; anything else is one line naming the file."""
+    """Token frequencies over the TARGET vocabulary: a JSON object ``{"token_id": count}`` or list of counts, or text
+    lines ``token_id count`` (``#`` comments; repeated ids add up); non-negative integers as written."""
     path, counts = Path(path), {}
 
     def fail(what: str):
@@ -144,8 +141,7 @@ def _check_destination(dst: Path, force: bool) -> set[str]:
 
 
 def _clean_leftovers(dst: Path) -> list[str]:
-    """Remove convert's files from the temporary folders of converts into ``dst`` that were killed (named for this
-    host and a pid no longer running), then each folder if empty. Any other folder is left alone."""
+    """Remove convert's files from the temporary folders of killed converts into ``dst``, then each empty folder."""
     notes, prefix = [], f".{dst.name}.eagle31-convert-{socket.gethostname()}-"
     for folder in sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()):
         pid, _, rest = folder.name.removeprefix(prefix).partition("-")
@@ -187,8 +183,7 @@ def _commit(tmp: Path, dst: Path, listed: set[str], files: list[str]) -> None:
 
 
 def _prune(model, counts: Mapping[int, int], size: int):
-    """``model`` with its vocabulary cut to the ``size`` most frequent target tokens (special tokens always kept):
-    the matching ``lm_head`` rows, a new ``d2t`` / ``t2d``. Returns (model, notes)."""
+    """(``model`` cut to the ``size`` most frequent target tokens and the special ones, notes)."""
     import torch
 
     from ..model.modeling_eagle31_mla import t2d_from_d2t
@@ -211,8 +206,7 @@ def _prune(model, counts: Mapping[int, int], size: int):
 
 
 def _cast(model, dtype, notes: list[str]) -> None:
-    """``model`` cast to ``dtype``; to float16, values beyond its range (+-65504: they would become inf) are refused
-    and nonzero values below its smallest subnormal (they become 0) noted, each with its count."""
+    """``model`` cast to ``dtype``; to float16, values that would become inf are refused, those becoming 0 noted."""
     import torch
 
     lost = {}  # name -> (values that overflow, values that underflow)
@@ -255,9 +249,8 @@ def convert(
     force: bool = False,
     progress: bool = True,
 ) -> ConvertResult:
-    """The drafter at ``src`` (folder or Hub id) as a Hub-ready folder ``dst`` (``force``: over an earlier convert's).
-    Raises :class:`ConvertError` for a refused source, ``InputError`` for unusable arguments (float16 overflow too),
-    ``dst`` untouched. (The CLI also keeps DST apart from SRC and --token-counts: :func:`..cli.common.check_rules`.)"""
+    """The drafter at ``src`` as a Hub-ready folder ``dst``; :class:`ConvertError` for a refused source,
+    ``InputError`` for unusable arguments, ``dst`` untouched."""
     from safetensors import safe_open
     from transformers.utils import logging as hf_logging
 

@@ -18,8 +18,7 @@ _WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def _config_file(path_or_id: str) -> Path:
-    """A folder's config.json, a config.json given as a file, or a Hub repo's through Transformers' resolver
-    (only config.json is fetched; offline mode reads the cache)."""
+    """A folder's config.json, the file itself, or a Hub repo's (only config.json is fetched) by Transformers."""
     from transformers.utils import cached_file
 
     path = Path(path_or_id).expanduser()
@@ -46,8 +45,7 @@ def layout_of(name: str) -> str:
 
 
 def _check_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The safetensors headers (through ``safe_open``: no tensor is read), under their published names, against
-    the config's tensors and the published roster."""
+    """The safetensors headers (no tensor is read), by published name, against the config and the roster."""
     from safetensors import SafetensorError, safe_open
 
     from ..locations import safetensors_files
@@ -80,8 +78,7 @@ def _check_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[s
 
 
 def inspect_drafter(path_or_id: str) -> dict[str, Any]:
-    """Everything ``inspect`` reports, as a JSON-ready dict (``errors`` lists what the library refuses).
-    :class:`InputError` for a config.json that cannot be found or read as a JSON object."""
+    """Everything ``inspect`` reports, JSON-ready (``errors`` lists what the library refuses)."""
     import torch
     from huggingface_hub.errors import StrictDataclassError
 
@@ -138,8 +135,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
 
 
 def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
-    """Per engine and release: served as is, with this project's plugin (on TokenSpeed, or its flag), or not,
-    against a Kimi-K3-architecture target sized like the drafter (no environment variables set)."""
+    """Per engine and release: served as is, with the plugin (or TokenSpeed's flag), or not, by a Kimi-K3 target."""
     from ..serving.doctor import diagnose, engine_releases
 
     sizes = dict(hidden_size=config.target_hidden_size, vocab_size=config.vocab_size, bos_token_id=config.bos_token_id)

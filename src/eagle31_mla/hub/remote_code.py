@@ -1,7 +1,5 @@
-"""modeling/ -- the remote code a Hub repo carries for ``trust_remote_code=True`` -- generated from eagle31_mla.model.
-
-The library is the one source of truth: :func:`generate` (``python scripts/sync_modeling.py``) copies each file of
-:data:`REMOTE_CODE_FILES` under a banner into ``modeling/``; tests/unit/test_remote_code.py fails on any :func:`drift`.
+"""modeling/, the remote code a Hub repo carries for ``trust_remote_code=True``: each file of
+:data:`REMOTE_CODE_FILES` under a banner (``python scripts/sync_modeling.py``); tests fail on any :func:`drift`.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ def generated(name: str) -> str:
 
 
 def generate(folder: Path = MODELING) -> list[Path]:
-    """Write every remote-code file into ``folder``, and remove any other ``.py`` there (a file dropped
-    from :data:`REMOTE_CODE_FILES` must not linger in the copies); returns the files written."""
+    """Write every remote-code file into ``folder`` and remove any other ``.py`` there (a dropped file must not
+    linger); returns the files written."""
     folder.mkdir(parents=True, exist_ok=True)
     for stale in sorted(folder.glob("*.py")):
         if stale.name not in REMOTE_CODE_FILES:

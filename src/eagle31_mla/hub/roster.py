@@ -32,12 +32,10 @@ PUBLISHED_ROSTER: dict[str, tuple[int, ...]] = {
 }
 PUBLISHED_DTYPE = "bfloat16"
 PUBLISHED_NUM_PARAMETERS = 3_015_625_728
-PUBLISHED_FILE_BYTES = 6_031_253_592
 
 
 def meta_roster(config) -> tuple[dict[str, tuple[int, ...]], set[str], int]:
-    """Tensor name -> shape, the dtype names and the parameter count (buffers such as ``d2t`` not counted) of the
-    drafter ``config`` describes, from its structure on the meta device (nothing allocated)."""
+    """(name -> shape, dtype names, parameter count) of the drafter ``config`` describes, built on the meta device."""
     from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     model = Eagle31MLAForCausalLM.on_meta_device(config)
@@ -49,9 +47,8 @@ def meta_roster(config) -> tuple[dict[str, tuple[int, ...]], set[str], int]:
 def roster_differences(
     shapes: Mapping[str, Sequence[int]], roster: Mapping = PUBLISHED_ROSTER, *, dtypes=None, num_parameters=None
 ) -> list[str]:
-    """Every way ``shapes`` (tensor name -> shape) departs from ``roster``; empty when identical. With
-    ``dtypes`` (torch dtypes, or names in torch or safetensors spelling: ``bfloat16`` = ``BF16``) and
-    ``num_parameters``, those are compared with the published checkpoint's too."""
+    """Every way ``shapes`` (name -> shape), and when given ``dtypes`` (torch or safetensors spelling) and
+    ``num_parameters``, depart from the published checkpoint; empty when identical."""
     problems = [f"missing {name} {list(shape)}" for name, shape in roster.items() if name not in shapes]
     problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in roster]
     problems += [

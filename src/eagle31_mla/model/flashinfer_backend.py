@@ -1,10 +1,8 @@
 """FlashInfer glue for the opt-in GPU path: the ``[gpu]`` extra (``flashinfer-python>=0.7.2.post1,<0.8``), CUDA only.
 
-* **Drafter decode** (``attn_implementation="flashinfer"``): a one-token, unmasked step per sequence runs
-  ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` on the absorbed query [B, h, C+R] that
-  :class:`~eagle31_mla.model.modeling_eagle31_mla.Eagle31MLAAttention` built. ``LatentKVCache.latent``
-  [B, capacity, C+R] is read in place as FlashInfer's packed paged layout: one page per sequence, page_size =
-  capacity. Multi-token and masked steps keep the torch path (the kernel takes no arbitrary mask).
+* **Drafter decode** (``attn_implementation="flashinfer"``): a one-token, unmasked step runs
+  ``BatchMLAPagedAttentionWrapper`` on the absorbed query, ``LatentKVCache.latent`` read in place as FlashInfer's
+  packed paged layout (one page per sequence, docs/gpu.md). Multi-token and masked steps keep the torch path.
 * **Sampling** (``sampling_backend="flashinfer"``): ``top_p_renorm_probs``, ``sampling_from_probs`` and
   ``chain_speculative_sampling``; trees keep the torch acceptance rule, greedy the argmax rule.
 
@@ -31,8 +29,7 @@ class FlashInferUnavailable(RuntimeError):
 
 
 def require(device, dtype: torch.dtype | None = None, *, kv_lora_rank: int | None = None, rope_dim: int | None = None):
-    """``flashinfer`` for tensors on ``device`` (and, for decode, in ``dtype`` with these cache widths), or
-    :class:`FlashInferUnavailable` listing every reason it cannot run."""
+    """``flashinfer``, or :class:`FlashInferUnavailable` listing every reason it cannot run here."""
     device = torch.device(device)
     problems = []
     if device.type not in DEVICE_TYPES:
@@ -71,9 +68,8 @@ _WRAPPERS: dict[torch.device, object] = {}  # one planned-MLA wrapper (and its w
 
 
 def latent_decode(query: torch.Tensor, cache, kv_lora_rank: int, sm_scale: float) -> torch.Tensor:
-    """Attention of one new token per sequence (``query`` [B, h, C+R]: absorbed q_nope, then rotated q_pe) over
-    everything ``cache`` holds, the token included: the per-head latent output [B, h, C] in ``query``'s dtype.
-    Planned on every call (the length moves each step; FA planning reads the int32 metadata on the host)."""
+    """One new token's attention (``query`` [B, h, C+R]) over all ``cache`` holds: [B, h, C]. Planned on every
+    call (the length moves each step; FA planning reads the int32 metadata on the host)."""
     flashinfer = require(query.device, query.dtype, kv_lora_rank=kv_lora_rank, rope_dim=query.shape[-1] - kv_lora_rank)
     buffer = cache.latent  # [B, cap, C+R] as pages: [num_pages = B, page_size = cap, C+R]
     B, capacity, width = buffer.shape
@@ -117,9 +113,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 
 
 def accept_chain(draft_tokens, draft_probs, target_probs, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chain speculative sampling (d_j [B, k] ~ q_j [B, k, V], p_j [B, k+1, V]) by FlashInfer's
-    ``chain_speculative_sampling``: the number of accepted drafts [B] and the token after them [B], as
-    :func:`eagle31_mla.decoding.speculative.accept_chain` returns them."""
+    """:func:`eagle31_mla.decoding.speculative.accept_chain` by FlashInfer's ``chain_speculative_sampling``."""
     out, _, emitted = require(draft_probs.device).sampling.chain_speculative_sampling(
         draft_probs.float().contiguous(),
         draft_tokens.to(torch.int32).contiguous(),

@@ -1,8 +1,5 @@
-"""Launch commands for vLLM, SGLang and TokenSpeed (``eagle31-mla serve-command``, the model card).
-
-vLLM and SGLang read the aux layers from the draft's ``config.json`` and have no flag for them (a comment names them;
-the plugin makes the engine use them right); TokenSpeed takes ``--eagle3-layers-to-capture`` in the target's
-convention. Defaults: chain drafting (topk 1), 3 steps, 4 draft tokens, as the published acceptance was measured.
+"""Launch commands for vLLM, SGLang and TokenSpeed (``eagle31-mla serve-command``, the model card). Defaults: chain
+drafting (topk 1), 3 steps, 4 draft tokens, as the published acceptance was measured.
 """
 
 from __future__ import annotations
@@ -53,13 +50,8 @@ class ServeCommand:
         return "\n".join([f"# {c}" for c in self.comments] + [self.shell()])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "argv": self.argv,
-            "env": self.env,
-            "comments": self.comments,
-            "shell": self.shell(),
-        }
+        fields = ("engine", "argv", "env", "comments")
+        return {name: getattr(self, name) for name in fields} | {"shell": self.shell()}
 
 
 def serve_command(
@@ -74,8 +66,7 @@ def serve_command(
     num_draft_tokens: int | None = None,
     tensor_parallel_size: int | None = None,
 ) -> ServeCommand:
-    """The launch command for ``engine`` serving ``target_name`` with ``draft_name`` as the EAGLE-3 drafter;
-    ValueError for a combination the engine does not accept (e.g. topk > 1 on TokenSpeed)."""
+    """The launch command for ``engine``; ValueError for a combination the engine does not accept."""
     if engine not in facts.ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
@@ -84,6 +75,12 @@ def serve_command(
             isinstance(value, int) and not isinstance(value, bool) and value >= 1
         ):
             raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+    heads = draft_config.get("num_attention_heads")
+    if tensor_parallel_size and isinstance(heads, int) and heads % tensor_parallel_size:
+        raise ValueError(
+            f"--tp {tensor_parallel_size}: the drafter's {heads} attention heads do not split evenly over that many "
+            f"ranks, as every engine shards them; use a divisor of {heads}"
+        )
     most = max_tree_draft_tokens(topk, num_steps)
     if topk == 1 and num_draft_tokens not in (None, num_steps + 1):  # the verified token plus one per step
         raise ValueError(f"with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = {most}")

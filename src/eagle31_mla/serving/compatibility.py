@@ -1,6 +1,4 @@
-"""Serve-time compatibility rules, each written once: it returns an :class:`Incompatibility` (a list, or None when
-all is well) that ``doctor`` reports under its id and the plugins and ``speculative_generate`` raise as its message.
-"""
+"""Serve-time compatibility rules, each written once: ``doctor`` reports them, the plugins raise their message."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class Incompatibility:
 
 @dataclass(frozen=True)
 class Sizes:
-    """A target's sizes (``hidden_size``, ``vocab_size``, ``num_hidden_layers``), or those a draft was built for
-    (``target_hidden_size``, ``vocab_size``, ``target_num_hidden_layers``). None: not known, not compared."""
+    """A target's sizes, or those a draft was built for (:data:`SIZE_RULES`). None: not known, not compared."""
 
     hidden_size: int | None = None
     vocab_size: int | None = None
@@ -61,8 +58,7 @@ SIZE_RULES = {
 
 
 def size_mismatches(built_for: Sizes, target: Sizes, target_name: str = "the target") -> list[Incompatibility]:
-    """The sizes the draft was built for against the target's: vocabulary, ``fc`` width, depth (otherwise the engine
-    fails inside a matmul, drafts other tokens than it means, or reads the aux layers of another model)."""
+    """The sizes the draft was built for against the target's (each mismatch's effect in :data:`SIZE_RULES`)."""
     found = []
     for attribute, (check, draft_key, target_key, consequence, fix) in SIZE_RULES.items():
         mine, theirs = getattr(built_for, attribute), getattr(target, attribute)
@@ -105,8 +101,7 @@ def vllm_kimi_k3_stream(
 def last_layer_out_of_reach(
     engine_name: str, target_class: str, ids: AuxLayerIds, num_layers: int
 ) -> Incompatibility | None:
-    """For a target that captures the INPUT of layer i (:func:`.engine_facts.captures_layer_input`): the output of
-    its last layer is no layer's input, so a draft trained on it cannot be served there."""
+    """A target that captures the INPUT of layer i cannot capture its last layer's output, no layer's input."""
     if max(ids.one_based) != num_layers:
         return None
     problem = f"{engine_name}'s {target_class} captures the INPUT of layer i, so it cannot capture the output of the "

@@ -1,6 +1,5 @@
-"""``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4), found by comparing what
-the engine will do (:mod:`.engines`) with what the drafter needs; the rules the plugins enforce at serve time are
-:mod:`.compatibility`'s, in the same words. A :class:`Finding` has a stable id (:data:`CHECKS`), the problem in one line
+"""``eagle31-mla doctor``: every silent misconfiguration of a draft + target + engine (SPEC §4): what the engine will
+do (:mod:`.engines`) against what the drafter needs. A :class:`Finding` has a stable id (:data:`CHECKS`), the problem
 and the exact fix; ``with_plugin=True`` moves what the plugin corrects into ``handled``. Needs no weights, no engine.
 """
 
@@ -174,8 +173,7 @@ def diagnose(
     layers_to_capture: Sequence[int] | None = None,
     draft_name: str = "the draft",
 ) -> Report:
-    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known) in the serving
-    ``environ`` (default: this process's), with TokenSpeed's ``--eagle3-layers-to-capture`` ``layers_to_capture``."""
+    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known)."""
     if engine not in facts.ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     releases, environ = engine_releases(engine, version), os.environ if environ is None else environ

@@ -1,6 +1,5 @@
-"""What each serving engine does with a draft/target pair, worked out offline from their ``config.json`` files and
-the engines' facts (:mod:`.engine_facts`), without importing an engine. Each ``*_capture`` answers: which target layers
-(one-based completed-layer ids) will the bare engine (no plugin) capture, and from which key of the draft config?
+"""What each serving engine does with a draft/target pair, from their ``config.json`` files and :mod:`.engine_facts`:
+each ``*_capture`` answers which one-based layers the bare engine captures, and from which key of the draft config.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ class InputError(Exception):
 
 
 def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
-    """The ``config.json`` of a folder, a ``.json`` file, or a Hub repo id (only ``config.json`` is fetched; offline
-    mode reads the huggingface_hub cache), and where it came from."""
+    """The ``config.json`` of a folder, a ``.json`` file, or a Hub repo id, and where it came from."""
     path = Path(path_or_id)
     if path.is_dir():
         file = path / "config.json"
@@ -62,8 +60,7 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
 
 
 def looks_like_a_drafter(config: Mapping[str, Any]) -> bool:
-    """Whether a ``config.json`` is an EAGLE drafter's: an ``Eagle`` architecture (``Eagle3DeepseekV2ForCausalLM``,
-    ``LlamaForCausalLMEagle3``, ...) or an EAGLE key. Its ``model_type`` says nothing (the published one: kimi_k2)."""
+    """An ``Eagle`` architecture or an EAGLE key (``model_type`` says nothing: the published one is kimi_k2)."""
     architectures = config.get("architectures")
     names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
     return any("eagle" in a.lower() for a in names) or IDS_KEY in config or "eagle_config" in config
@@ -72,8 +69,7 @@ def looks_like_a_drafter(config: Mapping[str, Any]) -> bool:
 def check_roles(
     target: Mapping[str, Any] | None, draft: Mapping[str, Any] | None, target_name: str = "", draft_name: str = ""
 ) -> None:
-    """Refuse (InputError, one line) a drafter given as --target or a target model given as --draft, from their
-    config.json alone, before anything is loaded."""
+    """Refuse a drafter given as --target or a target given as --draft, from their config.json, before loading."""
     if target is not None and looks_like_a_drafter(target):
         raise InputError(
             f"argument --target: {target_name} is an EAGLE drafter (its config.json has EAGLE "
@@ -88,9 +84,7 @@ def check_roles(
 
 
 def probe_output_folder(path: str | Path, what: str) -> None:
-    """Create (and remove) a probe folder where the output folder ``path`` will go (its nearest existing ancestor), as
-    the write will: some folders pass ``os.access`` and still refuse (/proc, read-only mounts). InputError naming
-    ``what`` (e.g. "argument --out") before any work is done."""
+    """Create and remove a probe folder where ``path`` goes: some pass ``os.access`` and refuse (/proc, read-only)."""
     target = Path(path).expanduser().absolute()
     parent = target if target.is_dir() else target.parent
     while not parent.exists() and parent != parent.parent:
@@ -182,8 +176,7 @@ KIMI_K3_TARGET = Target(
 
 @dataclass(frozen=True)
 class Capture:
-    """``layers``: the one-based layers the target captures (None: cannot tell); ``source``: where the engine took
-    them from."""
+    """The one-based ``layers`` the target captures (None: cannot tell) and where the engine took them from."""
 
     layers: tuple[int, ...] | None
     source: str
@@ -240,8 +233,8 @@ def sglang_capture(draft: Mapping[str, Any], target: Target) -> Capture:
 
 
 def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Sequence[int] | None = None) -> Capture:
-    """TokenSpeed's ``_eagle_aux_layer_ids``: the flag, else the draft config (top level, then ``text_config``; in
-    each, a nested ``eagle_config`` hides the top-level key), passed raw."""
+    """TokenSpeed's ``_eagle_aux_layer_ids``: the flag, else the draft config (a nested ``eagle_config`` hides the
+    top-level key; then ``text_config``), passed raw."""
     ids, source = (list(layers_flag), FLAG) if layers_flag else (None, DEFAULT)
     for config in (draft, draft.get("text_config")) if ids is None else ():
         if isinstance(config, Mapping):
@@ -259,8 +252,7 @@ def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Se
 
 
 def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
-    """The nested id list that makes SGLang's target class capture exactly ``ids``: one-based if it works, else
-    zero-based; None when no list does (or the class is not in the table)."""
+    """The nested ids (one-based, else zero-based) that make SGLang's target capture ``ids``; None: none do."""
     reading = sglang_facts.target_reading(target.architectures)
     if reading is None:
         return None

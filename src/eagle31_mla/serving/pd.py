@@ -1,7 +1,5 @@
-"""PD-disaggregated serving: a prefill and a decode instance, the prompt's KV cache (the MLA drafter's latent one with
-the target's) moved from the first to the second. :func:`pd_commands` writes a pair and its router (``serve-command
---pd``); :func:`diagnose_pd` checks one (``doctor --prefill-command ... --decode-command ...``): a prefill side without
-the decode side's drafter fails (vLLM) or silently drops acceptance (SGLang), as another drafter or dtype does.
+"""PD-disaggregated serving (the drafter's KV moved with the target's): :func:`pd_commands` writes a pair and its
+router, :func:`diagnose_pd` checks one (a prefill side without the decode side's drafter fails or drops acceptance).
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..decoding.limits import DRAFTING_LIMITS
 from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
 from .command import PD_CONNECTORS, ServeCommand, serve_command
 from .doctor import NOTE, Finding, Report, _adder, diagnose
@@ -58,8 +57,7 @@ def pd_commands(
     connector: str | None = None,
     **settings,
 ) -> PdCommands:
-    """The prefill and decode launch commands for ``engine`` (the same drafter and KV dtype, the transfer settings)
-    and the router's; ``settings`` go to :func:`serve_command`. ValueError for a combination that cannot serve."""
+    """The prefill, decode and router commands; ``settings`` go to :func:`serve_command` (ValueError as there)."""
     sides = [serve_command(engine, target_name, draft_name, target, draft_config, **settings) for _ in range(2)]
     choices = PD_CONNECTORS[engine]
     connector = connector or choices[0]
@@ -98,9 +96,8 @@ def pd_commands(
         for side, mode in zip(sides, ("prefill", "decode")):
             side.argv += [facts.DISAGGREGATION_MODE_FLAG, mode, facts.TRANSFER_BACKEND_FLAG, connector]
         sides[0].argv += [facts.BOOTSTRAP_PORT_FLAG, str(boot)]
-        router = facts.PD_ROUTER.format(
-            prefill_url=f"http://{h}:{p}", decode_url=f"http://{h}:{d}", bootstrap_port=boot
-        )
+        urls = {"prefill_url": f"http://{h}:{p}", "decode_url": f"http://{h}:{d}"}
+        router = facts.PD_ROUTER.format(**urls, bootstrap_port=boot)
         comments = [
             f"{ENGINE_NAMES[engine]} moves the drafter's KV with the target's ({connector}): same drafter on both"
         ]
@@ -110,9 +107,7 @@ def pd_commands(
 
 @dataclass(frozen=True)
 class Launch:
-    """What one side's launch command sets that the pair must agree on (``draft`` None: no speculative decoding;
-    ``role``: vLLM's kv_role or the disaggregation mode, None: not disaggregated; ``connector``: vLLM's kv_connector
-    or the transfer backend)."""
+    """What one side's launch sets that the pair must agree on (``role`` None: not disaggregated)."""
 
     engine: str
     target: str | None
@@ -128,8 +123,10 @@ class Launch:
 
 
 class _Parser(argparse.ArgumentParser):
+    where = "the command"
+
     def error(self, message):
-        raise InputError(message)
+        raise InputError(f"{self.where}: {message}")
 
 
 def _json_option(value: str | None, flag: str, where: str) -> dict[str, Any]:
@@ -142,6 +139,25 @@ def _json_option(value: str | None, flag: str, where: str) -> dict[str, Any]:
     return data
 
 
+#: The most draft steps or tokens a launch line may ask for (the library's own drafting limits).
+MAX_STEPS = DRAFTING_LIMITS["num_draft_tokens"]
+
+
+def _count(value) -> bool:
+    return type(value) is int and 1 <= value <= MAX_STEPS
+
+
+def count(text: str) -> int:
+    """SGLang's and TokenSpeed's speculative counts, as their parsers type them (int), within the drafting limits."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if not _count(value):
+        raise ValueError  # argparse's message names the flag and the value
+    return value
+
+
 def _dashes(word: str) -> str:
     """``--kv_cache_dtype=fp8`` as ``--kv-cache-dtype=fp8``: the engines' parsers take either spelling."""
     flag, sep, value = word.partition("=")
@@ -149,9 +165,7 @@ def _dashes(word: str) -> str:
 
 
 def parse_launch(engine: str, command: str, where: str = "the command") -> Launch:
-    """The settings of ``command`` (a shell line: ``[NAME=VALUE ...] vllm serve MODEL ...``, ``sglang serve ...``,
-    ``python -m ...``) the pair must agree on, read as the engine's own parser reads them (other flags left alone).
-    InputError for a line that is not that engine's launch command."""
+    """The settings of a launch ``command`` the pair must agree on, read as the engine's own parser reads them."""
     try:
         words = shlex.split(command)
     except ValueError as err:
@@ -166,6 +180,7 @@ def parse_launch(engine: str, command: str, where: str = "the command") -> Launc
         name = ENGINE_NAMES[engine]
         raise InputError(f"{where}: expected {name}'s launch command ({shown} ...), got {command[:120]!r}")
     parser = _Parser(add_help=False, allow_abbrev=False)
+    parser.where = where
     parser.add_argument("model", nargs="?")
     parser.add_argument("--model", "--model-path", dest="model_flag")
     parser.add_argument("--dtype", default="auto")
@@ -177,13 +192,21 @@ def parse_launch(engine: str, command: str, where: str = "the command") -> Launc
         spec = _json_option(ns.speculative_config, "--speculative-config", where)
         transfer = _json_option(ns.kv_transfer_config, vllm_facts.KV_TRANSFER_FLAG, where)
         draft, steps = spec.get("model"), spec.get("num_speculative_tokens")
+        for key, value, ok, expected in (  # vLLM's own SpeculativeConfig types (its pydantic model refuses others)
+            ("model", draft, draft is None or isinstance(draft, str), "a path or hub id"),
+            ("method", spec.get("method"), spec.get("method") is None or isinstance(spec["method"], str), "a name"),
+            ("num_speculative_tokens", steps, steps is None or _count(steps), f"an integer in [1, {MAX_STEPS}]"),
+        ):
+            if not ok:
+                raise InputError(f"{where}: --speculative-config's {key} must be {expected}, got {value!r}")
         settings = {k: spec[k] for k in ("method", "revision", "dtype", "quantization") if spec.get(k) is not None}
         link = transfer.get("kv_role"), transfer.get("kv_connector"), transfer.get("kv_connector_extra_config") or {}
     else:
         facts = FACTS[engine]
         spec = ("algorithm", "draft_model_path", "draft_model_revision", "num_steps", "eagle_topk", "num_draft_tokens")
         for name in spec:
-            parser.add_argument("--speculative-" + name.replace("_", "-"))
+            counted = name in ("num_steps", "eagle_topk", "num_draft_tokens")
+            parser.add_argument("--speculative-" + name.replace("_", "-"), type=count if counted else None)
         parser.add_argument("--speculative-draft-model", dest="speculative_draft_model_path")
         parser.add_argument(facts.DISAGGREGATION_MODE_FLAG, default="null")
         parser.add_argument(facts.TRANSFER_BACKEND_FLAG)
@@ -207,9 +230,7 @@ def diagnose_pd(
     target: Target | None = None,
     draft_config: Mapping[str, Any] | None = None,
 ) -> Report:
-    """The pair's problems (each side's transfer settings, the drafter and the KV format on both sides, the
-    connector against the target), then doctor's own checks of the decode side's draft and target. Their
-    config.json files are read here unless given; InputError when one cannot be read."""
+    """The pair's problems, then doctor's checks of the decode side's draft and target."""
     findings: list[Finding] = []
     add = _adder(findings)
     if target is None and decode.target:
@@ -249,8 +270,7 @@ def diagnose_pd(
 
 
 def _check_transfer(prefill: Launch, decode: Launch, target: Target | None, add) -> None:
-    """Each side disaggregated, in its role, on a connector the engine has (and vLLM's for the target); both on the
-    same one."""
+    """Each side disaggregated, in its role, on a connector the engine (and the target) can use; both on one."""
     engine, name, facts = decode.engine, ENGINE_NAMES[decode.engine], FACTS[decode.engine]
     use = f"use one of {', '.join(PD_CONNECTORS[engine])}"
     for side, role in ((prefill, "prefill"), (decode, "decode")):

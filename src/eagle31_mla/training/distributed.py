@@ -2,15 +2,9 @@
 
     torchrun --nproc-per-node 8 -m eagle31_mla.train --target T --data DIR --out OUT [train options]
 
-The objective of :func:`eagle31_mla.training.trainer.train_on`, the drafter sharded by ``fully_shard`` (bf16
-parameters and float32 reduction on GPU when the recipe computes in bf16; float32 with gloo on CPU). N ranks
-train the drafter one rank trains: every rank draws the same step batch of ``batch_size`` sequences and takes
-every N-th, in micro-batches (gradient accumulation); every rank pads to the step's longest; the loss is divided
-by the weights summed over all ranks and scaled by N (FSDP averages gradients).
-
-Checkpoints use ``torch.distributed.checkpoint``, one folder per step, named by a ``latest`` file replaced once
-every rank has written: a rank killed mid-save leaves the previous checkpoint named. Rank 0 exports the
-published layout from the gathered weights.
+:func:`eagle31_mla.training.trainer.train_on`'s objective, the drafter sharded by ``fully_shard``: N ranks train the
+drafter one rank trains (docs/training.md). Checkpoints (``torch.distributed.checkpoint``) are one folder per step,
+named by a ``latest`` file replaced once every rank has written: a rank killed mid-save leaves the previous one named.
 """
 
 from __future__ import annotations

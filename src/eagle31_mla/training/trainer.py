@@ -9,11 +9,8 @@ distribution P[t] (over x[t+1]). The drafter is unrolled ``depth`` steps over al
   trained towards P[t+1+k]. It attends to the depth-0 keys of positions <= t and to its own keys of depths
   1..k ("diagonal extension"): exactly what it sees when drafting k tokens after t at serving time.
 
-The loss mask (``loss_mask[j]`` about token x[j]) gates each prediction by the token it is fed: depth k at t
-counts where x[t+1+k] is trained-on text. (TorchSpec gates it by mask[t+k]: its loss equals this one given its
-mask shifted left by one.) Anchored TTT (:func:`sample_anchors`) trains every depth only at anchors drawn per
-sequence. Checkpoints are the published layout (``save_pretrained``) with a trainer state beside them, so
-training resumes exactly where it stopped.
+The loss mask (``loss_mask[j]`` about token x[j]) gates each prediction by the token it is fed: depth k at t counts
+where x[t+1+k] is trained-on text (TorchSpec gates by mask[t+k]: the same loss given its mask shifted left by one).
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class ConcatKVCache(LatentKVCache):
-    """The drafter cache for training: appends by concatenation, so autograd sees no in-place writes.
-    A LatentKVCache (same layout, so the drafter's cache checks apply) that allocates on first use."""
+    """Appends by concatenation, so autograd sees no in-place writes; a LatentKVCache for the drafter's checks."""
 
     def __init__(self, batch_size: int):
         self.latent = torch.empty(batch_size, 0, 0)  # its width and dtype: the first update's
@@ -57,9 +53,8 @@ class ConcatKVCache(LatentKVCache):
 
 
 def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
-    """[T, S + depth·T] bool for the depth-`depth` queries (T = S, or the anchors [T]; anchors [B, T] give
-    [B, T, S + depth·T]): depth-0 keys at positions <= the query's, plus the query's own keys at depths
-    1..depth."""
+    """[(B,) T, S + depth·T] bool for the queries (every position, or the anchors [(B,) T]): depth-0 keys at
+    positions <= the query's, plus the query's own keys at depths 1..depth."""
     queries = torch.arange(S, device=device) if anchors is None else anchors
     T = queries.shape[-1]
     context = torch.arange(S, device=device) <= queries[..., None]  # [(B,) T, S]
@@ -80,15 +75,13 @@ def depth_rows(S: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
 
 
 def fed_positions(S: int, k: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
-    """The index of the token fed at depth k, t+1+k, per query row ([S], or [B, N] with S for an empty slot:
-    beyond the sequence, so it weighs nothing)."""
+    """The fed token's index t+1+k per query row ([S], or [B, N]; an empty slot gets S, which weighs nothing)."""
     fed = depth_rows(S, anchors, device) + 1 + k
     return fed if anchors is None else torch.where(anchors >= 0, fed, S)
 
 
 def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask, fed: torch.Tensor) -> torch.Tensor:
-    """[B, T]: which rows count in the loss: the fed token is trained-on text (``loss_mask`` [B, S], None: all)
-    and inside the sequence, and (with a pruned vocabulary) the target's argmax has a draft token."""
+    """[B, T]: rows whose fed token is trained-on text in the sequence and whose target argmax has a draft token."""
     S = target_probs.shape[1]
     index = fed.clamp(max=S - 1)
     weight = (fed < S).float().expand(target_probs.shape[0], -1)
@@ -100,8 +93,7 @@ def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask, fed: torch.Tens
 
 
 def loss_weight_sums(drafter, target_probs, depth: int, loss_mask=None, anchors=None) -> torch.Tensor:
-    """[depth]: the loss weights summed per depth, without running the drafter (data-parallel ranks add
-    theirs to divide by the whole batch's)."""
+    """[depth]: the loss weights summed per depth, without running the drafter (for data-parallel ranks)."""
     S, device = target_probs.shape[1], target_probs.device
     fed = [fed_positions(S, k, anchors, device) for k in range(depth)]
     return torch.stack([_loss_weight(drafter, target_probs, loss_mask, f).sum() for f in fed])
@@ -114,15 +106,9 @@ def sample_anchors(
     seeds: list[int],
     max_gap: int | None = None,
 ) -> torch.Tensor:
-    """[B, num_anchors] anchor positions per sequence, -1 in slots a sequence has no anchor for; TorchSpec's
-    sampler (``torchspec/models/ops/anchors.py``, its mask being this trainer's depth-0 weights).
-
-    Candidates are positions a < S - depth + 1 whose first two predictions are trained (weights[a] and
-    weights[a+1]): an isolated trained token gives no gradient past depth 0. Of a sequence's c candidates,
-    in order, the slots take every s-th from a random phase, wrapping, with stride s = c // num_anchors
-    clamped to [1, max_gap + 1] (``max_gap`` None: ``depth``): spread over the whole sequence when the budget
-    reaches, packed at most max_gap trained positions apart otherwise, and each candidate is drawn with
-    probability num_anchors / c as uniform sampling would. Slots beyond c stay empty. ``seeds`` (one per
+    """[B, num_anchors] anchor positions per sequence (-1: an empty slot), by TorchSpec's sampler
+    (``torchspec/models/ops/anchors.py``; the rule in docs/training.md). Candidates need their first two
+    predictions trained: an isolated trained token gives no gradient past depth 0. ``seeds`` (one per
     sequence) fix the phase, so a sequence gets the same anchors whichever rank or micro-batch holds it."""
     B, S = weights.shape
     max_gap = depth if max_gap is None else max_gap
@@ -147,8 +133,7 @@ def sample_anchors(
 
 
 def step_anchors(drafter, target_probs, loss_mask, config: TrainingConfig, step: int, sequence_indices):
-    """The anchors of one step's sequences (``config.num_anchors``; None without), each from a seed of
-    (seed, step, the sequence's index in the data): the same whichever rank or micro-batch holds it."""
+    """The anchors of one step's sequences (None without ``config.num_anchors``), seeded by (seed, step, index)."""
     if config.num_anchors is None:
         return None
     S = target_probs.shape[1]
@@ -164,12 +149,9 @@ def ttt_forward(
     depth: int,
     anchors: torch.Tensor | None = None,  # [B, N] or [N]: anchored TTT (sample_anchors), -1 = empty slot
 ):
-    """Unroll the drafter ``depth`` steps over every position, or at the anchors only. Yields, per depth k:
-    (query positions t [S] or [B, N], logits [B, T, V], the fed token's index t+1+k, :func:`fed_positions`).
-
-    With anchors, depth 0 still runs over every position (its keys are the context every depth attends to)
-    and yields the anchors' rows; depths >= 1 run at the anchors alone, each anchor seeing the context up to
-    it and its own earlier depths."""
+    """Unroll the drafter ``depth`` steps; yields per depth k (query positions [S] or [B, N], logits [B, T, V],
+    :func:`fed_positions`). With anchors, depth 0 still runs dense (its keys are every depth's context) and yields
+    the anchors' rows; depths >= 1 run at the anchors alone."""
     B, S = input_ids.shape
     device = input_ids.device
     if anchors is not None and anchors.dim() == 1:
@@ -210,10 +192,8 @@ def ttt_loss_terms(
     loss_mask: torch.Tensor | None = None,  # [B, S] 1 where the token is trained-on text (gates the fed token)
     anchors: torch.Tensor | None = None,  # [B, N] (sample_anchors)
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per depth k: (sum of the weighted forward KL, sum of the weights, sum of the weighted top-1
-    agreement) over the batch: sums, so that data-parallel ranks can add theirs before dividing. With a pruned
-    vocabulary the target's mass is renormalised over the draft vocabulary (:func:`_loss_weight` leaves out
-    positions whose target argmax has no draft token, as TorchSpec does)."""
+    """Per depth k, summed over the batch (data-parallel ranks add theirs before dividing): weighted forward KL,
+    weights, weighted top-1 agreement. A pruned vocabulary renormalises the target's mass over the draft's."""
     S, device = input_ids.shape[1], input_ids.device
     terms = []
     for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
@@ -233,9 +213,8 @@ def ttt_loss_terms(
 def combine_depth_losses(
     terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], depth_decay: float | None = None
 ) -> tuple[torch.Tensor, list[float]]:
-    """The loss from :func:`ttt_loss_terms` (summed over ranks where there are several): per depth the
-    weighted mean KL; then their mean (``depth_decay`` None) or TorchSpec's sum of d^k x loss_k (0.8 in its
-    recipes: depth 0, the step that matters most for accept length, weighs the most)."""
+    """Per depth the weighted mean KL of :func:`ttt_loss_terms`; then their mean (``depth_decay`` None) or
+    TorchSpec's sum of d^k x loss_k (0.8 in its recipes: depth 0 matters most for accept length)."""
     losses = torch.stack([kl / weight.clamp_min(1) for kl, weight, _ in terms])
     accuracy = [float(agree / weight.clamp_min(1)) for _, weight, agree in terms]
     if depth_decay is None:
@@ -254,8 +233,7 @@ def ttt_loss(
     anchors: torch.Tensor | None = None,
     depth_decay: float | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
-    """(the loss, the top-1 agreement with the target per depth): forward KL from the target's distribution
-    at depths 0..depth-1, combined by :func:`combine_depth_losses`."""
+    """(the loss, the top-1 agreement per depth): :func:`ttt_loss_terms` combined by :func:`combine_depth_losses`."""
     terms = ttt_loss_terms(drafter, input_ids, aux, target_probs, depth, loss_mask, anchors)
     return combine_depth_losses(terms, depth_decay)
 
@@ -284,10 +262,9 @@ class TrainingConfig:
 
     @classmethod
     def finetune(cls, steps: int = 1000, **overrides) -> TrainingConfig:
-        """TorchSpec's recipe for the published Kimi-K3 drafter, for fine-tuning it (``train --init``):
-        AdamW (0.9, 0.999) at 2e-5 with a linear warmup over 1.5% of the steps then cosine decay,
-        gradient clip 1.0, 7 unroll steps weighted 0.8^k and summed, bf16 compute on float32 master
-        weights, the export in bf16 as published."""
+        """TorchSpec's recipe for the published drafter, to fine-tune it (``train --init``): AdamW (0.9, 0.999) at
+        2e-5, 1.5% linear warmup then cosine, clip 1.0, 7 unroll steps weighted 0.8^k and summed, bf16 compute on
+        float32 master weights, the export in bf16 as published."""
         recipe = dict(steps=steps, lr=2e-5, betas=(0.9, 0.999), warmup=max(1, round(0.015 * steps)), depth=7)
         recipe.update(depth_decay=0.8, compute_dtype="bfloat16", export_dtype="bfloat16")
         return cls(**{**recipe, **overrides})
@@ -306,9 +283,8 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return list(range(1, num_layers + 1))
 
 
-#: The settings of a drafter's own layer (not the target's sizes, which a new drafter takes from the target):
-#: what ``train --draft-config`` copies from another drafter's config.json. A new drafter without them has the
-#: published drafter's (Kimi-K3's: 64 heads, q_lora 1536, kv_lora 512 + rope 64, MLP 18432, YaRN).
+#: The settings of a drafter's own layer (not the target's sizes): what ``train --draft-config`` copies from another
+#: drafter's config.json; without it a new drafter has the published drafter's.
 LAYER_SETTINGS = (
     "intermediate_size num_attention_heads q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim "
     "max_position_embeddings rms_norm_eps hidden_act rope_parameters"
@@ -316,7 +292,7 @@ LAYER_SETTINGS = (
 
 
 def layer_settings(config_json: dict) -> dict:
-    """:data:`LAYER_SETTINGS` of a drafter's config.json, read (and checked) as the drafter reads it."""
+    """:data:`LAYER_SETTINGS` of a drafter's config.json, read and checked as the drafter reads it."""
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
     config = Eagle31MLAConfig.from_dict(config_json)
@@ -324,9 +300,7 @@ def layer_settings(config_json: dict) -> dict:
 
 
 def drafter_for_target(target, **config_overrides) -> Eagle31MLAForCausalLM:
-    """A drafter sized for ``target`` (same hidden size and vocabulary), its embeddings and lm_head
-    copied from the target, as EAGLE drafters start; embeddings stay frozen (they are the target's).
-    Aux ids default to :func:`default_aux_layer_ids` of the target's depth."""
+    """A drafter sized for ``target``, starting as EAGLE drafters do: the target's embeddings (frozen) and lm_head."""
     embed, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
     return _new_drafter(target.config.get_text_config(), embed, head, **config_overrides)
 
@@ -348,8 +322,7 @@ def _new_drafter(tc, embed: torch.Tensor, head: torch.Tensor, **config_overrides
 
 
 def target_embeddings(target_path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's input embeddings and ``lm_head`` [V, H], read from its checkpoint alone (two tensors,
-    not the model: a Kimi-K3 does not fit where its drafter trains). A tied head is the embeddings."""
+    """The target's embeddings and ``lm_head`` [V, H] from its checkpoint alone (a Kimi-K3 does not fit here)."""
     from safetensors import safe_open
 
     from ..locations import model_folder, safetensors_files
@@ -380,8 +353,7 @@ def drafter_from_files(target_path: str | Path, **config_overrides) -> Eagle31ML
 
 
 def drafter_to_finetune(path: str | Path, embed: torch.Tensor) -> Eagle31MLAForCausalLM:
-    """A trained drafter to fine-tune, as TorchSpec trains it: float32 master weights, its embedding
-    reloaded from the target's (``embed`` [V, H]) and frozen."""
+    """A trained drafter to fine-tune as TorchSpec does: float32 master weights, the target's embedding, frozen."""
     drafter = Eagle31MLAForCausalLM.from_pretrained(path, dtype=torch.float32)
     if tuple(embed.shape) != tuple(drafter.embed_tokens.weight.shape):
         raise ValueError(
@@ -395,8 +367,7 @@ def drafter_to_finetune(path: str | Path, embed: torch.Tensor) -> Eagle31MLAForC
 
 
 def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
-    """The sequence indices of one training step: a fixed function of (seed, step), so a resumed run
-    sees exactly the batches an uninterrupted one would."""
+    """One step's sequence indices, a function of (seed, step): a resumed run sees the uninterrupted run's batches."""
     per_epoch = max(1, num_sequences // batch_size)
     epoch, index = divmod(step, per_epoch)
     order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
@@ -404,9 +375,8 @@ def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> tor
 
 
 class _Batches:
-    """What the training loops ask of their data besides batches: the sequences of each step (by default a
-    shuffle of every sequence per epoch, :func:`step_batch`), and the hooks a stream through a spool needs
-    (:class:`eagle31_mla.training.spool.FollowTarget`)."""
+    """What the training loops ask of their data besides batches: each step's sequences, and the hooks a stream
+    through a spool needs (:class:`eagle31_mla.training.spool.FollowTarget`)."""
 
     def step_indices(self, step: int, config: TrainingConfig) -> torch.Tensor:
         return step_batch(len(self), config.batch_size, step, config.seed)
@@ -416,16 +386,11 @@ class _Batches:
         return False
 
     def checkpointed(self, step: int, config: TrainingConfig, remove: bool = True) -> None:
-        """Called on every rank once a checkpoint after ``step`` steps is complete on every rank (``remove`` on
-        one rank only: it may remove what the checkpoint covers)."""
+        """A checkpoint after ``step`` steps is complete on every rank; ``remove`` (one rank): free what it covers."""
 
 
 class LiveTarget(_Batches):
-    """Training batches from a Transformers target run on each batch: the target on the trainer's device.
-
-    ``sequences``: [N, S] token ids, or sequences of different lengths (conversations) with their
-    ``loss_masks`` (:func:`eagle31_mla.prompts.conversation_tokens`); a batch pads them at the end, and the
-    padding is masked out (the target is causal: padding after a sequence does not change its states)."""
+    """Batches from a target run on each, padded at the end and masked (causal: padding changes no state before it)."""
 
     def __init__(self, target, sequences, loss_masks=None):
         self.target, self.sequences, self.loss_masks = target.eval(), sequences, loss_masks
@@ -448,10 +413,7 @@ class LiveTarget(_Batches):
 
 
 class CapturedTarget(_Batches):
-    """Training batches from a capture folder (``eagle31-mla capture``): no target at training time.
-
-    Sequences of different lengths are padded at the end and masked out of the loss, as are the tokens the
-    capture's loss mask leaves out (a conversation's non-assistant tokens)."""
+    """Batches from a capture folder (``eagle31-mla capture``), padded and masked as :class:`LiveTarget`'s."""
 
     def __init__(self, data, vocab_size: int, device="cpu"):
         self.data, self.vocab_size, self.device = data, vocab_size, torch.device(device)
@@ -475,8 +437,7 @@ class CapturedTarget(_Batches):
             n = ids.shape[0]
             input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.float(), self.data.loss_mask(int(i))
             probs[b, :n] = self.data.target_probs(int(i), self.vocab_size)
-        to = self.device
-        return input_ids.to(to), aux.to(to), probs.to(to), mask.to(to)
+        return tuple(t.to(self.device) for t in (input_ids, aux, probs, mask))
 
 
 def train_drafter(
@@ -489,8 +450,7 @@ def train_drafter(
     stop_at: int | None = None,
     loss_masks=None,
 ) -> Eagle31MLAForCausalLM:
-    states = LiveTarget(target, sequences, loss_masks)
-    return train_on(states, drafter, out_dir, config, progress=progress, stop_at=stop_at)
+    return train_on(LiveTarget(target, sequences, loss_masks), drafter, out_dir, config, progress, stop_at)
 
 
 def _optimizer(params, config: TrainingConfig):
@@ -504,8 +464,7 @@ def _optimizer(params, config: TrainingConfig):
 
 
 def _apply_step(optimizer, schedule, config: TrainingConfig, step: int, loss: float, acc, norm) -> None:
-    """Step the optimizer unless the loss or gradient is not finite (then the step is skipped and logged; the
-    schedule still advances), and log the step."""
+    """Step and log; a non-finite loss or gradient skips the step (logged), the schedule still advances."""
     entry = {"step": step + 1, "loss": round(loss, 5), "acc": [round(a, 4) for a in acc], "grad_norm": float(norm)}
     if math.isfinite(loss) and torch.isfinite(norm):
         optimizer.step()
@@ -525,10 +484,7 @@ def train_on(
     progress: bool = True,
     stop_at: int | None = None,
 ) -> Eagle31MLAForCausalLM:
-    """Train with TTT on the batches of ``states`` (:class:`LiveTarget` or :class:`CapturedTarget`),
-    checkpointing to ``out_dir`` (published layout + trainer_state.pt); resumes from the checkpoint found
-    there. ``stop_at`` ends this run early at that step (checkpointed), as an interruption would. Returns
-    the drafter (also saved)."""
+    """Train with TTT, checkpointing to and resuming from ``out_dir``; ``stop_at`` stops as an interruption would."""
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
@@ -573,10 +529,9 @@ def train_on(
 
 
 def clip_gradients(params, max_norm: float, reduce=None) -> torch.Tensor:
-    """Scale the gradients to a total norm of at most ``max_norm``; return the norm before. The squares are
-    summed in float64 over each parameter's local gradient (a shard, under FSDP: ``reduce`` adds the ranks'
-    sums), so one process and N ranks clip alike. (torch's ``clip_grad_norm_`` over FSDP2's sharded
-    gradients returned a norm 1e-4 off the gathered gradients' on gloo with 2 ranks.)"""
+    """Scale the gradients to a total norm <= ``max_norm``; return the norm before. Squares summed in float64 over
+    each local gradient (an FSDP shard: ``reduce`` adds the ranks'), so 1 and N ranks clip alike (torch's
+    ``clip_grad_norm_`` over FSDP2's sharded gradients was 1e-4 off on gloo with 2 ranks)."""
     squares = torch.zeros((), dtype=torch.float64, device=params[0].device)
     for p in params:
         if p.grad is not None:
@@ -610,8 +565,7 @@ def export_drafter(drafter: Eagle31MLAForCausalLM, out_dir: Path, dtype: torch.d
 
 
 def save_checkpoint(drafter, optimizer, schedule, step, config, out_dir: Path) -> None:
-    """The published layout, then the trainer state (weights, optimizer, schedule, step) written atomically: a
-    run killed while saving resumes from the previous step's whole state."""
+    """The published layout, then the trainer state written atomically: a killed save resumes the previous step."""
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out_dir)
     state = {

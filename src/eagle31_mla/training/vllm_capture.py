@@ -1,13 +1,9 @@
-"""Capture a target's aux states with vLLM (0.29 and 0.32 tested), for training at a scale Transformers cannot
-run the target at.
+"""Capture a target's aux states with vLLM (0.29 and 0.32 tested), for training at a scale Transformers cannot run.
 
-vLLM does the work: the speculative method ``extract_hidden_states`` stores the residual stream at the drafter's
-aux layers (vLLM reads the top-level ``eagle_aux_hidden_state_layer_ids``, slots in ascending order), and the
-hidden-states connector writes it per request (on the CPU build, the vLLM plugin's CUDA-free subclass). Teacher
-forcing is the whole sequence as the prompt with one output token; the loss input is vLLM's ``prompt_logprobs``
-(top-k per position). An in-process engine is stepped until its scheduler is empty, or the connector writes
-nothing. A Kimi-K3 target needs the prefix-only stream (:mod:`eagle31_mla.serving.compatibility`). The capture
-folder is :mod:`eagle31_mla.training.captured`'s: atomic, resumable.
+The speculative method ``extract_hidden_states`` stores the residual stream at the drafter's aux layers (the
+top-level ids, slots ascending) and the hidden-states connector writes it per request. Teacher forcing is the whole
+sequence as the prompt with one output token; the loss input is vLLM's top-k ``prompt_logprobs``. An in-process
+engine is stepped until its scheduler is empty, or the connector writes nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ CPU_CONNECTOR = "CpuHiddenStatesConnector"
 
 
 def top_k_table(position_logprobs: Sequence[dict | None], top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[S, K] log-probabilities and token ids from vLLM's per-position dicts (token id -> Logprob): the K most
-    likely tokens (vLLM adds the actual token when it is not among them; it is dropped then)."""
+    """[S, K] log-probabilities and ids of the K most likely tokens (vLLM's extra actual token dropped)."""
     values = torch.empty(len(position_logprobs), top_k)
     ids = torch.empty(len(position_logprobs), top_k, dtype=torch.int32)
     for t, entries in enumerate(position_logprobs):
@@ -95,9 +90,8 @@ def _drain(llm) -> None:
 
 
 def _release() -> None:
-    """Shut vLLM's KV-connector agent down when the capture ends. An in-process engine leaves it set in a
-    module global, and vLLM 0.29 only replaces it when the next engine in the process has a connector too:
-    an engine started later without one would inherit ours (and fail registering its caches)."""
+    """Shut vLLM's KV-connector agent (a module global) down: vLLM 0.29 replaces it only for a next engine with a
+    connector, so one started later without would inherit ours (and fail registering its caches)."""
     from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
 
     ensure_kv_transfer_shutdown()
@@ -117,7 +111,7 @@ def _connector_config(spool: Path) -> dict[str, Any]:
 
 
 def _open_manifest(out: Path, fresh: CaptureManifest) -> CaptureManifest:
-    """The folder's manifest when resuming (it must describe the same capture), else ``fresh``, written."""
+    """The folder's manifest when resuming (the same capture), else ``fresh``, written."""
     if not (out / MANIFEST).exists():
         write_manifest(out, fresh)
         return fresh
@@ -148,11 +142,9 @@ def capture_with_vllm(
     loss_mask_kind: str = "all",
     spool: dict[str, int] | None = None,
 ) -> CaptureManifest:
-    """Capture ``sequences`` (token ids) through ``target`` in vLLM into ``out``; resume what ``out`` holds.
-    ``loss_masks`` (one per sequence, e.g. a conversation's assistant tokens) are stored with them, labelled
-    ``loss_mask_kind`` in the manifest; without them every token is trained on. ``spool`` (a part's entry,
-    :func:`~eagle31_mla.training.spool.plan_part`): each shard waits until it fits in the part's share of the
-    spool. ``max_shards`` stops after writing that many new shards, as an interruption would (for tests)."""
+    """Capture ``sequences`` through ``target`` in vLLM into ``out``, resuming what it holds. ``loss_masks`` (None:
+    every token) are stored, labelled ``loss_mask_kind``; ``spool``: a part's entry (:func:`..spool.plan_part`);
+    ``max_shards`` stops after that many new shards, as an interruption would (for tests)."""
     from tqdm.auto import tqdm
 
     info = Target.from_config(read_config_json(target)[0], target)
@@ -187,7 +179,6 @@ def capture_with_vllm(
 
     slots = list(ids.one_based)  # ascending: vLLM's slot order
     connector_dir = out / SPOOL
-    engine_args = {"max_logprobs": top_k, **(engine_args or {})}
     llm = LLM(
         model=target,
         speculative_config={
@@ -196,9 +187,8 @@ def capture_with_vllm(
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": slots}},
         },
         kv_transfer_config=_connector_config(connector_dir),
-        **engine_args,
+        **{"max_logprobs": top_k, **(engine_args or {})},
     )
-    to = getattr(torch, dtype)
 
     def run_target(chunk: list[int]) -> list[tuple]:
         outputs = llm.generate(
@@ -223,7 +213,7 @@ def capture_with_vllm(
             # position t predicts x[t+1]: vLLM's prompt log-probabilities at t+1, then the generated token's
             logprobs, logprob_ids = top_k_table([*output.prompt_logprobs[1:], output.outputs[0].logprobs[0]], top_k)
             mask = torch.ones(token_ids.numel()) if loss_masks is None else torch.tensor(loss_masks[i])
-            items.append((i, token_ids, states.to(to), logprobs, logprob_ids, mask))
+            items.append((i, token_ids, states.to(getattr(torch, dtype)), logprobs, logprob_ids, mask))
         return items
 
     bar = tqdm(total=len(sequences), initial=len(manifest.done), desc="capture", unit="seq", disable=not progress)

@@ -1,6 +1,5 @@
-"""What the serving engines do, as plain data and pure functions: one module per engine, this one holds what they
-share. Nothing here imports an engine or torch: ``doctor`` / ``serve-command`` read the facts anywhere, and the
-plugins import them from here (the core never imports a plugin).
+"""What the serving engines do, as plain data and pure functions (one module per engine; here what they share).
+Nothing here imports an engine or torch; the plugins import the facts from here, never the other way round.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
 
 
 class PluginAPIError(RuntimeError):
-    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers (raised by the
-    plugin; here so that the plugin's package and its drafter module share it without importing each other)."""
+    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers."""
 
 
 # ---- the plugin contract (``runtime/plugins/__init__.py``, ``runtime/plugins/registry.py``) ----
