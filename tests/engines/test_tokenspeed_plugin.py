@@ -30,7 +30,13 @@ from tests.support.plugin_tests import FORMS, K3_LAYERS, write_draft, write_draf
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.tiny import tiny_drafter  # noqa: E402
 
-ensure_loaded()  # in this process too, as in TokenSpeed's
+
+@pytest.fixture(scope="module", autouse=True)
+def plugins_loaded():
+    """In this process too, as in TokenSpeed's; not at import, where it would register TokenSpeed's configs with
+    Transformers for every test collected beside these (the remote-code tests then load a KimiK2Config)."""
+    ensure_loaded()
+
 
 DRAFT_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 K3_TEXT = "tokenspeed.runtime.models.kimi_k3:KimiLinearForCausalLM"
