@@ -108,7 +108,7 @@ def rope_frequencies(config: "Eagle31MLAConfig", device=None) -> tuple[torch.Ten
 class Eagle31MLAConfig(PretrainedConfig):
     r"""The drafter's settings. Two readings of a missing key, on purpose:
 
-    * the constructor: a missing key takes the published drafter's value (as :meth:`kimi_k3`);
+    * the constructor: a missing key takes the published drafter's value;
     * a ``config.json`` (``from_pretrained``, ``from_dict``, ``from_json_file``): absent ``fc_norm`` /
       ``norm_output`` mean EAGLE-3 (off), absent rope settings plain RoPE, absent aux-layer ids an error, as another
       framework's EAGLE-3 file means them. Every file this library saves writes them out: it reads the same both ways.
@@ -185,11 +185,6 @@ class Eagle31MLAConfig(PretrainedConfig):
             if getattr(self, name) == value and value >= self.vocab_size:
                 setattr(self, name, None)
         self._set_aux_layer_ids()
-
-    @classmethod
-    def kimi_k3(cls, **overrides) -> "Eagle31MLAConfig":
-        """The published drafter, `lightseekorg/kimi-k3-eagle3.1-mla`, with its aux ids written out."""
-        return cls(**{"eagle_aux_hidden_state_layer_ids": list(KIMI_K3_AUX_LAYER_IDS.one_based), **overrides})
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "Eagle31MLAConfig":

@@ -49,6 +49,8 @@ def demo_prompts(limit: int | None = None) -> list[str]:
 
 def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 48, num_steps: int = 3) -> DemoResult:
     """Greedy chain decoding of the held-out prompts, ``max_new_tokens`` each (the CLI checks the arguments)."""
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"engine: expected 'hf' or 'vllm', got {engine!r}")
     return (_run_hf if engine == "hf" else _run_vllm)(demo_prompts(num_prompts), max_new_tokens, num_steps)
 
 

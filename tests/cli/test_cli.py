@@ -47,3 +47,15 @@ def test_a_closed_pipe_is_quiet():
     script = f"{sys.executable} -m eagle31_mla.cli doctor --list-checks | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.stderr == "" and result.stdout.strip() in ("0", "141"), result
+
+
+def test_an_unexpected_failure_is_one_line_unless_asked(monkeypatch, capsys):
+    """(The bad command lines users make, each with its exact line: the CLI rows of tests/unit/test_bad_inputs.py.)"""
+    boom = RuntimeError("boom\nsecond line")
+    monkeypatch.setattr("eagle31_mla.serving.command.serve_command", lambda *a, **k: (_ for _ in ()).throw(boom))
+    assert main(["serve-command", "--engine", "vllm"]) == 1
+    err = "unexpected RuntimeError: boom; second line (set EAGLE31_MLA_TRACEBACK=1 for the traceback)"
+    assert capsys.readouterr().err == f"eagle31-mla: error: {err}\n"
+    monkeypatch.setenv("EAGLE31_MLA_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        main(["serve-command", "--engine", "vllm"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import struct
 from pathlib import Path
 
@@ -15,9 +14,8 @@ import pytest
 from eagle31_mla import Eagle31MLAConfig
 from eagle31_mla.cli import main
 from eagle31_mla.hub.roster import PUBLISHED_ROSTER
-from tests.support.tiny import published_style_config, tiny_drafter, write_checkpoint
+from tests.support.tiny import add_to_hub_cache, published_style_config, tiny_drafter, write_checkpoint
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 
@@ -55,11 +53,7 @@ def test_inspect_the_published_layout_by_folder_and_by_hub_id(tmp_path, capsys):
     assert "SGLang 0.5.23      with the eagle31-mla plugin  (sglang-k3-no-capture)" in out
     assert "TokenSpeed 0.1.1   as is" in out
     # by Hub id (from the offline cache here): only config.json is fetched, the tensors are not checked
-    snapshot = Path(os.environ["HF_HUB_CACHE"]) / "models--someone--config-only-drafter" / "snapshots" / ("c" * 40)
-    snapshot.mkdir(parents=True)
-    shutil.copy(folder / "config.json", snapshot / "config.json")
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("c" * 40)
+    add_to_hub_cache("someone/config-only-drafter", "c" * 40, [folder / "config.json"])
     assert main(["inspect", "someone/config-only-drafter"]) == 0
     out = capsys.readouterr().out
     assert "tensors: not checked" in out and "parameters: 3,015,625,728" in out

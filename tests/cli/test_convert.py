@@ -21,7 +21,6 @@ from eagle31_mla.serving.engines import InputError
 from tests.support.paths import ROOT
 from tests.support.tiny import aux_inputs, published_style_config, same_logits, tiny_drafter, write_checkpoint
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 IDS = [2, 5, 9]  # one-based = zero-based [1, 4, 8]
@@ -68,20 +67,24 @@ def test_layouts_convert_to_a_hub_folder_with_identical_logits(tmp_path, layout)
 REMOTE = """
 import sys, torch
 sys.modules["eagle31_mla"] = None  # importing the library fails: only the folder's own code can run
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 folder, inputs, out = sys.argv[1:]
 model = AutoModelForCausalLM.from_pretrained(
     folder, trust_remote_code=True, device_map="auto", dtype="auto", force_download=False, proxies=None
 )
 assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+assert model.fc.weight.device.type == "cpu" and model.dtype == torch.float32  # config.json's dtype
+assert AutoConfig.from_pretrained(folder, trust_remote_code=True).fc_norm is True
 ids, aux = torch.load(inputs)
-torch.save(model(ids, aux_hidden_states=aux).logits, out)
+output = model(ids, aux_hidden_states=aux)
+torch.save((output.logits, output.hidden_states), out)
 assert sys.modules["eagle31_mla"] is None
 """
 
 
 def test_converted_folder_loads_through_auto_model_with_remote_code(tmp_path):
-    """In a process where eagle31_mla cannot be imported (Transformers, the folder, and its remote code only)."""
+    """In a process where eagle31_mla cannot be imported (Transformers, the folder, and its remote code only), with
+    the keywords a Hub user passes (device_map needs accelerate, in [test]): the library's logits and states."""
     model = tiny_drafter(seed=4, eagle_aux_hidden_state_layer_ids=IDS)
     dst = convert(training_checkpoint(tmp_path / "src", model), tmp_path / "hub", progress=False).folder
     ids, aux = aux_inputs(model.config, 1, 5)
@@ -90,8 +93,10 @@ def test_converted_folder_loads_through_auto_model_with_remote_code(tmp_path):
     args = [sys.executable, "-c", REMOTE, str(dst), str(tmp_path / "inputs.pt"), str(tmp_path / "logits.pt")]
     run = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
-    # exact: the remote code is the same source (synced from src/), same weights, same shapes, same CPU
-    assert torch.equal(torch.load(tmp_path / "logits.pt"), model(ids, aux_hidden_states=aux).logits)
+    # exact: the remote code is the same source (modeling/ is src/ under a banner), same weights, shapes and CPU
+    logits, state = torch.load(tmp_path / "logits.pt")
+    expected = model(ids, aux_hidden_states=aux)
+    assert torch.equal(logits, expected.logits) and torch.equal(state, expected.hidden_states)
 
 
 def test_converting_twice_gives_byte_identical_folders_sharded_above_the_threshold(tmp_path):

@@ -14,6 +14,8 @@ from eagle31_mla.serving.engines import KIMI_K3_TARGET, Target
 from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, nested_only, write_config
 
 DRAFT = "lightseekorg/kimi-k3-eagle3.1-mla"
+K2 = [2, 30, 58]  # a drafter for a 61-layer Kimi-K2 (DeepSeek-V3) target
+NEWEST = {"vllm": "0.33", "sglang": "0.5.23", "tokenspeed": "0.1.1"}  # checked when no --engine-version is given
 
 
 @pytest.fixture(autouse=True)
@@ -30,72 +32,59 @@ def command(capsys, *args) -> tuple[int, dict]:
     return code, (json.loads(out) if out else {})
 
 
-def test_vllm_kimi_k3_defaults_offline(capsys):
-    """The defaults need no network: the published drafter's and Kimi-K3's configs are known."""
-    code, result = command(capsys, "--engine", "vllm")
-    assert code == 0
-    cmd = result["command"]
-    assert cmd["env"] == {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
-    assert cmd["argv"][:4] == ["vllm", "serve", "moonshotai/Kimi-K3", "--speculative-config"]
-    assert json.loads(cmd["argv"][4]) == {"model": DRAFT, "method": "eagle3", "num_speculative_tokens": 3}
-    assert shlex.split(cmd["shell"].replace("\\\n", " ")) == [f"{k}={v}" for k, v in cmd["env"].items()] + cmd["argv"]
-    assert any("one-based [2, 46, 90] = zero-based [1, 45, 89]" in c for c in cmd["comments"])
-    assert result["doctor"]["ok"] and result["doctor"]["versions"] == ["0.33"]
+SPEC = f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {DRAFT}"
+#: (options, the exact command on one line, what the plugin handles): Kimi-K3 and the published drafter, the
+#: defaults, need no network (their configs are known); each option starts a continued line of the shell form.
+COMMANDS = [
+    ("--engine vllm", "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0 vllm serve moonshotai/Kimi-K3 --speculative-config "
+     f"'{{\"model\": \"{DRAFT}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", []),
+    ("--engine sglang --tp 16", f"sglang serve --model-path moonshotai/Kimi-K3 {SPEC} --speculative-num-steps 3 "
+     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 16", ["sglang-k3-no-capture"]),
+    # TokenSpeed hands the flag to the target as is: Kimi-K3 reads one-based ids
+    ("--engine tokenspeed --num-steps 5", f"tokenspeed serve --model moonshotai/Kimi-K3 --trust-remote-code {SPEC} "
+     "--speculative-num-steps 5 --speculative-num-draft-tokens 6 --speculative-eagle-topk 1 "
+     "--eagle3-layers-to-capture 2,46,90", []),
+]  # fmt: skip
 
 
-def test_sglang_command(capsys):
-    code, result = command(capsys, "--engine", "sglang", "--tp", "16")
-    spec = f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {DRAFT} --speculative-num-steps 3"
-    spec += " --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 16"
-    assert code == 0 and result["command"]["env"] == {}
-    assert result["command"]["argv"] == ["sglang", "serve", "--model-path", "moonshotai/Kimi-K3", *spec.split()]
-    assert [h["id"] for h in result["doctor"]["handled_by_plugin"]] == ["sglang-k3-no-capture"]
+@pytest.mark.parametrize("options, line, handled", COMMANDS, ids=[row[0].split()[1] for row in COMMANDS])
+def test_the_command_for_each_engine(options, line, handled, capsys):
+    code, result = command(capsys, *options.split())
+    cmd, doctor = result["command"], result["doctor"]
+    assert code == 0 and cmd["shell"] == line.replace(" --", " \\\n  --")
+    assert shlex.split(line) == [f"{k}={v}" for k, v in cmd["env"].items()] + cmd["argv"]
+    assert "one-based [2, 46, 90] = zero-based [1, 45, 89]" in cmd["comments"][0]
+    assert doctor["ok"] and [h["id"] for h in doctor["handled_by_plugin"]] == handled
+    assert doctor["versions"] == [NEWEST[cmd["engine"]]]
 
 
-def test_tokenspeed_flag_is_in_the_targets_convention(tmp_path, capsys):
-    code, result = command(capsys, "--engine", "tokenspeed", "--num-steps", "5")
-    argv = result["command"]["argv"]
-    assert code == 0 and argv[argv.index("--eagle3-layers-to-capture") + 1] == "2,46,90"  # Kimi-K3: one-based
-    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6" and "--trust-remote-code" in argv
-    k2 = write_config(tmp_path / "Kimi-K2", deepseek_target(layers=61))
-    k2_draft = write_config(tmp_path / "k2-draft", draft([2, 30, 58]))
-    code, result = command(capsys, "--engine", "tokenspeed", "--target", str(k2), "--draft", str(k2_draft))
-    argv = result["command"]["argv"]
-    assert code == 0 and argv[argv.index("--eagle3-layers-to-capture") + 1] == "1,29,57"  # DeepSeek adds 1
-    assert "--trust-remote-code" not in argv
-
-
-def test_every_command_passes_doctor_for_the_canonical_and_the_training_form(tmp_path):
+def test_every_command_passes_doctor_for_the_canonical_and_the_training_form():
+    """On Kimi-K3, and on a DeepSeek target (it adds 1: TokenSpeed's flag is zero-based [1, 29, 57], checked by
+    doctor with no plugin to correct it)."""
     from eagle31_mla.serving.doctor import diagnose
 
-    for config in (draft(), nested_only([1, 45, 89])):
+    ds = Target.from_config(deepseek_target(layers=61), "ds")
+    for config, target in ((draft(), KIMI_K3_TARGET), (nested_only([1, 45, 89]), KIMI_K3_TARGET), (draft(K2), ds)):
         for engine in ("vllm", "sglang", "tokenspeed"):
-            cmd = serve_command(engine, "moonshotai/Kimi-K3", DRAFT, KIMI_K3_TARGET, config)
-            version = {"vllm": "0.33", "sglang": "0.5.23"}.get(engine)
+            cmd = serve_command(engine, "t", DRAFT, target, config)
+            assert ("--trust-remote-code" in cmd.argv) == (engine == "tokenspeed" and target.is_kimi_k3)
             options = dict(environ=cmd.env, with_plugin=engine != "tokenspeed", layers_to_capture=cmd.layers_to_capture)
-            report = diagnose(config, KIMI_K3_TARGET, engine, version, **options)
+            report = diagnose(config, target, engine, NEWEST[engine], **options)
             assert report.ok, report.format()
 
 
 def test_remaining_problems_are_printed_with_the_command(tmp_path, capsys):
-    """(The usage errors, exact: tests/cli/test_cli_corpus.py; the library's numbers: tests/unit/test_bad_inputs.py.)"""
+    """(The usage errors and the library's numbers, exact: tests/unit/test_bad_inputs.py.)"""
     k3 = write_config(tmp_path / "k3", kimi_k3_target())
     assert main(["serve-command", "--engine", "vllm", "--target", str(k3), "--engine-version", "0.26"]) == 1
     captured = capsys.readouterr()
     assert "vllm serve" in captured.out and "vllm-kimi-k3-version" in captured.err
 
 
-def test_shell_text_quotes_and_continues_lines():
-    cmd = serve_command("vllm", "my target", "org/draft", Target.from_config(kimi_k3_target(), "t"), draft())
-    text = cmd.text()
-    assert text.splitlines()[-2].endswith("'my target' \\")
-    assert text.splitlines()[-1].startswith("  --speculative-config '{")
-
-
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
 def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps):
     """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens
-    (through the CLI: tests/cli/test_cli_corpus.py)."""
+    (through the CLI: tests/unit/test_bad_inputs.py)."""
     from eagle31_mla.decoding.limits import max_tree_draft_tokens
 
     most = max_tree_draft_tokens(topk, steps)

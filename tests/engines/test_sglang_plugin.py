@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import pkgutil
+from functools import wraps
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,8 +88,7 @@ def test_every_form_gets_an_mla_cache_and_resolves_to_the_same_layers(folders, f
     assert AttentionArch(config.attention_arch) == AttentionArch.MLA
     assert config.kv_lora_rank == 32 and config.qk_rope_head_dim == 16
     ids = resolve(folders, folders.drafts[form])
-    assert isinstance(ids, plugin.CanonicalAuxLayerIds)
-    assert ids.aux_layer_ids.one_based == (2, 46, 90) and ids.aux_layer_ids.zero_based == (1, 45, 89)
+    assert isinstance(ids, plugin.CanonicalAuxLayerIds) and ids == K3_IDS  # one-based, = zero-based [1, 45, 89]
 
 
 def test_without_the_plugin_sglang_reads_only_the_raw_nested_ids(folders, monkeypatch):
@@ -125,10 +125,11 @@ def test_a_hook_that_is_not_in_place_stops_serving(folders, monkeypatch, which, 
             resolve(folders, folders.drafts["published"])
 
 
-def test_what_cannot_be_served_is_refused(folders, tmp_path):
+def test_what_cannot_be_served_is_refused(folders, tmp_path, monkeypatch):
     """Ids the draft config contradicts or the target lacks; a draft given an MHA cache; a form the target
-    cannot capture."""
+    cannot capture; a newer SGLang passing the resolver something other than the target's ModelConfig."""
     from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as module
 
     published = json.loads((folders.drafts["published"] / "config.json").read_text())
     nested = published["eagle_config"] | {"eagle_aux_hidden_state_layer_ids": [2, 46, 95]}
@@ -145,9 +146,11 @@ def test_what_cannot_be_served_is_refused(folders, tmp_path):
     # one-based [1, ...]: given [1, ...] a DeepSeek target adds 1, given [0, ...] it keeps 0; neither is right
     with pytest.raises(ValueError, match=r"cannot capture layers one-based \[1, 46, 90\].*first id is 1"):
         configure(target_model("DeepseekV3ForCausalLM"), canonical([1, 46, 90]))
-    llama = target_model("LlamaForCausalLM")  # Llama adds 1 always: it can, given zero-based [0, 45, 89]
-    configure(llama, canonical([1, 46, 90]))
-    assert plugin.captured_layers(llama) == [1, 46, 90]
+    hooked = module._resolve_eagle_aux_hidden_state  # its hook in place: SGLang's wrapper is what we wrap
+    without = wraps(hooked)(lambda **kwargs: hooked(**kwargs | {"model_config": None}))
+    monkeypatch.setattr(module, "_resolve_eagle_aux_hidden_state", without)
+    with pytest.raises(plugin.PluginHookError, match=r"passed `\S+` a NoneType as `model_config`, not the target's"):
+        resolve(folders, folders.drafts["published"])
 
 
 # ---- the ids each real target class ends up capturing ------------------------------------------
@@ -214,24 +217,23 @@ def canonical(one_based):
     return plugin.CanonicalAuxLayerIds(AuxLayerIds.from_one_based(one_based, K3_LAYERS))
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_each_target_class_captures_the_canonical_layers(target):
-    model = target_model(target)
+def newer_sglangs_own_k3_capture(self, layer_ids=None):  # a convention that disagrees with the plugin's
+    self.model.eagle3_layers_to_capture = [i + 1 for i in layer_ids]
+
+
+@pytest.mark.parametrize("target", [*TARGETS, "KimiK3LinearForCausalLM of a newer SGLang"])
+def test_each_target_class_captures_the_canonical_layers(target, monkeypatch):
+    """A newer SGLang's own Kimi-K3 method is left alone: given one-based it stores other layers, so it gets
+    zero-based."""
+    from sglang.srt.models.kimi_k3 import KimiK3LinearForCausalLM as k3
+
+    if newer := target.endswith("newer SGLang"):
+        monkeypatch.setattr(k3, "set_eagle3_layers_to_capture", newer_sglangs_own_k3_capture, raising=False)
+    model = target_model(target.split()[0])
     configure(model, canonical(K3_IDS))
     assert list(plugin.captured_layers(model)) == K3_IDS  # the inputs of layers 2, 46, 90 = outputs of 1, 45, 89
-
-
-def test_newer_sglang_k3_capture_is_left_alone_and_checked(monkeypatch):
-    from sglang.srt.models import kimi_k3
-
-    def upstream(self, layer_ids=None):  # stands in for a newer SGLang's own method
-        self.model.eagle3_layers_to_capture = [i + 1 for i in layer_ids]  # a convention that disagrees
-
-    monkeypatch.setattr(kimi_k3.KimiK3LinearForCausalLM, "set_eagle3_layers_to_capture", upstream, raising=False)
-    model = kimi_k3_language_model()
-    configure(model, canonical(K3_IDS))  # one-based fails the check, zero-based passes: that form is used
-    assert model.model.eagle3_layers_to_capture == K3_IDS
-    assert kimi_k3.KimiK3LinearForCausalLM.set_eagle3_layers_to_capture is upstream  # not replaced
+    if newer:
+        assert k3.set_eagle3_layers_to_capture is newer_sglangs_own_k3_capture  # not replaced
 
 
 # ---- the Kimi-K3 capture itself -----------------------------------------------------------------

@@ -216,7 +216,8 @@ def test_what_would_feed_the_drafter_other_layers_is_refused(folders, tmp_path, 
     if "stand_in" in change:
         change["stand_in"](monkeypatch)
     flags = {"eagle3_layers_to_capture": change["flag"]} if "flag" in change else {}
-    with pytest.raises((ServingConfigError, PluginAPIError), match=message):
+    unknown_release = isinstance(change.get("stand_in"), partial)
+    with pytest.raises(PluginAPIError if unknown_release else ServingConfigError, match=message):
         model_configs(target, draft, **flags)
 
 
@@ -251,24 +252,21 @@ def test_every_checkpoint_layout_reaches_tokenspeed_under_the_same_names(monkeyp
 
 def test_the_tokenspeed_facts_match_the_installed_release():
     import inspect
-    from importlib.metadata import entry_points, version
+    from importlib.metadata import version
 
     import tokenspeed.runtime.plugins as plugins
     from tokenspeed.runtime.configs import model_config
     from tokenspeed.runtime.engine import batch_log, generation_output_processor, output_processor
     from tokenspeed.runtime.execution.factory import _eagle_aux_layer_ids
     from tokenspeed.runtime.metrics import collector
-    from tokenspeed.runtime.utils.server_args import ServerArgs
 
     from eagle31_mla.serving.engine_facts import release_label, tokenspeed as facts
 
-    # the plugin checks PLUGIN_API_VERSION, PLUGIN_SYMBOLS and STORED_IDS itself: the tests above see it serve
+    # the plugin checks PLUGIN_API_VERSION, PLUGIN_SYMBOLS and STORED_IDS itself, and its entry point and the
+    # flag are used above: the tests above see it serve
     assert version("tokenspeed") == release_label(facts.RELEASES[-1])
     assert plugins.ENTRY_POINT_GROUP == facts.ENTRY_POINT_GROUP
-    ours = [ep.value for ep in entry_points(group=plugins.ENTRY_POINT_GROUP, name="eagle31_mla")]
-    assert ours == ["eagle31_mla_tokenspeed:register"]
     assert DRAFT_ARCHITECTURE in model_config._MLA_ARCHITECTURES
-    assert "eagle3_layers_to_capture" in ServerArgs.__dataclass_fields__
     # where TokenSpeed looks for the draft's ids: the nested key first, hiding the top level
     assert _eagle_aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [2], "eagle_config": {}}) is None
     assert _eagle_aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [2]}) == [2]

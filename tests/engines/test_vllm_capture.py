@@ -20,13 +20,7 @@ from eagle31_mla.decoding.target import capture_target_states  # noqa: E402
 from eagle31_mla.demo import DEMO_DIR  # noqa: E402
 from eagle31_mla.model.aux_layers import AuxLayerIds  # noqa: E402
 from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CapturedStates  # noqa: E402
-from eagle31_mla.training.trainer import (  # noqa: E402
-    CapturedTarget,
-    TrainingConfig,
-    drafter_for_target,
-    train_drafter,
-    train_on,
-)
+from eagle31_mla.training.trainer import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on  # noqa: E402
 from eagle31_mla.training.vllm_capture import capture_with_vllm  # noqa: E402
 from tests.support.spool_writer import demo_target  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
@@ -296,8 +290,6 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, tuned):
     above), a fine-tune of the demo drafter with 2-rank torchrun (:func:`tuned`: FSDP2, gloo), the export loaded
     with `from_pretrained`, and served by `vllm serve` with the plugin: it drafts, and the target accepts about
     as much as of the drafter before the fine-tune."""
-    import openai
-
     from eagle31_mla import Eagle31MLAForCausalLM
     from eagle31_mla.demo import demo_prompts
     from tests.support.vllm_server import VllmServer
@@ -307,7 +299,7 @@ def test_capture_torchrun_finetune_from_pretrained_vllm_serve(tmp_path, tuned):
 
     config = {"model": str(tuned), "method": "eagle3", "num_speculative_tokens": 3}
     with VllmServer(Path(TARGET), tmp_path / "server", speculative_config=config, name="tuned") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=120, max_retries=0)
+        client = server.client()
         for prompt in demo_prompts(4):
             out = client.completions.create(model=TARGET, prompt=prompt, max_tokens=32, temperature=0)
             assert out.choices[0].text

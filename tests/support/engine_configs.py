@@ -52,12 +52,7 @@ def draft(ids=K3_IDS, **changes) -> dict:
     from eagle31_mla import Eagle31MLAConfig
 
     config = json.loads(Eagle31MLAConfig(eagle_aux_hidden_state_layer_ids=list(ids)).to_json_string(use_diff=True))
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
+    return {key: value for key, value in {**config, **changes}.items() if value is not None}
 
 
 def nested_only(ids, convention=None, **changes) -> dict:

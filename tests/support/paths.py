@@ -3,7 +3,6 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
-TESTS = ROOT / "tests"
-SUPPORT = TESTS / "support"
+SUPPORT = ROOT / "tests" / "support"
 # Golden vectors from an independent implementation (copied from ../shared/golden; see its README).
-GOLDEN = TESTS / "golden"
+GOLDEN = ROOT / "tests" / "golden"

@@ -1,6 +1,7 @@
 """Captures for the training tests, without an engine: the demo target's states from Transformers, written by the
 library's ``write_shards`` (the loop ``eagle31-mla capture`` runs around vLLM: the same back-pressure, atomic
-shards, manifest and resume). As a process, the capture side of the spool tests:
+shards, manifest and resume); the helpers that damage them and compare what they train. As a process, the capture
+side of the spool tests:
 
     python -m tests.support.spool_writer OUT [--spool-bytes N --part I/N] [--per-shard S] [--shard-delay SECONDS]
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -39,6 +41,37 @@ def trained_weights(folder) -> dict[str, torch.Tensor]:
     from eagle31_mla import Eagle31MLAForCausalLM
 
     return dict(Eagle31MLAForCausalLM.from_pretrained(folder).named_parameters())
+
+
+def assert_same_training(start, a, b, share: float = 0.01) -> None:
+    """Two drafters (modules, or :func:`trained_weights`) trained from ``start`` by runs that differ only in float32
+    rounding, which AdamW carries into the weights: the frozen tensors untouched, every trained one moved, and the
+    two within ``share`` of that movement."""
+    a, b = (dict(x.named_parameters()) if isinstance(x, torch.nn.Module) else x for x in (a, b))
+    for name, s in start.named_parameters():
+        x, y = a[name], b[name]
+        if not s.requires_grad:
+            assert torch.equal(x, y) and torch.equal(x, s), name
+            continue
+        moved = (x - s).abs().max()
+        assert moved > 1e-3, name  # training moved it: the comparison is not of two untouched copies
+        assert (x - y).abs().max() <= share * moved, (name, float((x - y).abs().max() / moved))
+
+
+def edit_manifest(folder: Path, change) -> None:
+    """``change(raw)`` on the manifest's JSON, written back."""
+    raw = json.loads((folder / MANIFEST).read_text())
+    change(raw)
+    (folder / MANIFEST).write_text(json.dumps(raw))
+
+
+def edit_tensors(shard: Path, change) -> None:
+    """``change(tensors)`` on a shard's tensors, written back."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(shard)
+    change(tensors)
+    save_file(tensors, shard)
 
 
 def input_sequences() -> list[list[int]]:

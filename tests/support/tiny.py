@@ -4,6 +4,8 @@ tolerances the exactness tests share."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -117,6 +119,19 @@ def write_checkpoint(folder: Path, config: dict, tensors: dict[str, torch.Tensor
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def add_to_hub_cache(repo_id: str, commit: str, files: list[Path], ref: str = "main") -> None:
+    """``files`` as huggingface_hub caches a repo (the suite's HF_HUB_CACHE): blobs, the snapshot's links to them
+    (outside the snapshot folder, and fine), and ``ref`` naming ``commit``."""
+    repo = Path(os.environ["HF_HUB_CACHE"]) / ("models--" + repo_id.replace("/", "--"))
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for file in files:
+        shutil.copy(file, repo / "blobs" / f"{commit}-{file.name}")
+        (repo / "snapshots" / commit / file.name).symlink_to(Path("../../blobs") / f"{commit}-{file.name}")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
 
 
 def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "published") -> dict:

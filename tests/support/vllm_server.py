@@ -34,6 +34,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.subprocesses import run_python
+
 #: Prefix of the plugin's log lines in the server log (with the process id of the process that wrote them).
 PLUGIN_LOG_TAG = "eagle31-plugin-log"
 
@@ -252,6 +254,13 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def client(self):
+        """An ``openai`` client of the server; no retries: a failed request fails the test instead of being sent
+        again."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="EMPTY", timeout=120, max_retries=0)
+
     def counters(self):
         """vLLM's spec-decode counters on ``/metrics``, summed over engines: an ``Acceptance`` (rounds = drafts)."""
         from eagle31_mla.serving.live import parse_prometheus, vllm_counters
@@ -314,9 +323,7 @@ main()
 
 
 def parsed_by_vllm_serve(argv: list[str]) -> dict:
-    run = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, json.dumps(argv)], capture_output=True, text=True, timeout=300
-    )
+    run = run_python(["-c", PARSE_SCRIPT, json.dumps(argv)])
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PARSED "))[7:])
 
@@ -348,9 +355,8 @@ def demo_reference(prompts: list[str], max_tokens: int, **kwargs) -> dict:
 def run_acceptance(url: str, prompts: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     """``eagle31-mla acceptance --server <url> --engine vllm --max-tokens 48`` in a subprocess, its JSON report
     written to ``out``."""
-    command = [sys.executable, "-m", "eagle31_mla.cli", "acceptance", "--server", url, "--engine", "vllm"]
-    command += ["--prompts", str(prompts), "--max-tokens", "48", "--json", str(out), "--no-progress", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = ["-m", "eagle31_mla.cli", "acceptance", "--server", url, "--engine", "vllm", "--prompts", str(prompts)]
+    return run_python([*command, "--max-tokens", "48", "--json", str(out), "--no-progress", *extra])
 
 
 def _describe(p: psutil.Process) -> str:

@@ -1,22 +1,27 @@
 # ruff: noqa: E501 -- one bad input per line: the table is kept under `# fmt: off` so each row reads as a row
-"""The bad inputs users actually make, one row each, with the exact error they must get.
+"""The bad inputs users actually make, one row each, with the exact error they must get, through the API or the CLI.
 
-One table (:data:`ROWS`): a case id, the call, the exception type, and the exact message (a plain string, ``{t}``
-standing for the case's folder) or a regex of it (a compiled pattern). A ``(wrapper, cause)`` type is one of the
-config's ``validate_*`` rules: its ``cause`` type with the message, raised as it is or wrapped by huggingface_hub's
-``@strict`` in ``wrapper`` (then the wrapper's ``__cause__``). Rows marked ``LIBRARY`` are inputs the library does
-not yet refuse clearly (a silent wrong result or a raw error without the argument's name): they state the refusal it
-should give and are strict xfails, so a fix turns them into failures until the mark is removed.
+One table (:data:`ROWS`): a case id, the call, the error, and the exact message (a plain string, ``{t}`` standing for
+the case's folder) or a regex of it (a compiled pattern). An API row's call takes the folder and raises the error
+type. A CLI row (:func:`cli`) is an ``eagle31-mla`` command line, ``{t}`` the folder :func:`cli_folder` fills: exit 2,
+one line on stderr (``eagle31-mla: error:`` and the message), no traceback, nothing written. A ``(wrapper, cause)``
+type is one of the config's ``validate_*`` rules: its ``cause`` type with the message, raised as it is or wrapped by
+huggingface_hub's ``@strict`` in ``wrapper`` (then the wrapper's ``__cause__``). Rows marked ``LIBRARY`` are inputs
+the library does not yet refuse clearly (a silent wrong result or a raw error without the argument's name): they
+state the refusal it should give and are strict xfails, so a fix turns them into failures until the mark is removed.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -24,6 +29,8 @@ from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDa
 from transformers import DynamicCache
 
 from eagle31_mla import CheckpointError, ConfigError, DraftInputError, Eagle31MLAConfig, Eagle31MLAForCausalLM
+from eagle31_mla.cli import main
+from eagle31_mla.decoding import speculative
 from eagle31_mla.hub.convert import read_token_counts
 from eagle31_mla.model.aux_layers import (
     AuxLayerIdError,
@@ -31,11 +38,12 @@ from eagle31_mla.model.aux_layers import (
     aux_layer_ids_config_entries,
     aux_layer_ids_from_config,
 )
-from eagle31_mla.prompts import PromptError, read_conversations
+from eagle31_mla.prompts import PROMPT_SHAPES, PromptError, prompt_token_ids, read_conversations, read_prompt_lines
 from eagle31_mla.serving.command import serve_command
 from eagle31_mla.serving.engines import KIMI_K3_TARGET, InputError
 from eagle31_mla.serving.pd import parse_launch
-from tests.support.engine_configs import draft as draft_config
+from tests.support.decoding import VOCAB, drafter, prompt, tiny_target
+from tests.support.engine_configs import draft as draft_config, write_config
 from tests.support.tiny import aux_inputs, published_style_config, tiny_config, tiny_drafter, write_checkpoint
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
@@ -118,6 +126,62 @@ def from_file(tmp: Path, read: Callable[[Path], object], name: str, text: str):
     return read(tmp / name)
 
 
+def flash_target():
+    target = tiny_target()
+    target.config._attn_implementation = "flash_attention_2"  # set after init: flash-attn is not installed here
+    return target
+
+
+BOTH = ("speculative_generate", "measure_acceptance")
+GENERATE, MEASURE = BOTH[:1], BOTH[1:]
+
+
+def loops(mistake: str, names: tuple, changes: dict, error: type, message: str) -> list[Row]:
+    """A row for each of the decoding loop's entry points in ``names``: one prompt (a list of it for
+    ``measure_acceptance``) on the tiny pair of tests/support/decoding.py, ``changes`` replacing arguments (a
+    callable: built at the call), the target's forward unreachable (a refusal must come before any compute)."""
+
+    def call(name):
+        target, draft = pair()
+        kwargs = {"target": target, "drafter": draft, "max_new_tokens": 4}
+        kwargs |= {"input_ids": prompt(5)} if name == "speculative_generate" else {"prompts": [prompt(5)]}
+        kwargs |= {key: value() if callable(value) else value for key, value in changes.items()}
+        with mock.patch.object(speculative, "CachedTarget", None):
+            return getattr(speculative, name)(**kwargs)
+
+    return [Row(f"{name}: {mistake}", lambda t, name=name: call(name), error, message) for name in names]
+
+
+@cache
+def pair():
+    return tiny_target(), drafter()
+
+
+TARGET = "--target {t}/model --draft {t}/model --prompts {t}/prompts.txt"  # a valid offline acceptance pair
+TRAIN = "train --target {t}/model --text {t}/prompts.txt"
+SERVER = "acceptance --server http://127.0.0.1:9 --engine vllm --prompts {t}/prompts.txt"
+CAPTURE = "capture --target {t}/model --text {t}/prompts.txt"
+PAIR = "--prefill-command 'vllm serve T' --decode-command 'vllm serve T'"  # a PD pair for doctor
+LONG_NAME = "/tmp/" + "n" * 300  # os.stat: ENAMETOOLONG, not "no such file"
+
+
+def spec_pair(spec: str) -> str:
+    """doctor on a PD pair whose prefill side passes this --speculative-config."""
+    prefill = shlex.quote(f"vllm serve T --speculative-config {shlex.quote(spec)}")
+    return f"doctor --engine vllm --prefill-command {prefill} --decode-command 'vllm serve T'"
+
+
+def cli(line: str, message: str | re.Pattern) -> Row:
+    """A command line refused with exit 2 and ``eagle31-mla: error: {message}``."""
+    return Row("cli: " + line.replace("{t}/", ""), line, 2, message)
+
+
+def prompts_file(tmp: Path, text: str) -> list[list[int]]:
+    """A prompts.jsonl holding ``text`` read into ids as ``acceptance --prompts`` reads it (a 512-token vocabulary)."""
+    (tmp / "p.jsonl").write_text(text)
+    return [prompt_token_ids(prompt, None, 512, where) for where, prompt in read_prompt_lines(tmp / "p.jsonl")]
+
+
 def strict_type(field: str, text: str) -> str:
     return f"Validation error for field '{field}':\n    TypeError: {text}"
 
@@ -136,8 +200,8 @@ LIBRARY = "LIBRARY"  # a row the library fails today: see the module docstring a
 @dataclass(frozen=True)
 class Row:
     id: str
-    call: Callable[[Path], object]
-    error: type | tuple[type, type]
+    call: Callable[[Path], object] | str  # a str: a command line (a CLI row)
+    error: type | tuple[type, type] | int  # a CLI row: the exit code
     message: str | re.Pattern
     status: str = ""  # LIBRARY: an xfail naming what the library does instead
 
@@ -209,6 +273,7 @@ ROWS = [
     Row("aux: beyond the target depth", lambda t: tiny_config(target_num_hidden_layers=8), ConfigError, AUX + "[2, 5, 9] goes beyond the target's depth of 8 layers (one-based ids must be <= 8; zero-based <= 7)"),
     Row("aux: top level and nested disagree", lambda t: tiny_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 8]}), ConfigError, "config.json is contradictory about aux layers: top-level [2, 5, 9] read one_based (top-level ids are one-based (vLLM's key)) gives one-based [2, 5, 9] = zero-based [1, 4, 8], but eagle_config [2, 5, 8] read one_based (unlabelled nested ids starting above 1 are the exported one-based form) gives one-based [2, 5, 8] = zero-based [1, 4, 7]; keep one, or label them with `aux_layer_ids_convention`"),
     Row("aux: unknown convention", lambda t: tiny_config(aux_layer_ids_convention="two_based"), ConfigError, "aux_layer_ids_convention: expected one of ('one_based', 'zero_based'), got 'two_based'"),
+    Row("aux: an empty convention (file)", lambda t: config_file(t, aux_layer_ids_convention=""), ConfigError, "aux_layer_ids_convention: expected one of ('one_based', 'zero_based'), got ''"),
     Row("aux: EAGLE-1 use_aux_hidden_state false (file)", lambda t: config_file(t, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 9], "use_aux_hidden_state": False}), ConfigError, "`eagle_config.use_aux_hidden_state` is False (EAGLE-1 style: false); this drafter's `fc` takes the concatenated aux states: expected true, or leave it out"),
     Row("aux ids: none", lambda t: AuxLayerIds.from_convention([], "one_based"), AuxLayerIdError, AUX + "expected a non-empty list of ints, got ()"),
     Row("aux ids: a string id", lambda t: AuxLayerIds.from_convention([2, "46", 90], "one_based"), AuxLayerIdError, AUX + "every id must be an int, got '46' in [2, '46', 90]"),
@@ -266,6 +331,18 @@ ROWS = [
     Row("draft: a batch-1 cache for a batch-2 context", lambda t: draft(past_key_values=ctx()[0](ctx()[1][:1], aux_hidden_states=ctx()[2][:1]).past_key_values), DraftInputError, "`past_key_values` holds 1 sequences; expected 2 (the batch)"),
     Row("draft: explicit positions past max_position_embeddings", lambda t: draft(position_ids=torch.arange(4092, 4096).expand(2, 4)), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 2 tokens after the context); expected a shorter context or fewer tokens"),
     Row("draft: a cache so long the drafted tokens pass the limit", lambda t: draft(past_key_values=long_cache(4090), num_tokens=4), DraftInputError, "`position_ids` reach 4096, beyond max_position_embeddings 4096 (drafting 4 tokens after the context); expected a shorter context or fewer tokens"),
+    # ---- prompts files (acceptance --prompts): every line checked, its file and line named ----
+    Row("prompts: float ids", lambda t: prompts_file(t, '{"input_ids": [1.9, 2.7, 3.5]}'), PromptError, '{t}/p.jsonl:1: "input_ids" is 1.9 (float) at index 0, not an int token id; expected ' + PROMPT_SHAPES),
+    Row("prompts: ids as strings", lambda t: prompts_file(t, '{"input_ids": ["12", "3"]}'), PromptError, '{t}/p.jsonl:1: "input_ids" is \'12\' (str) at index 0, not an int token id; expected ' + PROMPT_SHAPES),
+    Row("prompts: no ids", lambda t: prompts_file(t, '{"input_ids": []}'), PromptError, '{t}/p.jsonl:1: "input_ids" is an empty list (a prompt needs at least one token); expected ' + PROMPT_SHAPES),
+    Row("prompts: an id outside the vocabulary", lambda t: prompts_file(t, '{"input_ids": [1, 2, 999999]}'), PromptError, "{t}/p.jsonl:1: the prompt's ids hold token id 999999 at index 2, outside the target's vocabulary [0, 512)"),
+    Row("prompts: a null prompt", lambda t: prompts_file(t, '{"prompt": null}'), PromptError, '{t}/p.jsonl:1: "prompt" is null, not a non-empty string; expected ' + PROMPT_SHAPES),
+    Row("prompts: an empty prompt", lambda t: prompts_file(t, '{"prompt": ""}'), PromptError, '{t}/p.jsonl:1: "prompt" is "", not a non-empty string; expected ' + PROMPT_SHAPES),
+    Row("prompts: a message without content", lambda t: prompts_file(t, '{"messages": [{"role": "user"}]}'), PromptError, '{t}/p.jsonl:1: "messages"[0] is {"role": "user"}, not a {"role": str, "content": str} object; expected ' + PROMPT_SHAPES),
+    Row("prompts: both a prompt and ids", lambda t: prompts_file(t, '{"prompt": "a", "input_ids": [1]}'), PromptError, "{t}/p.jsonl:1: an object with both 'input_ids' and 'prompt' (which one is the prompt?); expected " + PROMPT_SHAPES),
+    Row("prompts: an object of another key", lambda t: prompts_file(t, '{"other": "hello"}'), PromptError, "{t}/p.jsonl:1: an object with keys ['other']; expected " + PROMPT_SHAPES),
+    Row("prompts: a bare number", lambda t: prompts_file(t, "5"), PromptError, "{t}/p.jsonl:1: 5; expected " + PROMPT_SHAPES),
+    Row("prompts: a list holding a float", lambda t: prompts_file(t, "[1, 2.5]"), PromptError, "{t}/p.jsonl:1: a list holding 2.5 (float) at index 1, not an int token id; expected " + PROMPT_SHAPES),
     # ---- training data: conversations (.jsonl) and token counts ----
     Row("conversations: not a .jsonl file", lambda t: from_file(t, read_conversations, "c.txt", "hello\n"), PromptError, '{t}/c.txt: expected a .jsonl file, one {"messages": [...]} object per line'),
     Row("conversations: a prompt, not messages", lambda t: from_file(t, read_conversations, "c.jsonl", '{"prompt": "x"}\n'), PromptError, '{t}/c.jsonl:1: expected an object with "messages" (a conversation to train on)'),
@@ -297,6 +374,171 @@ ROWS = [
     Row("pd: a speculative config that is not JSON", lambda t: parse_launch("vllm", "vllm serve T --speculative-config '{not json'"), InputError, "the command: --speculative-config is not JSON: '{not json'"),
     Row("pd: a kv-transfer config not an object", lambda t: parse_launch("vllm", "vllm serve T --kv-transfer-config '[1]'"), InputError, "the command: --kv-transfer-config must be a JSON object, got '[1]'"),
     Row("pd: an unbalanced quote", lambda t: parse_launch("sglang", "sglang serve 'unbalanced"), InputError, "the command: not a shell command line (No closing quotation)"),
+    # ---- the decoding loop: speculative_generate and measure_acceptance, refused before any compute ----
+    *loops("drafter as target", BOTH, {"target": drafter}, DraftInputError, "`target` is a Eagle31MLAForCausalLM; expected the Transformers causal LM it drafts for"),
+    *loops("target as drafter", BOTH, {"drafter": tiny_target}, DraftInputError, "`drafter` is a LlamaForCausalLM; expected an Eagle31MLAForCausalLM"),
+    *loops("drafter of another target", BOTH, {"drafter": lambda: drafter(target_hidden_size=32)}, DraftInputError, "the drafter's `target_hidden_size` is 32 but the target's `hidden_size` is 48; expected the target the drafter was trained for"),
+    *loops("aux id beyond the depth", GENERATE, {"drafter": lambda: drafter(eagle_aux_hidden_state_layer_ids=[1, 2, 6])}, AuxLayerIdError, AUX + "[1, 2, 6] goes beyond the target's depth of 4 layers (one-based ids must be <= 4; zero-based <= 3)"),
+    *loops("tree on flash attention", GENERATE, {"target": flash_target, "topk": 2, "num_draft_tokens": 7}, DraftInputError, "tree verification passes a custom 4-D attention mask, which 'flash_attention_2' cannot take; load the target with attn_implementation='sdpa' (or 'eager')"),
+    *loops("negative temperature", BOTH, {"temperature": -0.5}, DraftInputError, "`temperature` is -0.5; expected a finite number >= 0 (0 = greedy decoding)"),
+    *loops("top_p above 1", BOTH, {"temperature": 0.7, "top_p": 1.5}, DraftInputError, "`top_p` is 1.5; expected a number in (0, 1] (1 = no truncation)"),
+    *loops("unknown backend", BOTH, {"sampling_backend": "cuda"}, DraftInputError, "`sampling_backend` is 'cuda'; expected one of ('torch', 'flashinfer')"),
+    *loops("zero steps", BOTH, {"num_steps": 0}, DraftInputError, "`num_steps` is 0; expected an int in [1, 64]"),
+    *loops("a huge max_new_tokens", BOTH, {"max_new_tokens": 10**12}, DraftInputError, "`max_new_tokens` is 1000000000000; expected an int in [1, 10000000]"),
+    *loops("a huge tree", BOTH, {"topk": 2, "num_draft_tokens": 10**9}, DraftInputError, "`num_draft_tokens` is 1000000000; expected None or an int <= 4096"),
+    *loops("tree without its size", BOTH, {"topk": 2}, DraftInputError, "tree drafting (topk 2) needs num_draft_tokens (root included), at most 11"),
+    *loops("tree too big for its steps", BOTH, {"topk": 2, "num_draft_tokens": 12}, DraftInputError, "num_draft_tokens (root included) must be in [2, 11] for topk 2 and 3 steps, got 12"),
+    *loops("chain with a tree size", BOTH, {"num_draft_tokens": 6}, DraftInputError, "chain drafting verifies num_steps + 1 = 4 tokens, got num_draft_tokens 6"),
+    *loops("chain with topk", GENERATE, {"topk": 4, "tree": False}, DraftInputError, "chain drafting has topk 1, got 4"),
+    *loops("topk beyond the draft vocabulary", BOTH, {"drafter": lambda: drafter(draft_vocab_size=20), "topk": 21, "num_draft_tokens": 8}, DraftInputError, "topk must be in [1, draft_vocab_size=20], got 21"),
+    *loops("eos as a string", BOTH, {"eos_token_id": "381"}, DraftInputError, "`eos_token_id` is '381'; expected None, an int token id in [0, 64) or a list of them"),
+    *loops("eos outside the vocabulary", BOTH, {"eos_token_id": [1, VOCAB]}, DraftInputError, "`eos_token_id` holds 64; expected None, an int token id in [0, 64) or a list of them"),
+    *loops("ids as floats", GENERATE, {"input_ids": [1.5, 2.0]}, DraftInputError, "`input_ids` holds 1.5 (float); expected int token ids"),
+    *loops("ids as a float tensor", GENERATE, {"input_ids": torch.tensor([1.0, 2.0])}, DraftInputError, "`input_ids` has dtype torch.float32; expected integer token ids"),
+    *loops("no ids", GENERATE, {"input_ids": []}, DraftInputError, "`input_ids` is empty; expected a prompt of at least one token"),
+    *loops("ids outside the vocabulary", GENERATE, {"input_ids": [3, VOCAB]}, DraftInputError, "`input_ids` hold ids in [3, 64]; expected ids in [0, 64) (the target's vocabulary)"),
+    *loops("a seed as the generator", GENERATE, {"generator": 0}, DraftInputError, "`generator` is 0; expected a torch.Generator or None"),
+    *loops("one prompt, not a list", MEASURE, {"prompts": "a prompt"}, DraftInputError, f"`prompts` is 'a prompt'; expected a list of prompts, each {PROMPT_SHAPES}"),
+    *loops("no prompts", MEASURE, {"prompts": []}, DraftInputError, "`prompts` is empty; expected at least one prompt (no requests, no statistics)"),
+    *loops("a prompt outside the vocabulary", MEASURE, {"prompts": [[1, VOCAB]]}, PromptError, "prompt 0: the prompt's ids hold token id 64 at index 1, outside the target's vocabulary [0, 64)"),
+    # ---- the command line (each row: exit 2, exactly this one line on stderr, nothing written) ----
+    # a path that is not there, or not of its kind
+    cli(f"acceptance {TARGET} --prompts {{t}}/missing.txt",
+        "argument --prompts: File '{t}/missing.txt' does not exist."),
+    cli(f"{TRAIN} --out {{t}}/out --text {{t}}/a-folder", "argument --text: File '{t}/a-folder' is a directory."),
+    cli(f"{TRAIN} --out {{t}}/a-file.txt", "argument --out: Directory '{t}/a-file.txt' is a file."),
+    cli(f"acceptance {TARGET} --json {{t}}/no-such/r.json",
+        "argument --json: expected a file path in an existing, writable folder, got '{t}/no-such/r.json'"),
+    cli("acceptance --prompts '' --target {t}/model --draft {t}/model", "argument --prompts: expected a path, got ''"),
+    # a model reference that is neither a model folder nor a Hub repo id
+    cli("inspect {t}/nowhere", "argument PATH_OR_ID: expected a model folder, its config.json, or a Hub repo id like "
+        "org/name, got '{t}/nowhere': no such folder or file"),
+    cli("inspect {t}/a-folder", "argument PATH_OR_ID: expected a model folder, its config.json, or a Hub repo id like "
+        "org/name, got '{t}/a-folder': the folder has no config.json"),
+    cli("acceptance --target {t}/prompts.txt --draft {t}/model --prompts {t}/prompts.txt", "argument --target: "
+        "expected a model folder (with config.json) or a Hub repo id like org/name, got '{t}/prompts.txt': a file, "
+        "not a folder"),
+    # numbers out of their range, or not numbers
+    cli("demo --prompts -1", "argument --prompts: -1 is not in the range x>=1."),
+    cli("demo --max-new-tokens -3", "argument --max-new-tokens: -3 is not in the range 1<=x<=10000000."),
+    cli("demo --prompts 9999", "argument --prompts: expected at most 24 (the held-out prompts shipped), got 9999"),
+    cli("serve-command --engine vllm --num-steps 100", "argument --num-steps: 100 is not in the range 1<=x<=64."),
+    cli("serve-command --engine vllm --tp 1000000000000000000000", "--tp 1000000000000000000000: the drafter's 64 "
+        "attention heads do not split evenly over that many ranks, as every engine shards them; use a divisor of 64"),
+    # a launch line is untrusted: its speculative settings typed as the engine types them
+    cli(spec_pair('{"model": "D", "num_speculative_tokens": NaN}'), "argument --prefill-command: "
+        "--speculative-config's num_speculative_tokens must be an integer in [1, 4096], got nan"),
+    cli(spec_pair('{"model": "D", "num_speculative_tokens": 1e40}'), "argument --prefill-command: "
+        "--speculative-config's num_speculative_tokens must be an integer in [1, 4096], got 1e+40"),
+    cli(spec_pair('{"model": ["D"], "num_speculative_tokens": 3}'), "argument --prefill-command: "
+        "--speculative-config's model must be a path or hub id, got ['D']"),
+    cli("doctor --engine sglang --prefill-command 'sglang serve --model-path T --speculative-num-steps 1e9' "
+        "--decode-command 'sglang serve --model-path T'", "argument --prefill-command: argument "
+        "--speculative-num-steps: invalid count value: '1e9'"),
+    cli("serve-command --engine vllm --tp x", "argument --tp: 'x' is not a valid integer range."),
+    cli(f"acceptance {TARGET} --top-p 1.5", "argument --top-p: 1.5 is not in the range 0<x<=1."),
+    cli(f"{TRAIN} --out {{t}}/out --lr nan", "argument --lr: 'nan' is not a finite number."),
+    cli("demo --engine tf", "argument --engine: 'tf' is not one of 'hf', 'vllm'."),
+    # the domain's own values
+    cli("convert {t}/model {t}/dst --max-shard-size 10MiB", "argument --max-shard-size: expected a size like 10GB or "
+        "500MB (powers of ten) or a number of bytes, > 0, got '10MiB': cannot read a size from '10MiB' (e.g. 10GB, "
+        "500MB, 1000000)"),
+    cli(f"{TRAIN} --out {{t}}/out --aux-layers 46,2", "argument --aux-layers: expected comma-separated one-based layer "
+        "ids, ascending, each >= 1 (e.g. 2,46,90), got '46,2'"),
+    cli("doctor --env 1X=2", "argument --env: expected NAME=VALUE with NAME an environment variable name, got '1X=2'"),
+    cli("doctor --engine-version v1", "argument --engine-version: expected a release like 0.30 or 0.22.1, got 'v1'"),
+    cli(f"acceptance {TARGET} --device gpu",
+        "argument --device: expected auto, cpu, cuda, cuda:N, mps or xpu:N, got 'gpu'"),
+    cli(f"{CAPTURE} --out {{t}}/out --engine-args [1]", "argument --engine-args: expected a JSON object of vLLM engine "
+        "arguments, e.g. '{\"tensor_parallel_size\": 8}', got '[1]': not a JSON object"),
+    cli("acceptance --server ftp://x --engine vllm --prompts {t}/prompts.txt", "argument --server: expected an http:// "
+        "or https:// URL of a running server, like http://127.0.0.1:8000, got 'ftp://x'"),
+    cli(f"{SERVER} --reference {{t}}/a-file.txt", "argument --reference: expected an `eagle31-mla acceptance --json` "
+        "report, got '{t}/a-file.txt': not JSON (Expecting value: line 1 column 1 (char 0))"),
+    # options that go together, or exclude each other
+    cli("convert {t}/model {t}/dst --prune-vocab 10", "--prune-vocab N and --token-counts FILE go together"),
+    cli(f"{SERVER} --expect 2 --reference {{t}}/offline.json",
+        "argument --reference: not allowed with argument --expect"),
+    cli("capture --target {t}/model --out {t}/out",
+        "one of the arguments --text --prompts --conversations is required"),
+    cli(f"{TRAIN} --out {{t}}/out --init {{t}}/model --draft-config {{t}}/model",
+        "argument --draft-config: not allowed with argument --init"),
+    cli(f"acceptance {TARGET} --server http://127.0.0.1:9", "--target is for the offline measurement (the pair "
+        "loaded here); --server measures what the server runs: drop --target"),
+    cli(f"acceptance {TARGET} --expect 2.5",
+        "--expect measures a running server: it needs --server URL (or drop --expect)"),
+    cli(f"acceptance {TARGET} --topk 4", "tree drafting (topk 4) needs num_draft_tokens (root included), at most 37"),
+    cli(f"acceptance {TARGET} --topk 1 --num-draft-tokens 9",
+        "chain drafting verifies num_steps + 1 = 4 tokens, got num_draft_tokens 9"),
+    cli(f"acceptance {TARGET} --revision v9", "argument --revision: expected a --target given as a Hub repo id (a "
+        "revision names a Hub branch, tag or commit), got 'v9' with the local folder {t}/model; drop --revision"),
+    cli("acceptance --target {t}/model --draft {t}/model --prompts {t}/blank.txt",
+        "argument --prompts: expected at least one prompt, {t}/blank.txt has none"),
+    cli(f"{TRAIN} --out {{t}}/out --seq-len 4 --depth 4", "argument --seq-len: expected more than --depth 4 tokens "
+        "(each unroll step needs a next token to predict), got 4"),
+    cli(f"{TRAIN} --out {{t}}/out --aux-layers 1,2,9",
+        "argument --aux-layers: expected one-based ids <= 4 (the target's depth), got 1,2,9"),
+    cli("train --target {t}/model --text {t}/blank.txt --out {t}/out",
+        "argument --text: expected at least one non-empty document, {t}/blank.txt has none"),
+    cli("serve-command --engine tokenspeed --topk 2 --num-draft-tokens 4",
+        "TokenSpeed's --speculative-eagle-topk accepts only 1"),
+    cli("serve-command --engine vllm --topk 2 --num-draft-tokens 6",
+        "vLLM's EAGLE-3 drafts a chain: use --topk 1 (num_speculative_tokens = --num-steps)"),
+    cli("serve-command --engine sglang --num-draft-tokens 7",
+        "with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = 4"),
+    cli("serve-command --engine sglang --topk 2 --num-steps 3 --num-draft-tokens 1000", "--num-draft-tokens is 1000; "
+        "a tree of topk 2 over 3 steps holds 2 to 11 tokens (root included)"),
+    cli("serve-command --engine vllm --connector nixl", "argument --connector: applies to --pd only"),
+    cli("serve-command --engine vllm --pd --connector ascend",
+        "--connector ascend is not one of vLLM's: nixl, mooncake, lmcache, example"),
+    cli("serve-command --engine sglang --pd --connector example",
+        "--connector example is not one of SGLang's: mooncake, nixl, ascend, mori"),
+    cli("serve-command --engine vllm --pd --connector example", "--connector example: vLLM's Kimi-K3 is a hybrid "
+        "model (KDA + MLA layers) and ExampleConnector cannot move a hybrid cache (no hybrid KV-cache manager): the "
+        "server would not start; use nixl or mooncake"),
+    cli("serve-command --engine tokenspeed --pd --topk 2 --num-draft-tokens 4",
+        "TokenSpeed's --speculative-eagle-topk accepts only 1"),
+    cli("doctor --draft {t}/draft --engine vllm", "doctor needs --target"),
+    cli("doctor --target {t}/model --draft {t}/a-file.txt --engine vllm", "{t}/a-file.txt: not a readable JSON file "
+        "(Expecting value: line 1 column 1 (char 0)); expected a config.json object"),
+    cli("doctor --target {t}/model --draft {t}/draft --engine vllm --eagle3-layers-to-capture 2,46,90",
+        "--eagle3-layers-to-capture is TokenSpeed's flag (use --engine tokenspeed)"),
+    cli("doctor --draft {t}/model --target {t}/draft --engine vllm", "--draft {t}/model and --target {t}/draft look "
+        "swapped: the target's config.json is an EAGLE drafter's and the draft's is not; expected --draft DRAFTER "
+        "--target TARGET"),
+    cli("doctor --engine vllm --prefill-command 'vllm serve T'", "a PD pair needs --decode-command"),
+    cli(f"doctor {PAIR}", "a PD pair needs --engine"),
+    cli(f"doctor --engine vllm --draft {{t}}/draft {PAIR}",
+        "argument --draft: a PD pair takes it from --prefill-command and --decode-command"),
+    cli(f"doctor --engine sglang {PAIR}", "argument --prefill-command: expected SGLang's launch command (sglang serve "
+        "or -m sglang.launch_server ...), got 'vllm serve T'"),
+    # an output that would overwrite an input: the same file (a hard link too), or around or inside it
+    cli(f"acceptance {TARGET} --json {{t}}/prompts.txt", "argument --json: expected a path apart from the inputs: "
+        "'{t}/prompts.txt' is the same file as --prompts '{t}/prompts.txt', which it would overwrite"),
+    cli(f"acceptance {TARGET} --json {{t}}/hard-link.txt", "argument --json: expected a path apart from the inputs: "
+        "'{t}/hard-link.txt' is the same file as --prompts '{t}/prompts.txt', which it would overwrite"),
+    cli("convert {t}/model {t}/a-folder/../model/sub", "argument DST: expected a path apart from the inputs: "
+        "'{t}/a-folder/../model/sub' is inside SRC '{t}/model', which it would overwrite"),
+    cli("convert {t}/model {t}/model", "argument DST: expected a path apart from the inputs: '{t}/model' is the same "
+        "file as SRC '{t}/model', which it would overwrite"),
+    cli("convert {t}/model {t}/model/../.", "argument DST: expected a path apart from the inputs: '{t}/model/../.' "
+        "contains SRC '{t}/model', which it would overwrite"),
+    cli("convert {t}/model {t}/loop --force", "DST {t}/loop: cannot follow its links (a symlink loop)"),
+    cli(f"{TRAIN} --out {{t}}", "argument --out: expected a path apart from the inputs: '{t}' contains --target "
+        "'{t}/model', which it would overwrite"),
+    # the command line itself
+    cli("nope", "argument command: invalid choice: 'nope' (choose from 'demo', 'roster', 'acceptance', 'train', "
+        "'capture', 'inspect', 'convert', 'doctor', 'serve-command')"),
+    cli("serve-command", "the following arguments are required: --engine"),
+    cli("serve-command --engine vllm --nmu-steps 3", "unrecognized arguments: --nmu-steps (did you mean --num-steps?)"),
+    cli("inspect " + LONG_NAME, "argument PATH_OR_ID: expected a model folder, its config.json, or a Hub repo id like "
+        f"org/name, got '{LONG_NAME[:99]}...' (305 characters): File name too long"),
+    cli(f"acceptance {TARGET} --sampling-backend flashinfer --device cpu", re.compile(
+        r"argument --sampling-backend: the FlashInfer path cannot run: FlashInfer runs on CUDA only: no CUDA device "
+        r"here .*\. It needs a CUDA GPU, a CUDA build of torch and "
+        r'flashinfer-python>=0\.7\.2\.post1,<0\.8 \(pip install "eagle31-mla\[gpu\]"\); or keep the torch path .*')),
+    cli(f"{SERVER} --sampling-backend torch", "--sampling-backend is for the offline measurement (the pair loaded "
+        "here); --server measures what the server runs: drop --sampling-backend"),
 ]
 # fmt: on
 
@@ -315,8 +557,40 @@ def expected_message(row: Row, tmp: Path) -> re.Pattern:
     return re.compile(row.message.pattern.replace("{t}", re.escape(str(tmp))), re.DOTALL)
 
 
+@pytest.fixture(scope="module")
+def cli_folder(tmp_path_factory):
+    """What the CLI rows name: a target-like model folder, a drafter's config, prompts, a hard link, a blank file,
+    a file, an empty folder, a symlink loop, an offline report."""
+    root = tmp_path_factory.mktemp("cli")
+    (root / "model").mkdir()
+    config = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 300}
+    (root / "model" / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    write_config(root / "draft", draft_config())  # an EAGLE drafter's config, for doctor
+    (root / "prompts.txt").write_text("Once upon a time\n")
+    (root / "hard-link.txt").hardlink_to(root / "prompts.txt")
+    (root / "blank.txt").write_text("\n   \n\n")
+    (root / "a-file.txt").write_text("x")
+    (root / "a-folder").mkdir()
+    (root / "loop").symlink_to(root / "loop")
+    (root / "offline.json").write_text(json.dumps({"settings": {}, "total": {"mean_accept_length": 2.5}}))
+    return root
+
+
+def files(root) -> dict:
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.parametrize("row", [r.param() for r in ROWS])
-def test_bad_input(row: Row, tmp_path):
+def test_bad_input(row: Row, tmp_path, request, capsys):
+    if isinstance(row.call, str):  # a command line
+        folder = request.getfixturevalue("cli_folder")
+        before = files(folder)
+        assert main(shlex.split(row.call.replace("{t}", str(folder)))) == row.error
+        out, err = capsys.readouterr()
+        assert not out and err.startswith("eagle31-mla: error: ") and err.count("\n") == 1, err
+        assert expected_message(row, folder).fullmatch(err.removeprefix("eagle31-mla: error: ")[:-1]), err
+        assert files(folder) == before and not (folder / "out").exists() and not (folder / "dst").exists()
+        return
     outer, cause = row.error if isinstance(row.error, tuple) else (row.error, None)
     with pytest.raises(Exception) as caught:
         row.call(tmp_path)

@@ -2,7 +2,6 @@
 refuses: tests/unit/test_bad_inputs.py)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP
 from tests.support.tiny import published_style_config, same_logits, tiny_drafter, write_checkpoint
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 # SPEC §2, transcribed here on purpose (not imported from the library): the published file's header.
@@ -41,20 +39,17 @@ PUBLISHED = {
 }
 
 
-def test_default_config_reproduces_the_published_roster():
+def test_default_config_reproduces_the_published_roster_and_the_library_compares_with_it():
+    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS as N, PUBLISHED_ROSTER, roster_differences
+
     model = Eagle31MLAForCausalLM.on_meta_device(Eagle31MLAConfig())
     state = model.state_dict()
     assert {k: list(v.shape) for k, v in state.items()} == PUBLISHED
     assert {v.dtype for v in state.values()} == {torch.bfloat16}
     # bytes on disk: bf16 data + 8-byte length + 2,128-byte header = 6,031,253,592, the pinned file size
-    assert sum(v.numel() for v in state.values()) == 3_015_625_728
+    assert sum(v.numel() for v in state.values()) == 3_015_625_728 == N
     assert all(p.is_meta for p in model.parameters())
-
-
-def test_the_library_roster_is_spec_and_compares_names_shapes_dtypes_and_counts():
-    from eagle31_mla.hub.roster import PUBLISHED_NUM_PARAMETERS as N, PUBLISHED_ROSTER, roster_differences
-
-    assert {k: list(v) for k, v in PUBLISHED_ROSTER.items()} == PUBLISHED and N == 3_015_625_728
+    assert {k: list(v) for k, v in PUBLISHED_ROSTER.items()} == PUBLISHED  # the library compares with SPEC's
     assert roster_differences({**PUBLISHED, "g_proj.weight": [1]}) == ["extra g_proj.weight [1]"]
     assert (
         roster_differences(PUBLISHED, dtypes=["BF16"]) == roster_differences(PUBLISHED, dtypes=[torch.bfloat16]) == []
@@ -76,62 +71,24 @@ def test_save_pretrained_writes_exactly_the_published_names(tmp_path):
     assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path), model)
 
 
-def renamed(rename):
-    def write(folder: Path, model) -> Path:
-        tensors = {rename(k): v for k, v in model.state_dict().items()}
-        return write_checkpoint(folder, published_style_config(model), tensors)
-
-    return write
-
-
-def indexed(file_of):
-    """A folder whose model.safetensors.index.json puts the i-th tensor (sorted by name) in ``file_of(i)``."""
-
-    def write(folder: Path, model) -> Path:
-        state, files = model.state_dict(), {}
-        for i, name in enumerate(sorted(state)):
-            files.setdefault(file_of(i), {})[name] = state[name].contiguous()
-        for file, tensors in files.items():
-            (folder / file).parent.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(folder / file))
-        index = {"metadata": {}, "weight_map": {name: file for file, tensors in files.items() for name in tensors}}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-        (folder / "config.json").write_text(json.dumps(published_style_config(model)))
-        return folder
-
-    return write
-
-
-def hub_cache(folder: Path, model) -> Path:
-    """A huggingface_hub snapshot: links to ../../blobs, outside the snapshot folder, and fine."""
-    source = renamed(str)(folder / "source", model)
-    snapshot = folder / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (folder / "blobs").mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (source / name).rename(folder / "blobs" / name)
-        (snapshot / name).symlink_to(Path("../../blobs") / name)
-    return snapshot
-
-
-LAYOUTS = {  # name: (how the folder is written, the drafter's config changes)
-    "published": (renamed(str), {}),
-    "training midlayer": (renamed(lambda k: k.replace("layers.0.", "midlayer.")), {}),
-    "NeMo model. prefix": (renamed(lambda k: k if k.startswith("lm_head") else "model." + k), {}),
-    "EAGLE-3, no fc_norm": (renamed(str), {"fc_norm": False, "norm_output": False}),
-    "sharded with an index": (indexed(lambda i: f"model-0000{1 + (i >= 10)}-of-00002.safetensors"), {}),
-    "index naming a subfolder": (indexed(lambda i: "shards/all.safetensors"), {}),
-    "hub cache links to blobs": (hub_cache, {}),
-}
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_layouts_load_with_identical_logits(tmp_path, layout):
-    write, changes = LAYOUTS[layout]
-    model = tiny_drafter(seed=1, **changes)
-    loaded = Eagle31MLAForCausalLM.from_pretrained(write(tmp_path, model))
-    assert loaded.config.fc_norm == hasattr(loaded, "fc_norm") == model.config.fc_norm
-    assert same_logits(loaded, model)
+@pytest.mark.parametrize(
+    "file_of",  # the file model.safetensors.index.json puts the i-th tensor (sorted by name) in
+    [lambda i: f"model-0000{1 + (i >= 10)}-of-00002.safetensors", lambda i: "shards/all.safetensors"],
+    ids=["sharded", "a subfolder"],
+)
+def test_indexed_shards_load_with_identical_logits(tmp_path, file_of):
+    """(Renamed tensors and EAGLE-3 load in tests/cli/test_convert.py, the Hub cache's links in test_hub.py.)"""
+    model, files = tiny_drafter(seed=1), {}
+    state = model.state_dict()
+    for i, name in enumerate(sorted(state)):
+        files.setdefault(file_of(i), {})[name] = state[name].contiguous()
+    for file, tensors in files.items():
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp_path / file))
+    index = {"metadata": {}, "weight_map": {name: file for file, tensors in files.items() for name in tensors}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / "config.json").write_text(json.dumps(published_style_config(model)))
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path), model)
 
 
 def test_pruned_vocabulary_with_d2t_and_t2d(tmp_path):

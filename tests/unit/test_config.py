@@ -9,7 +9,6 @@ from eagle31_mla import ConfigError, Eagle31MLAConfig
 from eagle31_mla.model.aux_layers import KIMI_K3_AUX_LAYER_IDS
 from eagle31_mla.model.configuration_eagle31_mla import KIMI_K3_ROPE_PARAMETERS, describe_rope, resolve_dtype
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 K3_YARN = {
@@ -67,16 +66,15 @@ def read(tmp_path, config: dict) -> Eagle31MLAConfig:
 
 
 def test_default_config_is_the_published_kimi_k3_drafter():
-    """The no-argument config, the named preset and the published config.json (next test) describe one drafter: its
-    dims are the published tensor roster's (tests/unit/test_checkpoint.py), with Kimi-K3's aux ids, YaRN and ids."""
+    """The no-argument config and the published config.json (next test) describe one drafter: its dims are the
+    published tensor roster's (tests/unit/test_checkpoint.py), with Kimi-K3's aux ids, YaRN and ids."""
     c = Eagle31MLAConfig()
-    assert Eagle31MLAConfig.kimi_k3().to_dict() == c.to_dict()
     assert Eagle31MLAConfig.from_dict(c.to_dict()).to_dict() == c.to_dict()  # the same, passed on as a file
-    assert Eagle31MLAConfig.kimi_k3(target_num_hidden_layers=93).target_num_hidden_layers == 93
     assert (c.num_key_value_heads, c.vocab_size, c.draft_vocab_size, c.target_hidden_size) == (64, 163840, 163840, 7168)
     assert c.aux_layer_ids.one_based == KIMI_K3_AUX_LAYER_IDS.one_based == (2, 46, 90)
     assert c.aux_layer_ids.zero_based == (1, 45, 89) and c.fc_norm and c.norm_output and c.is_eagle31
     assert c.rope_parameters == KIMI_K3_ROPE_PARAMETERS == {"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN}
+    assert describe_rope(c) == "yarn, theta 50000, factor 32 over 32768 positions"  # as inspect, roster, cards say
     assert (c.max_position_embeddings, c.bos_token_id, c.eos_token_id) == (1048576, 163584, 163586)
     assert c.dtype == torch.bfloat16 and c.kv_cache_values_per_token == 576
     # softmax scale = 1/sqrt(192) · mscale², mscale = 0.1·1·ln(32) + 1
@@ -116,7 +114,7 @@ def test_absent_or_null_rope_means_plain_rope(tmp_path, nulls):
     mean the same (never the constructor's Kimi-K3 YaRN)."""
     c = read(tmp_path, published_k3_config(**{"rope_scaling": DROP, **nulls}))
     assert c.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
-    assert c.softmax_scale == pytest.approx(192**-0.5)
+    assert c.softmax_scale == pytest.approx(192**-0.5) and describe_rope(c.to_dict()) == "default, theta 50000"
 
 
 @pytest.mark.parametrize(
@@ -166,16 +164,6 @@ def test_kimi_default_token_ids_are_dropped_for_a_smaller_vocabulary():
     """The constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left unset."""
     small = Eagle31MLAConfig(vocab_size=300, rope_parameters={"rope_type": "default"})
     assert (small.bos_token_id, small.eos_token_id, small.pad_token_id) == (None, None, 0)
-    assert Eagle31MLAConfig().bos_token_id == 163584
-
-
-def test_the_default_aux_ids_are_kimi_k3s_constant(monkeypatch):
-    """One home for Kimi-K3's aux ids: the no-argument config takes them from aux_layers."""
-    from eagle31_mla.model import configuration_eagle31_mla
-    from eagle31_mla.model.aux_layers import AuxLayerIds
-
-    monkeypatch.setattr(configuration_eagle31_mla, "KIMI_K3_AUX_LAYER_IDS", AuxLayerIds((3, 7, 11)))
-    assert Eagle31MLAConfig().eagle_aux_hidden_state_layer_ids == [3, 7, 11]
 
 
 def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_path):
@@ -201,8 +189,3 @@ def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_p
     assert Eagle31MLAConfig(**no_ids).eagle_aux_hidden_state_layer_ids == [2, 46, 90]  # the constructor: Kimi-K3's
     full = Eagle31MLAConfig.from_dict(dict(file)).to_dict()  # written out (as every saved file is): read alike
     assert Eagle31MLAConfig(**full).to_dict() == Eagle31MLAConfig.from_dict(full).to_dict()
-
-
-def test_describe_rope_is_the_one_wording():
-    assert describe_rope(Eagle31MLAConfig()) == "yarn, theta 50000, factor 32 over 32768 positions"
-    assert describe_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}) == "default, theta 10000"

@@ -78,17 +78,14 @@ def test_multi_part_content_and_the_demo_template():
         (None, "has no chat template"),
         ("{{ messages|length }} " + ROLES, "not where the chat template puts it"),  # rewrites earlier turns
         (ROLES.replace("m['content'] }}", "m['content']|upper }}"), "not where the chat template puts it"),
+        (ROLES, "c.jsonl:3: the tokenizer's decode does not give back"),  # with a decode that does not
     ],
 )
-def test_a_template_the_mask_cannot_follow_is_refused(tokenizer, template, message):
+def test_a_template_or_tokenizer_the_mask_cannot_follow_is_refused(tokenizer, monkeypatch, template, message):
     tokenizer.chat_template = template
+    if "decode" in message:
+        monkeypatch.setattr(type(tokenizer), "decode", lambda self, ids, **kw: "x" * len(ids))
     with pytest.raises(PromptError, match=message):
-        conversation_tokens(CHAT, tokenizer, where="c.jsonl:3")
-
-
-def test_a_tokenizer_that_does_not_decode_back_is_refused(tokenizer, monkeypatch):
-    monkeypatch.setattr(type(tokenizer), "decode", lambda self, ids, **kw: "x" * len(ids))
-    with pytest.raises(PromptError, match="c.jsonl:3: the tokenizer's decode does not give back"):
         conversation_tokens(CHAT, tokenizer, where="c.jsonl:3")
 
 
@@ -97,12 +94,8 @@ def test_conversations_whose_assistant_content_is_cut_off_are_left_out_and_count
     long_user = [{"role": "user", "content": "word " * 100}, {"role": "assistant", "content": "late answer"}]
     path.write_text("\n".join(json.dumps({"messages": m}) for m in (CHAT, long_user)) + "\n")
     sequences, masks, left_out = conversation_sequences(path, tokenizer, 80)
-    assert (
-        left_out == 1
-        and len(sequences) == 1
-        and sequences[0] == conversation_tokens(CHAT, tokenizer)[0]
-        and masks[0] == conversation_tokens(CHAT, tokenizer, max_tokens=80)[1]
-    )
+    assert left_out == 1 and sequences == [conversation_tokens(CHAT, tokenizer)[0]]
+    assert masks == [conversation_tokens(CHAT, tokenizer, max_tokens=80)[1]]
     with pytest.raises(PromptError, match="outside the target's vocabulary"):
         conversation_sequences(path, tokenizer, 80, vocab_size=100)
     with pytest.raises(PromptError, match="no conversation has assistant content within its first 5 tokens"):

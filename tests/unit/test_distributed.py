@@ -2,7 +2,8 @@
 
 The reference is the trainer in one process on the same capture folder and global batch: one rank under
 torchrun gives its weights exactly; two ranks differ only by the order in which gloo adds the ranks' parts
-of every gradient (measured: about 1e-7; the bound is 1e-4 of how far training moved each tensor)."""
+of every gradient (float32 rounding, which AdamW carries into the weights: the bound is 1% of how far training
+moved each tensor; measured: under 0.1%)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 import torch
 
 from eagle31_mla.demo import DEMO_DIR
-from eagle31_mla.training.distributed import KILL_ENV, LATEST
 from eagle31_mla.training.trainer import drafter_from_files
-from tests.support.spool_writer import IDS, capture_folder, trained_weights as weights
+from tests.support.spool_writer import IDS, assert_same_training, capture_folder, trained_weights as weights
 from tests.support.subprocesses import run_python
 from tests.support.tiny import demo_layer
 
@@ -31,34 +31,20 @@ def data(tmp_path_factory):
     return capture_folder(tmp_path_factory.mktemp("dist") / "capture", sequences)
 
 
-def torchrun(ranks: int, data, out, *extra, env=None, fails=False):
+def torchrun(ranks: int, data, out, *extra, fails=False):
     """`torchrun -m eagle31_mla.train` that ends well (``fails``: that fails); its stderr."""
     command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     command += ["-m", "eagle31_mla.train", "--target", TARGET, "--data", str(data), "--out", str(out), *ARGS, *extra]
-    result = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
+    result = run_python(command, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
     assert (result.returncode != 0) == fails, result.stderr[-3000:]
     return result.stderr
 
 
 def assert_trained_alike(one, two) -> None:
-    """Two runs' weights (their folders): the frozen tensors untouched, every trained one moved, and the runs within
-    1% of that movement (gloo adds the ranks' parts of each gradient in another order than one process: float32
-    rounding, which AdamW carries into the weights; measured: under 0.1% of the movement)."""
-    torch.manual_seed(0)  # the new drafter every run starts from (the CLI seeds it with --seed 0)
-    start = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=IDS, **LAYER).named_parameters()
-    a, b = weights(one), weights(two)
-    for name, s in start:
-        moved = (a[name] - s).abs().max()
-        if not s.requires_grad:
-            assert torch.equal(a[name], b[name]) and moved == 0, name
-        else:
-            assert moved > 1e-3 and (b[name] - a[name]).abs().max() <= 1e-2 * moved, name
-
-
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, data):
-    torchrun(2, data, out := tmp_path_factory.mktemp("two") / "out")
-    return out
+    """Two runs' weights (their folders), from the new drafter every run starts from (the CLI seeds it, --seed 0)."""
+    torch.manual_seed(0)
+    start = drafter_from_files(TARGET, eagle_aux_hidden_state_layer_ids=IDS, **LAYER)
+    assert_same_training(start, weights(one), weights(two), share=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +70,9 @@ def test_one_rank_under_torchrun_is_the_in_process_trainer(tmp_path, data, one_r
     assert moved > 10
 
 
-def test_two_ranks_train_what_one_rank_trains(one_rank, two_ranks):
+def test_two_ranks_train_what_one_rank_trains(tmp_path, data, one_rank):
     """Same global batch (4 sequences: 2 per rank), same steps. (In micro-batches: the anchored test below.)"""
+    torchrun(2, data, two_ranks := tmp_path / "two")
     assert_trained_alike(one_rank, two_ranks)
     # Adam does not see a gradient's scale: the gradient norm does (a loss divided by a rank's own weights,
     # or FSDP's average left uncorrected, would change it by the number of ranks)
@@ -112,20 +99,6 @@ def test_anchored_training_on_two_ranks_in_micro_batches_is_one_ranks(tmp_path, 
     assert logs[0][0]["grad_norm"] == pytest.approx(logs[1][0]["grad_norm"], rel=1e-5)
     assert logs[0][0]["loss"] != pytest.approx(logs[2][0]["loss"], rel=1e-3)
     assert_trained_alike(tmp_path / "one", tmp_path / "two")
-
-
-def test_a_killed_rank_leaves_a_checkpoint_to_resume_from(tmp_path, data, two_ranks):
-    """Rank 1 dies at step 3 (after the step-2 checkpoint): torchrun fails; the same command resumes from
-    step 2 and ends with the uninterrupted run's weights."""
-    out = tmp_path / "killed"
-    torchrun(2, data, out, env={KILL_ENV: "1:3"}, fails=True)
-    assert (out / "checkpoint" / LATEST).read_text() == "step-00000002"
-    assert not (out / "config.json").exists()  # no export from a failed run
-    torchrun(2, data, out)
-    finished, uninterrupted = weights(out), weights(two_ranks)
-    for name, p in uninterrupted.items():
-        assert torch.equal(finished[name], p), name
-    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == [LATEST, "step-00000004"]
 
 
 def test_a_bad_shard_stops_every_rank_before_training(tmp_path):

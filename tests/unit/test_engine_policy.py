@@ -31,10 +31,6 @@ def test_skips_by_version():
 
 def test_unmarked_skip_naming_no_engine():
     pytest.skip("nothing to do with engines")
-"""
-
-GPU_CASES = """
-import pytest
 
 @pytest.mark.gpu
 def test_gpu_skips():
@@ -61,9 +57,8 @@ def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("policy")
     shutil.copy(ROOT / "tests" / "conftest.py", root / "conftest.py")  # it imports tests.support from ROOT
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    vllm: engine\n    sglang: engine\n    gpu: gpu\n")
-    files = {"test_cases.py": CASES, "test_gpu_cases.py": GPU_CASES, "test_collection_skip.py": COLLECTION_SKIP}
-    for name, text in files.items():  # each run collects only the files it names
-        (root / name).write_text(text)
+    (root / "test_cases.py").write_text(CASES)
+    (root / "test_collection_skip.py").write_text(COLLECTION_SKIP)  # collected only where a run names it
     (root / "stand_in" / "vllm").mkdir(parents=True)
     (root / "stand_in" / "vllm" / "__init__.py").write_text("__version__ = '9.9.9'\n")
     return root
@@ -71,20 +66,19 @@ def scratch(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "engines, gpu, args, code, expected",
-    [(None, None, ["test_cases.py"], 0, ["1 passed, 3 skipped"]),
-     (VLLM, None, ["test_cases.py"], 1, ["FAILED test_cases.py::test_skips_plainly", "1 failed, 1 passed, 2 skipped"]),
+    [(None, None, ["test_cases.py"], 0, ["2 passed, 4 skipped"]),
+     (VLLM, None, ["test_cases.py"], 1, ["FAILED test_cases.py::test_skips_plainly", "1 failed, 2 passed, 3 skipped"]),
      (VLLM, None, ["test_collection_skip.py", "test_cases.py::test_runs"], STOPPED, ["was skipped at collection"]),
      ("vllm==1.0.0", None, ["test_cases.py"], USAGE, ["requires vllm==1.0.0, but vllm 9.9.9 is installed"]),
      ("sglang==0.5.23", None, ["test_cases.py"], USAGE, ["requires sglang, which cannot be imported here"]),
      (VLLM, None, ["test_cases.py", "-k", "unmarked"], 1, ["no test marked with it was selected"]),
-     (None, None, ["test_gpu_cases.py"], 0, ["1 passed, 1 skipped"]),
-     (None, "1", ["test_gpu_cases.py"], 1,
-      ["FAILED test_gpu_cases.py::test_gpu_skips", "this run requires the GPU tests (EAGLE31_REQUIRE_GPU=1)"]),
-     (None, "1", ["test_gpu_cases.py", "-k", "cpu"], 1,
+     (None, "1", ["test_cases.py"], 1,
+      ["FAILED test_cases.py::test_gpu_skips", "this run requires the GPU tests (EAGLE31_REQUIRE_GPU=1)"]),
+     (None, "1", ["test_cases.py", "-k", "cpu"], 1,
       ["requires gpu (EAGLE31_REQUIRE_GPU=1), but no test marked with it was selected"]),
-     (None, "yes", ["test_gpu_cases.py"], USAGE, ["EAGLE31_REQUIRE_GPU='yes'"])],
+     (None, "yes", ["test_cases.py"], USAGE, ["EAGLE31_REQUIRE_GPU='yes'"])],
     ids=["no requirement", "plain skip", "collection skip", "wrong version", "no import", "none selected",
-         "gpu not required", "gpu skip", "no gpu test", "bad gpu value"],
+         "gpu skip", "no gpu test", "bad gpu value"],
 )  # fmt: skip
 def test_the_policy(scratch, engines, gpu, args, code, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("EAGLE31_REQUIRE_ENGINES", "EAGLE31_REQUIRE_GPU")}

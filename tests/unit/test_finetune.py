@@ -77,18 +77,13 @@ def test_a_non_finite_step_is_skipped_and_logged(tmp_path):
     states = PoisonedOnce(demo_target(), SEQUENCES)
     states.calls = 0
     drafter = to_finetune()
-    before = {}
-
-    def snapshot(step):
-        before[step] = {n: p.detach().clone() for n, p in drafter.named_parameters()}
-
     config = TrainingConfig.finetune(steps=3, batch_size=2, seq_len=64, depth=2, lr=1e-3, save_every=100)
     train_on(states, drafter, tmp_path / "out", config, progress=False, stop_at=1)
-    snapshot(1)
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
     train_on(states, drafter, tmp_path / "out", config, progress=False, stop_at=2)  # the poisoned step
     assert config.log[-1]["skipped"] == "non-finite loss or gradient"
     for name, p in drafter.named_parameters():
-        assert torch.equal(p, before[1][name]), name  # nothing moved, no NaN reached the weights
+        assert torch.equal(p, before[name]), name  # nothing moved, no NaN reached the weights
     train_on(states, drafter, tmp_path / "out", config, progress=False)
     assert all(torch.isfinite(p).all() for p in drafter.parameters())
 

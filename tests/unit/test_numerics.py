@@ -7,18 +7,9 @@ from safetensors.torch import load_file
 import eagle31_mla.model.modeling_eagle31_mla as modeling
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.model.modeling_eagle31_mla import sampling_probs
-from tests.support import reference_math as ref
+from tests.support import reference_math as ref, tiny
 from tests.support.paths import GOLDEN
-from tests.support.tiny import (
-    PLAIN_ROPE,
-    TOL,
-    YARN,
-    aux_inputs,
-    bf16_tolerance,
-    published_style_config,
-    tiny_drafter,
-    write_checkpoint,
-)
+from tests.support.tiny import PLAIN_ROPE, TOL, YARN, aux_inputs, bf16_tolerance, tiny_drafter
 
 # Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
@@ -37,7 +28,7 @@ def drafter_from_file(folder, seed, form):
     """A tiny drafter written as config.json + safetensors and loaded back: the library and the
     reference then each read that raw file their own way (the reference never sees the library's parse)."""
     model = tiny_drafter(seed=seed, **FORMS[form])
-    write_checkpoint(folder, published_style_config(model), model.state_dict())
+    tiny.write_checkpoint(folder, tiny.published_style_config(model), model.state_dict())
     return Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
@@ -233,20 +224,6 @@ def test_pruned_vocabulary_drafts_target_ids():
     assert model.t2d[drafted.tokens[0, 0]]
 
 
-def test_bf16_stays_close_to_fp32():
-    model = tiny_drafter(seed=9)
-    ids, aux = aux_inputs(model.config, batch=2, length=12)
-    ref32 = model(ids, aux_hidden_states=aux)
-    model16 = tiny_drafter(seed=9).to(torch.bfloat16)
-    out16 = model16(ids, aux_hidden_states=aux.bfloat16())
-    assert out16.logits.dtype == torch.bfloat16
-    assert out16.past_key_values.nbytes_per_token() == (32 + 16) * 2
-    scale = ref32.logits.abs().max()
-    assert (out16.logits.float() - ref32.logits).abs().max() <= 0.05 * scale
-    agree = (out16.logits.argmax(-1) == ref32.logits.argmax(-1)).float().mean()
-    assert agree >= 0.9
-
-
 def test_cpu_bf16_choice_is_made_in_one_place(monkeypatch):
     monkeypatch.setattr(modeling, "CPU_NATIVE_BF16", False)
     assert modeling.latent_attention_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
@@ -271,9 +248,10 @@ def masked_decode_step(model, ids, aux):
     return model(ids[:, :3], hidden_states=out.hidden_states[:, -3:], past_key_values=out.past_key_values, absorb=True)
 
 
-def test_cpu_bf16_attention_paths_agree(monkeypatch):
+def test_bf16_stays_close_to_fp32_and_cpu_bf16_attention_paths_agree(monkeypatch):
     """The fp32 attention taken on CPUs without native bf16 equals the native bf16 one within bf16
-    rounding: the attention alone, and a masked multi-token decode step of the whole drafter."""
+    rounding: the attention alone, and a masked multi-token decode step of the whole drafter; both stay
+    close to the fp32 drafter."""
     model = tiny_drafter(seed=9).to(torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     q_nope, q_pe = torch.randn(2, 4, 3, 32, generator=g).bfloat16().split([16, 16], -1)
@@ -289,7 +267,9 @@ def test_cpu_bf16_attention_paths_agree(monkeypatch):
     for name in ("logits", "hidden_states"):
         native, fp32 = getattr(steps[0], name).float(), getattr(steps[1], name).float()
         assert (native - fp32).abs().max() <= bf16_tolerance(native), name
-    # and both stay with the fp32 model (bf16 weights and inputs: a looser, relative bound, as above)
+    # and both stay with the fp32 model (bf16 weights and inputs: a looser, relative bound)
     ref = masked_decode_step(tiny_drafter(seed=9), ids, aux)
     for step in steps:
+        assert step.logits.dtype == torch.bfloat16 and step.past_key_values.nbytes_per_token() == (32 + 16) * 2
         assert (step.logits.float() - ref.logits).abs().max() <= 0.05 * ref.logits.abs().max()
+        assert (step.logits.argmax(-1) == ref.logits.argmax(-1)).float().mean() >= 0.9

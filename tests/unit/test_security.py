@@ -31,36 +31,28 @@ class Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-def pickle_folder(folder: Path, model, state=None, filename="pytorch_model.bin") -> Path:
+def pickle_folder(folder: Path, model, state=None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(published_style_config(model)))
-    torch.save(model.state_dict() if state is None else state, folder / filename)
+    torch.save(model.state_dict() if state is None else state, folder / "pytorch_model.bin")
     return folder
 
 
 # ---- pickle: safetensors only by default; `use_safetensors=False` is Transformers' own opt-in (weights_only) ----
 
 
-def test_pickle_is_refused_by_default(tmp_path):
-    folder = pickle_folder(tmp_path, tiny_drafter())
+def test_pickle_is_refused_by_default_checked_when_opted_in_and_never_opened_beside_safetensors(tmp_path):
+    model = tiny_drafter(seed=4)
+    folder = pickle_folder(tmp_path / "whole", model)
     with pytest.raises(OSError, match="model.safetensors"):
         Eagle31MLAForCausalLM.from_pretrained(folder)
-
-
-def test_pickle_loads_when_opted_in(tmp_path):
-    model = tiny_drafter(seed=4)
-    assert same_logits(
-        Eagle31MLAForCausalLM.from_pretrained(pickle_folder(tmp_path, model), use_safetensors=False), model
-    )
-
-
-def test_opted_in_pickle_goes_through_the_same_checks(tmp_path):
-    model = tiny_drafter(seed=6)
-    state = dict(model.state_dict())
-    del state["norm.weight"]
-    folder = pickle_folder(tmp_path, model, state=state)
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False), model)
+    state = {k: v for k, v in model.state_dict().items() if k != "norm.weight"}
     with pytest.raises(CheckpointError, match="missing tensor 'norm.weight'"):
-        Eagle31MLAForCausalLM.from_pretrained(folder, use_safetensors=False)
+        Eagle31MLAForCausalLM.from_pretrained(pickle_folder(tmp_path / "missing", model, state), use_safetensors=False)
+    model.save_pretrained(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"garbage: would fail if read")
+    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(folder), model)
 
 
 def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
@@ -74,14 +66,6 @@ def test_code_executing_pickle_is_refused_even_when_opted_in(tmp_path):
     # Control: the payload is live, and a plain (unsafe) unpickle would have run it.
     torch.load(folder / "pytorch_model.bin", weights_only=False)
     assert marker.exists()
-
-
-def test_safetensors_win_over_pickle(tmp_path):
-    """With both present the pickle is never opened."""
-    model = tiny_drafter(seed=7)
-    model.save_pretrained(tmp_path)
-    (tmp_path / "pytorch_model.bin").write_bytes(b"garbage: would fail if read")
-    assert same_logits(Eagle31MLAForCausalLM.from_pretrained(tmp_path), model)
 
 
 def test_no_torch_load_without_weights_only_in_the_library():

@@ -1,29 +1,29 @@
-# ruff: noqa: E501 -- the table of bad calls keeps one row per line (under `# fmt: off`)
+# ruff: noqa: E501 -- the tables keep one row per line (under `# fmt: off`)
 """The reference speculative-decoding loop (decoding/speculative.py) against the target's own decoding, on the tiny
 targets of tests/support/decoding.py. Greedy output equals a plain argmax loop token for token; every round sees what
 a from-scratch recompute gives; sampling reproduces the target distribution (chi-square on 1e5 draws) and deliberately
-broken samplers do not. Then the statistics, the bad calls users make (one row each, with its message), and the CLI."""
+broken samplers do not. Then the statistics and the CLI (the bad calls users make: tests/unit/test_bad_inputs.py)."""
 
 import functools
 import json
+import math
 import shutil
 
 import pytest
 import torch
 
-from eagle31_mla import AuxLayerIdError, AuxLayerIds
+from eagle31_mla import AuxLayerIds
 from eagle31_mla.decoding import speculative as spec
 from eagle31_mla.decoding.speculative import AcceptanceStats, accept_chain, accept_tree, speculative_generate
 from eagle31_mla.decoding.target import TargetAuxCapture
 from eagle31_mla.model.modeling_eagle31_mla import DraftInputError, sample_from_logits, sampling_probs
-from eagle31_mla.prompts import PROMPT_SHAPES, eos_token_ids
+from eagle31_mla.prompts import eos_token_ids
 from tests.support.decoding import (
     AUX_IDS,
     FAMILIES,
     HIDDEN,
     LAYERS,
     SAMPLES,
-    VOCAB,
     chi_square_p_value,
     drafter,
     prompt,
@@ -396,7 +396,7 @@ def test_target_and_drafter_sample_from_p_after_temperature_then_top_p(temperatu
     assert sampling_probs(torch.tensor([1.0, 3.0, 3.0]), 0.0, 1.0).tolist() == [0.0, 1.0, 0.0]  # ties: the lowest id
 
 
-# ---- Statistics and the Python API ---------------------------------------------------------------------------
+# ---- Statistics ------------------------------------------------------------------------------------------------
 
 
 def test_statistics():
@@ -412,70 +412,23 @@ def test_statistics():
     assert table.splitlines()[-1].split()[:3] == ["3", "1", "0.250"]
 
 
-def _flash_target():
-    target = tiny_target()
-    target.config._attn_implementation = "flash_attention_2"
-    return target
+def test_chi_square_p_value_of_a_known_statistic():  # the lossless tests' check, on a value worked by hand
+    draws = torch.tensor([0] * 15 + [1] * 5 + [2] * 15 + [3] * 5)  # 40 uniform draws: statistic 10, 3 degrees
+    assert math.isclose(chi_square_p_value(draws, torch.full((4,), 0.25)), 0.0185661354, rel_tol=1e-6)
 
 
-BOTH = ("speculative_generate", "measure_acceptance")
-GENERATE, MEASURE = BOTH[:1], BOTH[1:]
-EOS = "; expected None, an int token id in [0, 64) or a list of them"
-# fmt: off
-BAD_CALLS = [  # (the mistake, the functions, the arguments changed (a callable: built here), the exact message)
-    ("drafter as target", BOTH, {"target": drafter}, "`target` is a Eagle31MLAForCausalLM; expected the Transformers causal LM it drafts for"),
-    ("target as drafter", BOTH, {"drafter": tiny_target}, "`drafter` is a LlamaForCausalLM; expected an Eagle31MLAForCausalLM"),
-    ("drafter of another target", BOTH, {"drafter": lambda: drafter(target_hidden_size=32)}, "the drafter's `target_hidden_size` is 32 but the target's `hidden_size` is 48; expected the target the drafter was trained for"),
-    ("aux id beyond the depth", GENERATE, {"drafter": lambda: drafter(eagle_aux_hidden_state_layer_ids=[1, 2, 6])}, AuxLayerIdError),
-    ("tree on flash attention", GENERATE, {"target": _flash_target, **TREE}, "tree verification passes a custom 4-D attention mask, which 'flash_attention_2' cannot take; load the target with attn_implementation='sdpa' (or 'eager')"),
-    ("negative temperature", BOTH, {"temperature": -0.5}, "`temperature` is -0.5; expected a finite number >= 0 (0 = greedy decoding)"),
-    ("top_p above 1", BOTH, {"temperature": 0.7, "top_p": 1.5}, "`top_p` is 1.5; expected a number in (0, 1] (1 = no truncation)"),
-    ("unknown backend", BOTH, {"sampling_backend": "cuda"}, "`sampling_backend` is 'cuda'; expected one of ('torch', 'flashinfer')"),
-    ("zero steps", BOTH, {"num_steps": 0}, "`num_steps` is 0; expected an int in [1, 64]"),
-    ("a huge max_new_tokens", BOTH, {"max_new_tokens": 10**12}, "`max_new_tokens` is 1000000000000; expected an int in [1, 10000000]"),
-    ("a huge tree", BOTH, {"topk": 2, "num_draft_tokens": 10**9}, "`num_draft_tokens` is 1000000000; expected None or an int <= 4096"),
-    ("tree without its size", BOTH, {"topk": 2}, "tree drafting (topk 2) needs num_draft_tokens (root included), at most 11"),
-    ("tree too big for its steps", BOTH, {"topk": 2, "num_draft_tokens": 12}, "num_draft_tokens (root included) must be in [2, 11] for topk 2 and 3 steps, got 12"),
-    ("chain with a tree size", BOTH, {"num_draft_tokens": 6}, "chain drafting verifies num_steps + 1 = 4 tokens, got num_draft_tokens 6"),
-    ("chain with topk", GENERATE, {"topk": 4, "tree": False}, "chain drafting has topk 1, got 4"),
-    ("topk beyond the draft vocabulary", BOTH, {"drafter": lambda: drafter(draft_vocab_size=20), "topk": 21, "num_draft_tokens": 8}, "topk must be in [1, draft_vocab_size=20], got 21"),
-    ("eos as a string", BOTH, {"eos_token_id": "381"}, "`eos_token_id` is '381'" + EOS),
-    ("eos outside the vocabulary", BOTH, {"eos_token_id": [1, VOCAB]}, f"`eos_token_id` holds {VOCAB}" + EOS),
-    ("ids as floats", GENERATE, {"input_ids": [1.5, 2.0]}, "`input_ids` holds 1.5 (float); expected int token ids"),
-    ("ids as a float tensor", GENERATE, {"input_ids": torch.tensor([1.0, 2.0])}, "`input_ids` has dtype torch.float32; expected integer token ids"),
-    ("no ids", GENERATE, {"input_ids": []}, "`input_ids` is empty; expected a prompt of at least one token"),
-    ("ids outside the vocabulary", GENERATE, {"input_ids": [3, VOCAB]}, f"`input_ids` hold ids in [3, {VOCAB}]; expected ids in [0, {VOCAB}) (the target's vocabulary)"),
-    ("a seed as the generator", GENERATE, {"generator": 0}, "`generator` is 0; expected a torch.Generator or None"),
-    ("one prompt, not a list", MEASURE, {"prompts": "a prompt"}, f"`prompts` is 'a prompt'; expected a list of prompts, each {PROMPT_SHAPES}"),
-    ("no prompts", MEASURE, {"prompts": []}, "`prompts` is empty; expected at least one prompt (no requests, no statistics)"),
-    ("a prompt outside the vocabulary", MEASURE, {"prompts": [[1, VOCAB]]}, f"prompt 0: the prompt's ids hold token id {VOCAB} at index 1, outside the target's vocabulary [0, {VOCAB})"),
-]
-# fmt: on
+def test_measure_acceptance_api_stops_each_request_at_eos_as_the_target_does():
+    target = tiny_target("qwen3")
+    prompts = [prompt(seed=s) for s in (1, 2)] + [{"input_ids": prompt(seed=3)}]
+    result = spec.measure_acceptance(
+        target, echo_drafter(target), prompts, max_new_tokens=12, eos_token_id=torch.tensor([2])
+    )
+    assert AcceptanceStats.from_dict(result["total"]).num_requests == 3 and result["settings"]["eos_token_id"] == [2]
+    for r, s in zip(result["requests"], (1, 2, 3)):
+        assert_target_greedy(target, prompt(seed=s), r["output_ids"], 12, eos=2)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_target(), drafter()
-
-
-@pytest.mark.parametrize("row", BAD_CALLS, ids=[row[0] for row in BAD_CALLS])
-def test_bad_call_is_refused_in_one_line_before_any_compute(row, pair, monkeypatch):
-    _, functions, changes, message = row
-    target, draft = pair
-    for name in functions:
-        call = {"target": target, "drafter": draft, "max_new_tokens": 4}
-        call |= {"input_ids": prompt(5)} if name == "speculative_generate" else {"prompts": [prompt(5)]}
-        call |= {key: value() if callable(value) else value for key, value in changes.items()}
-        monkeypatch.setattr(spec, "CachedTarget", None)  # nothing runs: the target's first forward needs it
-        with pytest.raises(ValueError) as refused:
-            getattr(spec, name)(**call)
-        if isinstance(message, str):
-            assert str(refused.value) == message
-        else:
-            assert type(refused.value) is message and len(str(refused.value).splitlines()) == 1
-
-
-def test_eos_ids_have_one_reading_strict_for_arguments_lenient_for_configs():  # strict: BAD_CALLS' eos rows
+def test_eos_ids_have_one_reading_strict_for_arguments_lenient_for_configs():  # strict: test_bad_inputs.py's eos rows
     assert eos_token_ids(None) == () and eos_token_ids(7) == (7,) and eos_token_ids(torch.tensor([3, 2])) == (3, 2)
     assert eos_token_ids([1, "2", None, True, 4]) == (1, 4) and eos_token_ids("2") == ()  # a config's value
 
@@ -525,35 +478,19 @@ def test_acceptance_command_reports_the_target_greedy_stream(tmp_path, capsys):
     assert request["num_prompt_tokens"] + request["num_generated_tokens"] == 512 and request["context_limited"]
 
 
-# fmt: off
-BAD_PROMPT_LINES = [  # a prompts.jsonl line -> what the message says after "prompts.jsonl:2: "
-    ('{"input_ids": [1.9, 2.7, 3.5]}', "1.9 (float) at index 0"),
-    ('{"input_ids": ["12", "3"]}', "'12' (str) at index 0"),
-    ('{"input_ids": []}', "an empty list"),
-    ('{"input_ids": [1, 2, 999999]}', "token id 999999 at index 2, outside the target's vocabulary [0, 512)"),
-    ('{"prompt": null}', '"prompt" is null'),
-    ('{"prompt": ""}', '"prompt" is ""'),
-    ('{"messages": [{"role": "user"}]}', '"messages"[0]'),
-    ('{"prompt": "a", "input_ids": [1]}', "both"),
-    ('{"other": "hello"}', "an object with keys ['other']"),
-    ("5", "5"),
-    ("[1, 2.5]", "2.5 (float) at index 1"),
-]
-# fmt: on
-
-
 def test_acceptance_refuses_bad_inputs_in_one_line_before_loading(tmp_path, capsys):
-    """Every line of the prompts file is checked (naming file and line), then missing files, no chat template, a
-    drafter given as --target, a target given as --draft: one line, exit 2, before any model loads (no progress
-    bars, no transformers output on stderr)."""
+    """A bad prompts line (its file and line named; each line's exact message: the "prompts:" rows of
+    tests/unit/test_bad_inputs.py), missing files, no chat template, a drafter given as --target, a target given as
+    --draft: one line, exit 2, before any model loads (no progress bars, no transformers output on stderr)."""
     from eagle31_mla.demo import DEMO_DIR
 
     T, D, P = DEMO_DIR / "target", DEMO_DIR / "draft", tmp_path / "prompts.jsonl"
     bare = tmp_path / "target-without-chat-template"  # the demo target ships one (for chat completions)
     shutil.copytree(T, bare)
     (bare / "chat_template.jinja").unlink()
-    cases = [(f'{{"prompt": "fine"}}\n{line}', T, D, P, message) for line, message in BAD_PROMPT_LINES]
-    cases += [  # (prompts file, target, draft, prompts path, what the message says)
+    cases = [  # (prompts file, target, draft, prompts path, what the message says)
+        ('{"prompt": "fine"}\n{"input_ids": [1.9, 2.7, 3.5]}', T, D, P, "1.9 (float) at index 0"),
+        ('{"prompt": "fine"}\n{"input_ids": [1, 2, 999999]}', T, D, P, "outside the target's vocabulary [0, 512)"),
         ('{"messages": [{"role": "user", "content": "hi"}]}', bare, D, P, "has no chat template"),
         ('{"prompt": "hi"}', D, D, P, "argument --target: "),
         ('{"input_ids": [5, 6]}', T, T, P, "argument --draft: "),

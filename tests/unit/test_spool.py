@@ -24,7 +24,7 @@ import torch
 
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CaptureManifest
-from eagle31_mla.training.spool import FollowedCapture, FollowTarget, part_folder, stream_steps
+from eagle31_mla.training.spool import FollowedCapture, FollowTarget, part_folder
 from eagle31_mla.training.trainer import TrainingConfig
 from tests.support import spool_writer
 from tests.support.paths import ROOT
@@ -44,16 +44,12 @@ TINY = CaptureManifest(dict(hidden_size=8, vocab_size=512), [1, 2], "float32", 4
 
 
 def fake_states(sequences):
-    """run_target for write_shards: token ids as given, aux states holding the sequence's input index."""
+    """run_target for write_shards: token ids as given, zero states."""
     n = [len(s) for s in sequences]
     return lambda chunk: [
-        (i, torch.tensor(sequences[i]), torch.full((n[i], 2, 8), float(i)), torch.zeros(n[i], 4), torch.zeros(n[i], 4))
+        (i, torch.tensor(sequences[i]), torch.zeros(n[i], 2, 8), torch.zeros(n[i], 4), torch.zeros(n[i], 4))
         for i in chunk
     ]
-
-
-def plan(lengths, **where):
-    return spool_writer.plan(lengths, TINY, **where)
 
 
 def write_part(spool: Path, sequences, part: int, parts: int, max_bytes: int, limit=None):
@@ -63,18 +59,11 @@ def write_part(spool: Path, sequences, part: int, parts: int, max_bytes: int, li
     return spool_writer.write_part(spool, sequences, fake_states, manifest, max_bytes, **kw)
 
 
-def stream_inputs(data: FollowedCapture, count: int, parts: int) -> list[int]:
-    """The input index of the stream's first ``count`` sequences (the aux states hold it, see fake_states)."""
-    part_of = [data._shards[next(j for j, s in enumerate(data._shards) if s.start <= i < s.end)] for i in range(count)]
-    local = [int(data.sequence(i)[1][0, 0]) for i in range(count)]
-    return [x * parts + int(s.folder.name.split("-")[1]) - 1 for x, s in zip(local, part_of)]
-
-
 def test_the_stream_order_is_the_spools_content_not_its_timing(tmp_path):
     """Two parts, shards of 2: part 1 holds inputs 0, 2, 4, ...; the stream takes shard 0 of each part, then
     shard 1 of each, ... A part that has written ahead waits for the other's shard: what is ready depends only
     on what is written, in that order."""
-    sequences = [[3 + i] * (5 + i % 3) for i in range(9)]  # 9 inputs: part 1 has 5, part 2 has 4
+    sequences = [[3 + i] * (5 + i % 3) for i in range(9)]  # input i's tokens: 3 + i; part 1 has 5, part 2 has 4
     spool = tmp_path / "spool"
     write_part(spool, sequences, 1, 2, 10**9, limit=2)  # part 1 ahead: shards 0, 1 (inputs 0, 2 and 4, 6)
     write_part(spool, sequences, 2, 2, 10**9, limit=0)  # part 2 has only its manifest
@@ -84,8 +73,7 @@ def test_the_stream_order_is_the_spools_content_not_its_timing(tmp_path):
     assert data.ready(8) and not data.ready(9)  # part 1's last shard (input 8) is not written
     write_part(spool, sequences, 1, 2, 10**9)
     assert data.ready(9)
-    assert stream_inputs(data, 9, 2) == [0, 2, 1, 3, 4, 6, 5, 7, 8]
-    assert [data.sequence(i)[0].tolist() for i in range(2)] == [sequences[0], sequences[2]]
+    assert [data.sequence(i)[0].tolist() for i in range(9)] == [sequences[i] for i in (0, 2, 1, 3, 4, 6, 5, 7, 8)]
 
 
 def test_a_full_spool_stops_the_capture_until_the_trainer_takes_shards(tmp_path):
@@ -93,7 +81,7 @@ def test_a_full_spool_stops_the_capture_until_the_trainer_takes_shards(tmp_path)
     first shard (trained and checkpointed), the capture writes the next. The sizes it plans are upper bounds
     of the files written."""
     sequences = [[5] * 200 for _ in range(8)]  # shards of 42 KB: the header's allowance (4 KB) is small beside them
-    one = plan([200, 200])["shard_bytes"]
+    one = spool_writer.plan([200, 200], TINY)["shard_bytes"]
     spool = tmp_path / "spool"
     writer = threading.Thread(target=write_part, args=(spool, sequences, 1, 1, 2 * one + 10))
     writer.start()
@@ -126,9 +114,9 @@ def test_more_epochs_keep_every_shard_to_the_end(tmp_path):
     write_part(spool, sequences, 1, 1, 10**9)
     data = FollowedCapture(spool, say=lambda _: None)
     states, config = FollowTarget(data, 16, epochs=2), TrainingConfig(batch_size=3, seed=0)
-    steps = stream_steps(len(data), 2, 3)
+    steps = 5  # 7 sequences twice, 3 per step
     order = [int(i) for step in range(steps) for i in states.step_indices(step, config)]
-    assert steps == 5 and order[:7] == list(range(7)) and sorted(order[7:]) == list(range(7))
+    assert order[:7] == list(range(7)) and sorted(order[7:]) == list(range(7))
     assert order[7:] != list(range(7))
     folder = part_folder(spool, 1, 1)
     for step in range(1, steps):
@@ -142,10 +130,10 @@ def test_what_a_spool_cannot_carry_is_refused_before_anything_runs(tmp_path):
     """A shard larger than a part's share; --epochs 2 on a capture larger than the cap; a step reading more
     shards than the share holds. (The options that only mean something together: tests/unit/test_training.py.)"""
     with pytest.raises(CapturedDataError, match=r"argument --max-spool-gb: a shard of 4 sequences .* 2 parts"):
-        plan([10] * 8, parts=2, max_bytes=2000, sequences_per_shard=4)
+        spool_writer.plan([10] * 8, TINY, parts=2, max_bytes=2000, sequences_per_shard=4)
     sequences = [[4] * 6 for _ in range(12)]
     spool = tmp_path / "spool"
-    size = plan([6, 6])["shard_bytes"]
+    size = spool_writer.plan([6, 6], TINY)["shard_bytes"]
     write_part(spool, sequences, 1, 1, 3 * size, limit=1)  # room for 3 of its 6 shards
     data = FollowedCapture(spool, say=lambda _: None)
     data.check_plan(4, 1)  # 4 sequences touch at most 3 shards of 2
@@ -181,15 +169,12 @@ def trainer(data: Path, out: Path, *extra: str, ranks: int = 0, env=None) -> sub
     return launch(command, {**FAST_POLL, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
-def output(process: subprocess.Popen) -> str:
-    return Path(process.log).read_text()
-
-
 def finish(process: subprocess.Popen, timeout: float = 300) -> str:
     """Its output, once it has ended well."""
     process.wait(timeout=timeout)
-    assert process.returncode == 0, output(process)[-3000:]
-    return output(process)
+    printed = Path(process.log).read_text()
+    assert process.returncode == 0, printed[-3000:]
+    return printed
 
 
 def kill(process: subprocess.Popen) -> None:
@@ -264,7 +249,7 @@ def test_two_captures_and_a_trainer_at_once_train_what_capture_then_train_does(t
     finish(trainer(whole, tmp_path / "after"))
     online, after = weights(tmp_path / "online"), weights(tmp_path / "after")
     log = json.loads((tmp_path / "online" / "training.json").read_text())
-    assert log["steps"] == stream_steps(21, 1, 4) == 6
+    assert log["steps"] == 6  # 21 sequences, 4 per step
     for name, p in after.items():
         assert torch.equal(online[name], p), name
     finish(trainer(stored, tmp_path / "input-order"))
@@ -276,9 +261,10 @@ def test_two_captures_and_a_trainer_at_once_train_what_capture_then_train_does(t
 def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupted_weights(tmp_path, stored):
     """A capture process and a 2-rank torchrun trainer through a capped spool. The capture is killed (SIGKILL) at
     random moments twice and rerun; the trainer's rank 1 dies at step 3, then the rerun trainer is killed at a
-    random moment, and rerun again. The end: the weights of the trainer run once, uninterrupted, on the stored
-    capture (bit for bit), every shard removed. The last step has one sequence: rank 1 runs it without a loss."""
-    from eagle31_mla.training.distributed import KILL_ENV
+    random moment, and rerun again. The dead rank leaves the step-2 checkpoint named and no export; the end: the
+    weights of the trainer run once, uninterrupted, on the stored capture (bit for bit), every shard removed, one
+    checkpoint kept. The last step has one sequence: rank 1 runs it without a loss."""
+    from eagle31_mla.training.distributed import KILL_ENV, LATEST
 
     rng = random.Random(os.getpid())
     spool, cap, out = tmp_path / "spool", cap_below_the_capture(1), tmp_path / "out"
@@ -292,6 +278,7 @@ def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupte
     capturing = writer(spool, *capture)
     first.wait(timeout=300)
     assert first.returncode != 0  # rank 1 died at step 3
+    assert (out / "checkpoint" / LATEST).read_text() == "step-00000002" and not (out / "config.json").exists()
     second = trainer(spool, out, ranks=2)
     time.sleep(rng.uniform(5.0, 12.0))
     kill(second)
@@ -305,24 +292,25 @@ def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupte
     assert not list(spool.glob("part-*/shard-*"))
     log = json.loads((out / "training_log.json").read_text())
     assert [entry["step"] for entry in log["log"]] == list(range(1, 7)) and log["world_size"] == 2
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == [LATEST, "step-00000006"]
 
 
 # ---- a spool is data, not instructions (issue 33) ----------------------------------------------------------
+
+
+SHARD0 = "part-1-of-1/shard-00000.safetensors"
+
+
+def _edit(spool: Path, change) -> None:
+    spool_writer.edit_manifest(part_folder(spool, 1, 1), change)
 
 
 def _entry(field, value):
     return lambda spool, victim: _edit(spool, lambda m: m["shards"][0].update({field: value(victim)}))
 
 
-def _edit(spool: Path, change) -> None:
-    path = part_folder(spool, 1, 1) / MANIFEST
-    raw = json.loads(path.read_text())
-    change(raw)
-    path.write_text(json.dumps(raw))
-
-
 def _link_shard(spool: Path, victim: Path) -> None:
-    shard = part_folder(spool, 1, 1) / "shard-00000.safetensors"
+    shard = spool / SHARD0
     victim.write_bytes(shard.read_bytes())  # a real shard, elsewhere: trained on, then removed, were it followed
     shard.unlink()
     shard.symlink_to(victim)
@@ -336,18 +324,9 @@ def _link_part(spool: Path, victim: Path) -> None:
 
 
 def _tensor(name, change):
-    def damage(spool, victim):
-        from safetensors.torch import load_file, save_file
-
-        path = part_folder(spool, 1, 1) / "shard-00000.safetensors"
-        tensors = load_file(path)
-        change(tensors[name])
-        save_file(tensors, path)
-
-    return damage
+    return lambda spool, victim: spool_writer.edit_tensors(spool / SHARD0, lambda tensors: change(tensors[name]))
 
 
-SHARD0 = "part-1-of-1/shard-00000.safetensors"
 HOSTILE = {  # what a manifest or shard may say, and the one line it must end in
     "a path out of the spool": (_entry("file", lambda v: "../../victim"), "`shards[0].file` must be a shard name"),
     "an absolute path": (_entry("file", str), "`shards[0].file` must be a shard name of this folder"),
@@ -359,6 +338,14 @@ HOSTILE = {  # what a manifest or shard may say, and the one line it must end in
     ),
     "a count of the wrong type": (_entry("tokens", lambda v: "96"), "`shards[0].tokens` must be an integer >= 2"),
     "a top-k that is not a count": (lambda s, v: _edit(s, lambda m: m.update(top_k=1.5)), "`top_k` must be a positive"),
+    "a target without its depth": (
+        lambda s, v: _edit(s, lambda m: m["target"].pop("num_hidden_layers")),
+        "`target.num_hidden_layers` must be a positive integer, got None",
+    ),
+    "an aux id past the target": (
+        lambda s, v: _edit(s, lambda m: m.update(aux_layer_ids=[1, 2, 99])),
+        "`aux_layer_ids` must be ids of the target's layers, at most num_hidden_layers",
+    ),
     "NaN log-probabilities": (
         _tensor("topk_logprobs", lambda t: t[0].fill_(float("nan"))),
         f"{SHARD0}: `topk_logprobs` of sequence 0 holds values other than log-probabilities",
@@ -380,14 +367,8 @@ def test_a_hostile_spool_is_refused_by_name_and_every_file_stays(tmp_path, capsy
 
     spool, victim = tmp_path / "spool", tmp_path / "victim"
     victim.write_bytes(b"not yours")
-    spool_writer.write_part(
-        spool,
-        input_sequences()[:4],
-        spool_writer.demo_states,
-        spool_writer.CaptureManifest(spool_writer.DEMO, spool_writer.IDS, "float32", spool_writer.TOP_K, "", 0, "t"),
-        spool_bytes=10**9,
-        say=lambda _: None,
-    )
+    manifest = CaptureManifest(spool_writer.DEMO, spool_writer.IDS, "float32", spool_writer.TOP_K, "", 0, "t")
+    spool_writer.write_part(spool, input_sequences()[:4], spool_writer.demo_states, manifest, 10**9, say=lambda _: None)
     damage, message = HOSTILE[case]
     damage(spool, victim)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}

@@ -62,20 +62,19 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     sequences = torch.randint(3, 64, (32, 24), generator=torch.Generator().manual_seed(0))
     config = dict(steps=8, batch_size=8, seq_len=24, depth=3, lr=1e-2, warmup=2, save_every=100)
 
-    straight = train_drafter(
-        target, new_drafter(target), sequences, tmp_path / "a", TrainingConfig(**config), progress=False
-    )
-    train_drafter(
-        target, new_drafter(target), sequences, tmp_path / "b", TrainingConfig(**config), progress=False, stop_at=3
-    )
+    def run(out, training, **kw):
+        return train_drafter(target, new_drafter(target), sequences, tmp_path / out, training, progress=False, **kw)
+
+    straight = run("a", TrainingConfig(**config))
+    run("b", TrainingConfig(**config), stop_at=3)
     log = TrainingConfig(**config)  # a new process would pick up here: new objects, the same folder
-    resumed = train_drafter(target, new_drafter(target), sequences, tmp_path / "b", log, progress=False)
+    resumed = run("b", log)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name  # bit for bit
     assert [e["step"] for e in log.log] == list(range(1, 9))
 
     long = TrainingConfig(**{**config, "steps": 40, "save_every": 40})
-    train_drafter(target, new_drafter(target), sequences, tmp_path / "c", long, progress=False)
+    run("c", long)
     first, last = long.log[0], long.log[-1]
     assert last["loss"] < 0.8 * first["loss"], (first, last)
     assert last["acc"][0] > first["acc"][0]
@@ -124,6 +123,14 @@ def test_train_command_end_to_end_and_resumes(tmp_path, capsys, caplog):
     assert not any(n.startswith(("midlayer.", "model.", "fc_norm.")) for n in names)  # EAGLE-3: no fc_norm
 
 
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    from tests.support.spool_writer import capture_folder
+
+    sequences = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    return capture_folder(tmp_path_factory.mktemp("capture") / "c", sequences, top_k=16)
+
+
 TRAIN = ["train", "--target", "{target}", "--out", "{tmp}/o"]
 CAPTURE = ["capture", "--target", "{target}", "--text", "{text}"]
 
@@ -141,13 +148,21 @@ CAPTURE = ["capture", "--target", "{target}", "--text", "{text}"]
         ([*TRAIN, "--data", "{tmp}/spool"], "holds no manifest.json; a spool is read with --follow"),
         ([*TRAIN, "--data", "{tmp}/spool", "--epochs", "2"], "argument --epochs: applies to --follow"),
         ([*TRAIN, "--data", "{tmp}/spool", "--follow", "--steps", "3"], "argument --steps: with --follow"),
+        (
+            [*TRAIN, "--data", "{capture}", "--aux-layers", "2,3,4"],
+            "argument --aux-layers: the capture holds aux layers [1, 2, 4] (one-based), not [2, 3, 4]",
+        ),
+        (
+            ["train", "--target", "{tmp}/other", "--data", "{capture}", "--out", "{tmp}/o"],
+            "argument --data: captured from a target with (layers, hidden size, vocabulary) (4, 128, 512)",
+        ),
         ([*CAPTURE, "--spool", "{tmp}/o"], "argument --max-spool-gb: expected the spool's cap"),
         ([*CAPTURE, "--out", "{tmp}/o", "--part", "1/2"], "argument --part: applies to --spool"),
         ([*CAPTURE, "--out", "{tmp}/o", "--max-spool-gb", "1"], "argument --max-spool-gb: applies to --spool only"),
         ([*CAPTURE, "--spool", "{tmp}/o", "--part", "3/2", "--max-spool-gb", "1"], "argument --part: expected I/N"),
     ],
 )
-def test_train_and_capture_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, argv, message):
+def test_train_and_capture_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, capture, argv, message):
     from eagle31_mla.cli import main
     from eagle31_mla.demo import DEMO_DIR
 
@@ -155,7 +170,11 @@ def test_train_and_capture_refuse_bad_input_in_one_line_before_loading(tmp_path,
     (tmp_path / "corpus.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
     (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
     (tmp_path / "spool").mkdir()  # an empty spool: the capture has not started
+    (tmp_path / "other").mkdir()  # a target of another hidden size than the capture's
+    config = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    (tmp_path / "other" / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
     names = dict(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", text=tmp_path / "corpus.txt", tmp=tmp_path)
+    names["capture"] = capture
     assert main([a.format(**names) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message.format(**names) in err and "Loading" not in err, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import pkgutil
 import sys
@@ -97,21 +98,30 @@ def check_hooks() -> None:
         )
 
 
-def resolve_eagle_aux_hidden_state(original, **kwargs):
-    """After SGLang read the raw nested ids: replace them by our drafts' canonical ids (SGLang passes keywords only)."""
-    original(**kwargs)
-    config, target_config = kwargs["config"], kwargs["model_config"]
+def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
+    """After SGLang read the raw nested ids: replace them by our drafts' canonical ids."""
+    original(*args, **kwargs)
+    given = inspect.signature(original).bind(*args, **kwargs).arguments  # keywords in 0.5.23, any form elsewhere
+    if "config" not in given:
+        raise PluginHookError(
+            f"eagle31-mla: SGLang called `{RESOLVE_TARGET}` without `config` (it supports SGLang {SUPPORTED_RELEASES})"
+        )
+    config, target_config = given["config"], given.get("model_config")
     draft = getattr(config, "draft_model_config", None)
     architectures = getattr(getattr(draft, "hf_config", None), "architectures", None) or []
     if getattr(config, "eagle_use_aux_hidden_state", False) and DRAFT_ARCHITECTURE in architectures:
         check_hooks()  # the capture hook must be in place too, or the target would store the raw ids
-        config.eagle_aux_hidden_state_layer_ids = canonical_ids_for_draft(
-            draft.hf_config, getattr(target_config, "num_hidden_layers", None), draft.attention_arch
-        )
+        if not isinstance(depth := getattr(target_config, "num_hidden_layers", None), int):
+            raise PluginHookError(
+                f"eagle31-mla: SGLang passed `{RESOLVE_TARGET}` a {type(target_config).__name__} as `model_config`, "
+                "not the target's ModelConfig, whose `num_hidden_layers` the plugin checks the draft's ids against "
+                f"(it supports SGLang {SUPPORTED_RELEASES})"
+            )
+        config.eagle_aux_hidden_state_layer_ids = canonical_ids_for_draft(draft.hf_config, depth, draft.attention_arch)
 
 
-def canonical_ids_for_draft(hf_config, num_target_layers: int | None, attention_arch) -> CanonicalAuxLayerIds:
-    if attention_arch.name != "MLA":
+def canonical_ids_for_draft(hf_config, num_target_layers: int, attention_arch) -> CanonicalAuxLayerIds:
+    if getattr(attention_arch, "name", attention_arch) != "MLA":  # an enum in 0.5.23; a string or None elsewhere
         raise ValueError(
             f"eagle31-mla: SGLang would give the {DRAFT_ARCHITECTURE} draft a {attention_arch} KV cache, not MLA's "
             f"latent one; keep `{DRAFT_ARCHITECTURE}` in the draft's `architectures`"

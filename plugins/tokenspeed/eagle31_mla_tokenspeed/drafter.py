@@ -20,7 +20,6 @@ from eagle31_mla.model.aux_layers import (
     ONE_BASED,
     ZERO_BASED,
     AuxLayerIdError,
-    AuxLayerIds,
     aux_layer_ids_from_attributes,
     write_aux_layer_ids,
 )
@@ -41,7 +40,6 @@ class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
 
     @classmethod
     def model_profile(cls, hf_config) -> ModelProfile:
-        draft_ids(hf_config)  # unreadable or contradictory ids stop here, before anything is built
         return ModelProfile(
             configure_attention=configure_draft,
             cache_family="mla",  # MLA's latent cache; Kimi-K3's unified cache takes exactly this draft view
@@ -57,15 +55,6 @@ class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
     def load_weights(self, weights):
         """The published names (``layers.0.*``), whatever layout the checkpoint uses; TokenSpeed maps on from there."""
         return super().load_weights((canonical_tensor_name(name), tensor) for name, tensor in weights)
-
-
-def draft_ids(hf_config, num_target_layers: int | None = None) -> AuxLayerIds:
-    depth = num_target_layers or getattr(hf_config, "target_num_hidden_layers", None)
-    try:
-        ids, _ = aux_layer_ids_from_attributes(hf_config, depth)
-    except AuxLayerIdError as err:
-        raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
-    return ids
 
 
 def configure_draft(model_config, server_args) -> None:
@@ -86,7 +75,11 @@ def configure_draft(model_config, server_args) -> None:
 
 def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
     """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures right, and return it."""
-    ids = draft_ids(hf_config, target.num_layers)
+    depth = target.num_layers or getattr(hf_config, "target_num_hidden_layers", None)
+    try:
+        ids, _ = aux_layer_ids_from_attributes(hf_config, depth)
+    except AuxLayerIdError as err:
+        raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
     name = target_cls.__name__
     built_for = Sizes(
         *(getattr(hf_config, k, None) for k in ("target_hidden_size", "vocab_size", "target_num_hidden_layers"))

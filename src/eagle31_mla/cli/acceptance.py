@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import params
-from .common import OneOf, error, option, resolve_device, subcommand
+from .common import OneOf, error, option, resolve_device, shown, subcommand
 
 #: The offline measurement's own arguments (click leaves them None, so that one given with --server is refused by
 #: name), with their defaults.
@@ -72,7 +72,7 @@ def _flag(dest: str) -> str:
 )
 @option("--log", type=params.EXISTING_FILE, metavar="FILE", help="TokenSpeed: the scheduler's log file")
 @option("--expect", type=params.ACCEPT_LENGTH, metavar="X", help="the accept length the deployment should reach")
-@option("--reference", type=params.REFERENCE_REPORT, metavar="FILE", help="an offline `acceptance --json` report")
+@option("--reference", type=params.EXISTING_FILE, metavar="FILE", help="an offline `acceptance --json` report")
 def acceptance(args: SimpleNamespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
     speculative-decoding loop (eagle31_mla.decoding.speculative): mean accept length, per-position acceptance,
@@ -113,18 +113,23 @@ def _write(args: SimpleNamespace, report: dict) -> None:
 
 
 def _acceptance_server(args: SimpleNamespace) -> int:
+    from ..prompts import PromptError
+    from ..serving.live import LiveError, format_report, measure_server, read_reference
+
+    try:  # read once, and before the server is asked anything
+        reference = read_reference(args.reference) if args.reference else None
+    except (ValueError, OSError) as err:
+        what = f"an `eagle31-mla acceptance --json` report, got {shown(args.reference)}"
+        return error(f"argument --reference: expected {what}: {err}")
     if args.engine is None:
         return error("--server needs --engine vllm, sglang or tokenspeed (what serves it)")
     if args.log is not None and args.engine != "tokenspeed":
         return error(f"--log reads TokenSpeed's scheduler log; --engine is {args.engine}")
-    from ..prompts import PromptError
-    from ..serving.live import LiveError, format_report, measure_server
-
     options = {name: getattr(args, name) for name in ("temperature", "top_p", "model", "log", "limit", "ignore_eos")}
     options.update(concurrency=args.concurrency or 1, max_tokens=args.max_new_tokens, chat=args.chat_template)
     options.update(timeout=args.timeout or 120.0, progress=not args.no_progress, expect=args.expect)
     try:
-        report = measure_server(args.server, args.engine, args.prompts, reference=args.reference, **options)
+        report = measure_server(args.server, args.engine, args.prompts, reference=reference, **options)
     except (LiveError, PromptError) as err:
         return error(str(err))
     verdict = report.get("verdict") or {"warnings": [], "consistent": True}

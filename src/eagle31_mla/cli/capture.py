@@ -106,20 +106,12 @@ def capture(args: SimpleNamespace) -> int:
             chosen = part_sequences(len(sequences), part, parts)
             if not chosen:
                 return error(f"argument --part: part {part} of {parts} gets none of the {len(sequences)} sequences")
-            inputs = len(sequences)
+            where = dict(part=part, parts=parts, inputs=len(sequences), sequences_per_shard=args.sequences_per_shard)
             sequences = [sequences[i] for i in chosen]
             masks = None if masks is None else [masks[i] for i in chosen]
             shape = dict(num_aux=len(ids.one_based), hidden_size=target.hidden_size, dtype=getattr(torch, args.dtype))
-            spool = plan_part(
-                [len(s) for s in sequences],
-                part=part,
-                parts=parts,
-                inputs=inputs,
-                max_bytes=int(args.max_spool_gb * 1e9),
-                sequences_per_shard=args.sequences_per_shard,
-                top_k=args.top_k,
-                **shape,
-            )
+            lengths = [len(s) for s in sequences]
+            spool = plan_part(lengths, max_bytes=int(args.max_spool_gb * 1e9), top_k=args.top_k, **where, **shape)
             out = part_folder(args.spool, part, parts)
         options = dict(draft=args.draft, dtype=args.dtype, top_k=args.top_k, engine_args=args.engine_args, spool=spool)
         options.update(sequences_per_shard=args.sequences_per_shard, progress=not args.quiet)

@@ -27,12 +27,7 @@ def demo(args: SimpleNamespace) -> int:
     draft position, on held-out prompts. No download."""
     from ..demo import demo_prompts, run_demo
 
-    try:
-        available = len(demo_prompts())
-    except (OSError, ValueError) as err:
-        return error(
-            f"the embedded demo pair is unreadable ({err}); rebuild it with `python scripts/build_demo_pair.py`"
-        )
+    available = len(demo_prompts())
     if args.prompts > available:
         return error(
             f"argument --prompts: expected at most {available} (the held-out prompts shipped), got {args.prompts}"

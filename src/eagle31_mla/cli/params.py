@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -16,7 +17,7 @@ from ..decoding.limits import DRAFTING_LIMITS
 from ..hub.convert import parse_size
 from ..locations import is_hub_repo_id
 from ..serving.engines import InputError, probe_output_folder
-from ..serving.live import read_reference
+from ..serving.live import redacted_url
 from .common import one_line, shown
 
 Choice = click.Choice
@@ -51,8 +52,10 @@ class Checked(click.ParamType):
 
     name = "text"
 
-    def __init__(self, expected: str, read: Callable | None = None, accept: Callable | None = None, role=None):
-        self.expected, self.read, self.accept, self.role = expected, read, accept, role
+    def __init__(
+        self, expected: str, read: Callable | None = None, accept: Callable | None = None, role=None, show=None
+    ):
+        self.expected, self.read, self.accept, self.role, self.show = expected, read, accept, role, show or shown
 
     def convert(self, value, param, ctx):
         if not isinstance(value, str):
@@ -63,7 +66,9 @@ class Checked(click.ParamType):
             return value if self.read is None else self.read(value)
         except Exception as err:  # noqa: BLE001 - whatever it is (a library's InputError, ...), the value is unusable
             reason = getattr(err, "strerror", None) or str(err)
-        self.fail(f"expected {self.expected}, got {shown(value)}" + f": {one_line(reason)}" * bool(reason), param, ctx)
+        self.fail(
+            f"expected {self.expected}, got {self.show(value)}" + f": {one_line(reason)}" * bool(reason), param, ctx
+        )
 
 
 def _re(pattern: str) -> Callable:
@@ -104,8 +109,6 @@ def _json_object(text: str) -> dict:
 
 
 def _server_url(text: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(text.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValueError
@@ -118,7 +121,11 @@ LAYER_IDS = Checked("comma-separated layer ids in the target's convention, ascen
 PART = Checked("I/N with 1 <= I <= N <= 1024: this process's part of N capture processes (e.g. 2/4)", _part)
 ENGINE_ARGUMENTS = Checked("a JSON object of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 8}'", _json_object)
 SIZE = Checked("a size like 10GB or 500MB (powers of ten) or a number of bytes, > 0", parse_size)
-SERVER_URL = Checked("an http:// or https:// URL of a running server, like http://127.0.0.1:8000", _server_url)
+SERVER_URL = Checked(
+    "an http:// or https:// URL of a running server, like http://127.0.0.1:8000",
+    _server_url,
+    show=lambda url: shown(redacted_url(url)),
+)
 
 
 def _model(file_ok: bool) -> Callable[[str], str]:
@@ -160,13 +167,6 @@ class RolePath(click.Path):
         return path
 
 
-def _reference(path: str) -> None:
-    try:
-        read_reference(path)
-    except ValueError as err:
-        raise ValueError(f"expected an `eagle31-mla acceptance --json` report, got {shown(path)}: {err}") from None
-
-
 def _in_a_writable_folder(path: str) -> None:
     parent = Path(path).absolute().parent  # checked now, not after the measurement that writes it
     if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
@@ -182,7 +182,6 @@ def _creatable(path: str) -> None:
 
 
 EXISTING_FILE = RolePath("input", exists=True, dir_okay=False)
-REFERENCE_REPORT = RolePath("input", _reference, exists=True, dir_okay=False)
 CAPTURE_FOLDER = RolePath("input", exists=True, file_okay=False)  # its manifest is read by `train` first thing
 OUTPUT_FILE = RolePath("output", _in_a_writable_folder, dir_okay=False, writable=True, allow_dash=True)
 OUTPUT_FOLDER = RolePath("output", _creatable, file_okay=False, writable=True)

@@ -10,8 +10,6 @@ from .common import subcommand
 @subcommand("roster", "check the default (Kimi-K3) drafter against the published checkpoint's tensor roster")
 def roster(args: SimpleNamespace) -> int:
     """Build the default (Kimi-K3) drafter without allocating it and check it against the published roster."""
-    import torch
-
     from ..hub.roster import PUBLISHED_ROSTER, meta_roster, roster_differences
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig, describe_rope
 
@@ -27,7 +25,7 @@ def roster(args: SimpleNamespace) -> int:
         f"  aux layers: {config.aux_layer_ids.describe()}; fc_norm {config.fc_norm}, norm_output {config.norm_output}"
     )
     print(f"  rope: {describe_rope(config)}")
-    kv_bytes = config.kv_cache_values_per_token * torch.finfo(config.dtype).bits // 8
+    kv_bytes = config.kv_cache_values_per_token * config.dtype.itemsize
     print(f"  KV cache: {config.kv_cache_values_per_token} values = {kv_bytes} bytes per token ({config.dtype})")
     print(f"\n  {'tensor':<46} {'shape':>16}")
     for name, shape in shapes.items():

@@ -206,11 +206,11 @@ def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
 
     try:
         if args.follow:
-            from ..training.spool import FollowedCapture, stream_steps
+            from ..training.spool import FollowedCapture
 
             data = FollowedCapture(args.data, say=_say)
             data.check_plan(args.batch_size, args.epochs)
-            args.steps = stream_steps(len(data), args.epochs, args.batch_size)
+            args.steps = -(-len(data) * args.epochs // args.batch_size)  # every sequence --epochs times
         elif not (Path(args.data) / MANIFEST).is_file():
             raise InputError(f"argument --data: {args.data} holds no {MANIFEST}; a spool is read with --follow")
         else:

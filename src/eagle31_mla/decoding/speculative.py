@@ -13,8 +13,7 @@ can be measured offline and every engine checked against it. A round (gpt-fast's
 4. **Roll back.** The target cache keeps the committed tokens (a tree's accepted path is gathered into place);
    the drafter cache is cropped to before the draft steps and refilled next round from the target's own states.
 
-The accept length counts the bonus/correction token (as engines do). ``sampling_backend="flashinfer"`` (CUDA,
-the ``[gpu]`` extra): FlashInfer draws, truncates and verifies chains (the same rule; trees keep the torch rule).
+The accept length counts the bonus/correction token (as engines do). ``sampling_backend="flashinfer"``: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -193,14 +192,14 @@ class SpeculativeOutput:
 
 
 @dataclass(frozen=True)
-class _Settings:  # one call's settings, checked by _check_call: what every request of a run shares
-    max_new_tokens: int
+class _Settings:  # one call's settings, checked by check_settings: what every request of a run shares
     num_steps: int
     topk: int
     num_nodes: int  # tokens verified per round, the root included
-    tree: bool
     temperature: float
     top_p: float
+    tree: bool
+    max_new_tokens: int
     backend: str
 
 
@@ -305,8 +304,8 @@ def check_settings(
     *,
     draft_vocab_size: int | None = None,
     sampling_backend: str = "torch",
-) -> tuple[bool, int]:
-    """The loop's settings, checked before any compute; returns (tree, tokens verified per round, root included)."""
+) -> _Settings:
+    """The loop's settings, checked before any compute."""
     for name, value in (("num_steps", num_steps), ("topk", topk), ("max_new_tokens", max_new_tokens)):
         if not is_int(value) or not 1 <= value <= DRAFTING_LIMITS[name]:
             raise DraftInputError(f"`{name}` is {value!r}; expected an int in [1, {DRAFTING_LIMITS[name]}]")
@@ -316,25 +315,23 @@ def check_settings(
     if draft_vocab_size is not None and topk > draft_vocab_size:
         raise DraftInputError(f"topk must be in [1, draft_vocab_size={draft_vocab_size}], got {topk}")
     check_sampling_settings(temperature, top_p, sampling_backend)
-    chain = num_steps + 1
-    if not (topk > 1 if tree is None else tree):
-        if topk != 1:
-            raise DraftInputError(f"chain drafting has topk 1, got {topk}")
-        if num_draft_tokens not in (None, chain):
-            raise DraftInputError(
-                f"chain drafting verifies num_steps + 1 = {chain} tokens, got num_draft_tokens {num_draft_tokens}"
-            )
-        return False, chain
-    most = max_tree_draft_tokens(topk, num_steps)
+    chain, tree = num_steps + 1, topk > 1 if tree is None else tree
+    if not tree and topk != 1:
+        raise DraftInputError(f"chain drafting has topk 1, got {topk}")
+    if not tree and num_draft_tokens not in (None, chain):
+        raise DraftInputError(
+            f"chain drafting verifies num_steps + 1 = {chain} tokens, got num_draft_tokens {num_draft_tokens}"
+        )
+    most = max_tree_draft_tokens(topk, num_steps)  # num_steps + 1 for topk 1: a chain always fits
     if num_draft_tokens is None and topk > 1:
         raise DraftInputError(f"tree drafting (topk {topk}) needs num_draft_tokens (root included), at most {most}")
-    num_draft_tokens = chain if num_draft_tokens is None else num_draft_tokens  # a top-1 tree is a chain
-    if not 2 <= num_draft_tokens <= most:
+    nodes = chain if num_draft_tokens is None else num_draft_tokens  # a top-1 tree is a chain
+    if not 2 <= nodes <= most:
         raise DraftInputError(
             f"num_draft_tokens (root included) must be in [2, {most}] for topk {topk} and {num_steps} steps, "
-            f"got {num_draft_tokens}"
+            f"got {nodes}"
         )
-    return True, num_draft_tokens
+    return _Settings(num_steps, topk, nodes, temperature, top_p, tree, max_new_tokens, sampling_backend)
 
 
 def context_limit(target, drafter) -> int:
@@ -358,9 +355,7 @@ def _check_call(target, drafter, settings: tuple, backend: str) -> tuple[_Settin
     config = getattr(target, "config", None)
     if isinstance(target, Eagle31MLAForCausalLM) or not callable(getattr(config, "get_text_config", None)):
         raise DraftInputError(f"`target` is {shown(target)}; expected the Transformers causal LM it drafts for")
-    tree, num_nodes = check_settings(
-        *settings, draft_vocab_size=drafter.config.draft_vocab_size, sampling_backend=backend
-    )
+    s = check_settings(*settings, draft_vocab_size=drafter.config.draft_vocab_size, sampling_backend=backend)
     text = config.get_text_config()
     for ours, theirs in _BUILT_FOR.items():
         built_for, found = getattr(drafter.config, ours), getattr(text, theirs, None)
@@ -373,13 +368,12 @@ def _check_call(target, drafter, settings: tuple, backend: str) -> tuple[_Settin
         for device in {next(model.parameters()).device for model in (target, drafter)}:
             flashinfer_backend().require(device)
     attention = getattr(text, "_attn_implementation", None)
-    if tree and attention not in (None, "sdpa", "eager"):
+    if s.tree and attention not in (None, "sdpa", "eager"):
         raise DraftInputError(
             f"tree verification passes a custom 4-D attention mask, which {attention!r} cannot take; load the "
             "target with attn_implementation='sdpa' (or 'eager')"
         )
-    num_steps, topk, _, temperature, top_p, _, max_new_tokens = settings
-    return _Settings(max_new_tokens, num_steps, topk, num_nodes, tree, temperature, top_p, backend), text.vocab_size
+    return s, text.vocab_size
 
 
 @torch.no_grad()

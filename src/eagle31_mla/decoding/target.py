@@ -20,7 +20,7 @@ class TargetAuxCapture:
 
     def __init__(self, target, aux_layer_ids: AuxLayerIds):
         self.depth = target.config.get_text_config().num_hidden_layers
-        self.indices = aux_layer_ids.with_target_depth(self.depth).hidden_states_indices  # beyond it: refused
+        self.indices = aux_layer_ids.with_target_depth(self.depth).one_based  # = outputs.hidden_states indices
         self._last: torch.Tensor | None = None
         self._handle = None
         if self.depth in self.indices:
@@ -45,16 +45,12 @@ class TargetAuxCapture:
         states = [self._last if i == self.depth else hidden_states[i] for i in self.indices]
         return torch.cat(states, dim=-1)  # [B, T, n·Ht], ascending layer order
 
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
     def __enter__(self) -> TargetAuxCapture:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        if self._handle is not None:
+            self._handle.remove()
 
 
 @torch.no_grad()

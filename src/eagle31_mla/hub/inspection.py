@@ -79,7 +79,6 @@ def _check_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[s
 
 def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     """Everything ``inspect`` reports, JSON-ready (``errors`` lists what the library refuses)."""
-    import torch
     from huggingface_hub.errors import StrictDataclassError
 
     from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
@@ -107,7 +106,6 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
         return {**info, "tensors": {"checked": False, "why": "the config is refused"}}
 
     expected, _, num_parameters = meta_roster(config)
-    value_bytes = torch.finfo(config.dtype).bits // 8
     kv = config.kv_cache_values_per_token
     mha = config.num_attention_heads * (config.qk_nope_head_dim + config.v_head_dim)
     vocab, draft_vocab = config.vocab_size, config.draft_vocab_size
@@ -117,8 +115,8 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     info["vocabulary"] = {"vocab_size": vocab, "draft_vocab_size": draft_vocab, "pruned": draft_vocab != vocab}
     info["special_tokens"] = {"bos": config.bos_token_id, "eos": config.eos_token_id, "pad": config.pad_token_id}
     info.update(dtype=str(config.dtype).removeprefix("torch."), parameters=num_parameters)
-    info["kv_cache"] = {"values_per_token": kv, "bytes_per_token": kv * value_bytes}
-    info["kv_cache"]["mha_bytes_per_token"] = mha * value_bytes
+    info["kv_cache"] = {"values_per_token": kv, "bytes_per_token": kv * config.dtype.itemsize}
+    info["kv_cache"]["mha_bytes_per_token"] = mha * config.dtype.itemsize
     if any((file.parent / name).is_symlink() or (file.parent / name).exists() for name in _WEIGHTS):
         tensors = _check_tensors(file.parent, expected)
         if tensors.pop("error", False):

@@ -44,16 +44,14 @@ def meta_roster(config) -> tuple[dict[str, tuple[int, ...]], set[str], int]:
     return shapes, {dtype_name(t.dtype) for t in state.values()}, sum(p.numel() for p in model.parameters())
 
 
-def roster_differences(
-    shapes: Mapping[str, Sequence[int]], roster: Mapping = PUBLISHED_ROSTER, *, dtypes=None, num_parameters=None
-) -> list[str]:
+def roster_differences(shapes: Mapping[str, Sequence[int]], *, dtypes=None, num_parameters=None) -> list[str]:
     """Every way ``shapes`` (name -> shape), and when given ``dtypes`` (torch or safetensors spelling) and
     ``num_parameters``, depart from the published checkpoint; empty when identical."""
-    problems = [f"missing {name} {list(shape)}" for name, shape in roster.items() if name not in shapes]
-    problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in roster]
+    problems = [f"missing {name} {list(shape)}" for name, shape in PUBLISHED_ROSTER.items() if name not in shapes]
+    problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in PUBLISHED_ROSTER]
     problems += [
         f"{name}: shape {list(shapes[name])}, published {list(shape)}"
-        for name, shape in roster.items()
+        for name, shape in PUBLISHED_ROSTER.items()
         if name in shapes and tuple(shapes[name]) != shape
     ]
     if num_parameters is not None and num_parameters != PUBLISHED_NUM_PARAMETERS:

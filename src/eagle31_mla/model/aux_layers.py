@@ -112,11 +112,6 @@ class AuxLayerIds:
         """Zero-based "output of layer x" ids (training config, SGLang-native loader)."""
         return tuple(i - 1 for i in self.one_based)
 
-    @property
-    def hidden_states_indices(self) -> tuple[int, ...]:
-        """Indices into Transformers' ``outputs.hidden_states`` (index 0 = embeddings)."""
-        return self.one_based
-
     def __len__(self) -> int:
         return len(self.one_based)
 
@@ -135,7 +130,9 @@ def aux_layer_ids_from_config(
     config: Mapping[str, Any], num_target_layers: int | None = None
 ) -> tuple[AuxLayerIds, str]:
     """The aux-layer ids of a ``config.json`` dict, read by the module's rule, and how they were read."""
-    convention = config.get(CONVENTION_KEY)  # an unknown one is refused by from_convention
+    convention = config.get(CONVENTION_KEY)
+    if convention is not None and convention not in CONVENTIONS:  # "" or false would read as unlabelled
+        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
     eagle_config = config.get("eagle_config") or {}
     if not isinstance(eagle_config, Mapping):
         raise AuxLayerIdError(f"eagle_config: expected a dict, got {type(eagle_config).__name__}")

@@ -1,10 +1,4 @@
-"""FlashInfer glue for the opt-in GPU path: the ``[gpu]`` extra (``flashinfer-python>=0.7.2.post1,<0.8``), CUDA only.
-
-* **Drafter decode** (``attn_implementation="flashinfer"``): a one-token, unmasked step runs
-  ``BatchMLAPagedAttentionWrapper`` on the absorbed query, ``LatentKVCache.latent`` read in place as FlashInfer's
-  packed paged layout (one page per sequence, docs/gpu.md). Multi-token and masked steps keep the torch path.
-* **Sampling** (``sampling_backend="flashinfer"``): ``top_p_renorm_probs``, ``sampling_from_probs`` and
-  ``chain_speculative_sampling``; trees keep the torch acceptance rule, greedy the argmax rule.
+"""FlashInfer glue for the opt-in GPU path (the ``[gpu]`` extra, CUDA only; what runs through it: docs/gpu.md).
 
 Written against flashinfer-python 0.7.2.post1 (git beabf5004585b03da60e927bbb803acbaa62fe36):
 ``plan(metadata=MLAPlanMetadata.csr(...), ...)`` / ``run(query=, kv_cache=)``; FA2/FA3 take fp16/bf16 only, a

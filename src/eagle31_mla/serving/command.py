@@ -34,7 +34,6 @@ class ServeCommand:
     layers_to_capture: list[int] | None = None
 
     def shell(self) -> str:
-        """The command as a shell line, one option per continued line, values quoted."""
         segments = [[f"{k}={shlex.quote(v)}" for k, v in self.env.items()]]
         for token in self.argv:
             if token.startswith("--"):
@@ -43,7 +42,6 @@ class ServeCommand:
         return " \\\n  ".join(" ".join(segment) for segment in segments)
 
     def line(self) -> str:
-        """The command on one line (what a shell would run)."""
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
 
     def text(self) -> str:
@@ -67,13 +65,9 @@ def serve_command(
     tensor_parallel_size: int | None = None,
 ) -> ServeCommand:
     """The launch command for ``engine``; ValueError for a combination the engine does not accept."""
-    if engine not in facts.ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
     for flag, value in {**numbers, "--tp": tensor_parallel_size}.items():
-        if (value is not None or flag in ("--num-steps", "--topk")) and not (
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        ):
+        if (value is not None or flag in ("--num-steps", "--topk")) and not (type(value) is int and value >= 1):
             raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
     heads = draft_config.get("num_attention_heads")
     if tensor_parallel_size and isinstance(heads, int) and heads % tensor_parallel_size:

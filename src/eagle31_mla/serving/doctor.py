@@ -87,9 +87,6 @@ class Finding:
     #: engine releases it applies to (empty: all that were checked)
     versions: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "versions": list(self.versions)}
-
 
 @dataclass
 class Report:
@@ -124,9 +121,9 @@ class Report:
             "aux_layer_ids": None
             if ids is None
             else {"one_based": list(ids.one_based), "zero_based": list(ids.zero_based), "how": self.aux_layer_ids_how},
-            "problems": [f.to_dict() for f in self.problems],
-            "handled_by_plugin": [f.to_dict() for f in self.handled],
-            "notes": [f.to_dict() for f in self.notes],
+            "problems": [asdict(f) for f in self.problems],
+            "handled_by_plugin": [asdict(f) for f in self.handled],
+            "notes": [asdict(f) for f in self.notes],
             "details": list(self.details),
         }
 
@@ -158,7 +155,7 @@ def engine_releases(engine: str, version: str | None = None) -> list[tuple[str, 
         return [(version or facts.release_label(facts.tokenspeed.RELEASES[-1]), None)]
     table = {"vllm": facts.vllm, "sglang": facts.sglang}[engine]
     if version:
-        return [(version, table.features(table.parse_version(version)))]
+        return [(version, table.features(facts.parse_release(version, engine)))]
     return [(facts.release_label(v[:2] if engine == "vllm" else v), table.features(v)) for v in table.RELEASES]
 
 
@@ -174,8 +171,6 @@ def diagnose(
     draft_name: str = "the draft",
 ) -> Report:
     """Check a draft ``config.json`` dict against a target and an engine (one release, or all known)."""
-    if engine not in facts.ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {facts.ENGINES}")
     releases, environ = engine_releases(engine, version), os.environ if environ is None else environ
     # a size that is not a positive integer is as unreadable as a missing one (reported by _check_target)
     sizes = ("num_layers", "hidden_size", "vocab_size")
@@ -200,9 +195,6 @@ def diagnose(
     for f, versions in per_id.values():  # releases are named only when not all checked ones are affected
         findings.append(replace(f, versions=() if len(versions) == len(labels) else tuple(versions)))
     return Report(engine, tuple(labels), with_plugin, draft_name, target.describe(), ids, how, findings)
-
-
-# ---- the checks ----------------------------------------------------------------------------------------
 
 
 def _adder(findings: list[Finding]):  # add(id, problem, fix, severity, plugin_fixes), or add(rule); None: none

@@ -25,7 +25,9 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,8 +167,7 @@ def vllm_counters(samples: list) -> Acceptance | None:
     :class:`Acceptance` (rounds = drafts); None without a drafts counter."""
     names = vllm_facts.SPEC_DECODE_COUNTERS
     keys = {names[k]: k for k in ("drafts", "draft_tokens", "accepted_tokens")}
-    totals: dict[str, float] = {}
-    per_pos: dict[int, float] = {}
+    totals, per_pos = Counter(), Counter()
     for s in samples:
         base = s.name.removesuffix("_total")
         if base in keys or base == names["accepted_tokens_per_pos"]:
@@ -174,14 +175,14 @@ def vllm_counters(samples: list) -> Acceptance | None:
                 raise LiveError(f"/metrics: {s.name} is {s.value!r}; a counter is a non-negative integer")
         position = s.labels.get(vllm_facts.SPEC_DECODE_POSITION_LABEL, "")
         if base == names["accepted_tokens_per_pos"] and position.isdigit():
-            per_pos[int(position)] = per_pos.get(int(position), 0.0) + s.value
+            per_pos[int(position)] += s.value
         elif base in keys:
-            totals[keys[base]] = totals.get(keys[base], 0.0) + s.value
+            totals[keys[base]] += s.value
     if "drafts" not in totals:
         return None
     k = max(per_pos, default=-1) + 1
-    counts = [round(totals.get(key, 0.0)) for key in ("drafts", "accepted_tokens", "draft_tokens")]
-    return Acceptance(*counts, per_position=[round(per_pos.get(j, 0.0)) for j in range(k)], num_steps=k or None)
+    counts = [round(totals[key]) for key in ("drafts", "accepted_tokens", "draft_tokens")]
+    return Acceptance(*counts, per_position=[round(per_pos[j]) for j in range(k)], num_steps=k or None)
 
 
 def _check_counts(rounds: int, accepted: int, drafted: int | None, positions, what: str) -> None:
@@ -256,10 +257,9 @@ def tokenspeed_response_acceptance(response: dict) -> Acceptance | None:
 _READERS = {"vllm": vllm_response_acceptance, "sglang": sglang_response_acceptance}
 _READERS["tokenspeed"] = tokenspeed_response_acceptance
 
-_NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|nan|inf)"
-_TS_FINISH = re.compile(r"Req: (\S+) Finish! Accept_num_tokens_avg: (" + _NUMBER + r")\s*$")
-_TS_STATS = re.compile(r"Req: (\S+) Finish! RequestStats\((.*)\)\s*$")
-_TS_DECODE = re.compile(r"Decode batch\. .*?avg_accept_len: (" + _NUMBER + r")")
+_NUMBER = r"[-+]?[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?"
+_TS_FINISH = re.compile(rf"Req: (\S+) Finish! (?:Accept_num_tokens_avg: ({_NUMBER})|RequestStats\((.*)\))\s*$")
+_TS_DECODE = re.compile(rf"Decode batch\. .*?avg_accept_len: ({_NUMBER})")
 
 
 @dataclass
@@ -283,21 +283,12 @@ def parse_tokenspeed_log(text: str) -> TokenSpeedLog:
     log = TokenSpeedLog()
     for line in text.splitlines():
         if match := _TS_FINISH.search(line):
-            rid, value, tokens = match[1], float(match[2]), None
-        elif match := _TS_STATS.search(line):
-            fields = dict(re.findall(r"(\w+)=([^,]*)", match[2]))
-            try:
-                rid, value = match[1], float(fields.get("acc_len", "None"))
-            except ValueError:
-                continue  # acc_len=None: speculative decoding was off for it
-            tokens = int(fields["output_tokens"]) if fields.get("output_tokens", "").isdigit() else None
-        elif (match := _TS_DECODE.search(line)) and math.isfinite(value := float(match[1])):
-            log.windows.append(value)
-            continue
-        else:
-            continue
-        if math.isfinite(value):
-            log.requests[rid] = (value, tokens)
+            stats = dict(re.findall(r"(\w+)=([^,]*)", match[3] or ""))
+            value, tokens = match[2] or stats.get("acc_len", ""), stats.get("output_tokens", "")
+            if re.fullmatch(_NUMBER, value) and math.isfinite(float(value)):  # acc_len=None: speculation off
+                log.requests[match[1]] = (float(value), int(tokens) if tokens.isdigit() else None)
+        elif (match := _TS_DECODE.search(line)) and math.isfinite(float(match[1])):
+            log.windows.append(float(match[1]))
     return log
 
 
@@ -476,30 +467,32 @@ def _CappedTransport():
 
     class Capped(httpx.HTTPTransport):
         def handle_request(self, request):
-            response = super().handle_request(request)
-            body = response.stream
-
-            class Stream(httpx.SyncByteStream):
-                def __iter__(self):
-                    size = 0
-                    for chunk in body:
-                        size += len(chunk)
-                        if size > MAX_ANSWER_BYTES:
-                            raise _Refused(f"an answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused")
-                        yield chunk
-
-                def close(self):
-                    body.close()
-
-            response.stream = Stream()
+            request.headers["Accept-Encoding"] = "identity"  # httpx decodes after the transport: cap what is held
+            response, body = super().handle_request(request), bytearray()
+            try:
+                encoding = response.headers.get("Content-Encoding", "identity")
+                if encoding != "identity":
+                    raise _Refused(f"an answer in Content-Encoding {encoding}, not the identity asked for: refused")
+                for chunk in response.stream:
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise _Refused(f"an answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused")
+            finally:
+                response.stream.close()
+            response.stream = httpx.ByteStream(bytes(body))
             return response
 
-    return Capped()
+    return Capped(limits=httpx.Limits(max_connections=None))  # httpx's default 100 would queue --concurrency 1024
 
 
 #: The most bytes one answer of a server may take (vLLM's /metrics is ~100 KB; a completion less): a larger one is
 #: refused as it streams in, never held.
 MAX_ANSWER_BYTES = 64 * 2**20
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as printed and written: credentials in it are ``***``."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1***@", url)
 
 
 class _Client:
@@ -515,18 +508,18 @@ class _Client:
 
         self.base, self.timeout = url.rstrip("/").removesuffix("/v1").rstrip("/"), timeout
         parts = urlsplit(self.base)
-        self.secret = parts.password or parts.username
-        self.shown = (
-            parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl() if self.secret else self.base
-        )
+        self.secret, self.shown = parts.password or parts.username, redacted_url(self.base)
+
+        def origin(url) -> tuple:  # as httpx normalises it: LOCALHOST is localhost, http://h:80 is http://h
+            return url.scheme, url.host, url.port
 
         def same_origin(request) -> None:
-            if (request.url.scheme, request.url.netloc.rsplit(b"@", 1)[-1]) != (parts.scheme, host.encode()):
-                origin = f"{request.url.scheme}://{request.url.netloc.decode().rsplit('@', 1)[-1]}"
-                raise _Refused(f"redirected to {origin}, another origin than {parts.scheme}://{host}: refused")
+            if origin(request.url) != origin(home):
+                at = f"{request.url.scheme}://{request.url.netloc.decode().rsplit('@', 1)[-1]}"
+                raise _Refused(f"redirected to {at}, another origin than {parts.scheme}://{parts.hostname}: refused")
 
-        host = parts.netloc.rsplit("@", 1)[-1]
         try:  # the key vLLM's docs pass to a server started without --api-key (one with it answers HTTP 401)
+            home = httpx.URL(self.base)
             http = httpx.Client(
                 transport=_CappedTransport(), follow_redirects=True, event_hooks={"request": [same_origin]}
             )
@@ -662,10 +655,8 @@ def _probe_server(client: _Client, engine: str, model: str | None):
     counters = _probe_metrics(client, engine)
     target, draft, info = _text(entry.get("root")), None, {}
     if engine != "tokenspeed":  # the version and SGLang's server arguments, when the server says; never an error
-        try:
+        with suppress(LiveError):
             status, info = client.get(vllm_facts.VERSION_PATH if engine == "vllm" else sglang_facts.SERVER_INFO_PATH)
-        except LiveError:
-            pass
         info = info if status == 200 and isinstance(info, dict) else {}
     if engine == "sglang":
         target, draft = _text(info.get("model_path")) or target, _text(info.get("speculative_draft_model_path"))
@@ -761,13 +752,13 @@ def measure_server(
     ignore_eos: bool = False,
     progress: bool = False,
     expect: float | None = None,
-    reference: dict[str, Any] | str | Path | None = None,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure the accept length of the server at ``url`` (``engine`` "vllm", "sglang" or "tokenspeed") on a prompts
     file: the offline report's ``settings``, ``total`` and ``requests`` (None where the engine does not report a
     value), plus ``server`` (attribution "per-request" | "aggregate", source), ``confidence_interval_95``,
-    ``tokens_per_second``, ``wall_time_s``, ``notes`` and, with ``expect`` or ``reference``, ``verdict``. The
-    sampling settings are the server's to check (a refusal is an error). Raises :class:`LiveError`."""
+    ``tokens_per_second``, ``wall_time_s``, ``notes`` and a ``verdict`` against ``expect`` or a :func:`read_reference`
+    ``reference``. The server checks the sampling settings (a refusal is an error). Raises :class:`LiveError`."""
     from tqdm.auto import tqdm
 
     from ..prompts import read_prompt_lines
@@ -776,8 +767,6 @@ def measure_server(
         raise LiveError(f"engine {engine!r}; expected one of {', '.join(_READERS)}")
     if expect is not None and reference is not None:
         raise LiveError("give expect= or reference=, not both")
-    if isinstance(reference, (str, Path)):
-        reference = read_reference(reference)
     lines = read_prompt_lines(prompts)[:limit]
     if not lines:
         raise LiveError(f"{prompts}: expected at least one prompt, the file has none")
@@ -935,14 +924,14 @@ def _apply_tokenspeed_log(
 ) -> tuple[dict[str, Any], str]:
     """Attribute (or check) each request from TokenSpeed's scheduler log, matched by the rid it sent."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        data = path.read_bytes()
     except OSError as err:
         raise LiveError(f"--log {path}: unreadable ({err.strerror or err})") from None
-    whole = parse_tokenspeed_log(text)
-    windows = parse_tokenspeed_log(text.encode("utf-8")[start:].decode("utf-8", errors="replace")).windows
+    whole = parse_tokenspeed_log(data.decode("utf-8", errors="replace"))
+    windows = parse_tokenspeed_log(data[start:].decode("utf-8", errors="replace")).windows  # written during the run
     matched, disagree = 0, []
     for r in ordered:
-        line = (whole.find(r.rid) if r.rid else None) or (whole.find(r.response_id) if r.response_id else None)
+        line = whole.find(r.rid) or (whole.find(r.response_id) if r.response_id else None)
         if line is None:
             continue
         matched += 1
@@ -971,13 +960,13 @@ def _apply_tokenspeed_log(
 # ---- output -------------------------------------------------------------------------------------------
 
 
-def _f(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+def _f(value, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report as text: the server, a per-request table, the totals with the interval, per-position acceptance
-    and the histogram where the engine reports them (:meth:`AcceptanceStats.table`), output tokens/s, the verdict."""
+    """The report as text: the server, a per-request table, the totals (:meth:`AcceptanceStats.table` where the
+    engine reports a histogram), the verdict."""
     from ..decoding.speculative import AcceptanceStats
 
     server, total, settings = report["server"], report["total"], report["settings"]

@@ -123,8 +123,6 @@ class Launch:
 
 
 class _Parser(argparse.ArgumentParser):
-    where = "the command"
-
     def error(self, message):
         raise InputError(f"{self.where}: {message}")
 
@@ -139,7 +137,8 @@ def _json_option(value: str | None, flag: str, where: str) -> dict[str, Any]:
     return data
 
 
-#: The most draft steps or tokens a launch line may ask for (the library's own drafting limits).
+#: The most draft steps, top-k or tokens a launch line may ask for: the largest of the library's drafting limits (a
+#: tree's draft tokens), so that no count an engine could use is refused and an absurd one (1e40) is.
 MAX_STEPS = DRAFTING_LIMITS["num_draft_tokens"]
 
 
@@ -149,12 +148,9 @@ def _count(value) -> bool:
 
 def count(text: str) -> int:
     """SGLang's and TokenSpeed's speculative counts, as their parsers type them (int), within the drafting limits."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
+    value = int(text)  # a ValueError: argparse's message names the flag and the value
     if not _count(value):
-        raise ValueError  # argparse's message names the flag and the value
+        raise ValueError
     return value
 
 

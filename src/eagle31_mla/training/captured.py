@@ -6,15 +6,11 @@ token axis: ``token_ids`` [T] int64; ``offsets`` [n + 1] (sequence i is ``offset
 stream after each aux layer, ascending one-based ids; Kimi-K3's prefix-only stream); ``topk_logprobs`` [T, K]
 float32 and ``topk_ids`` [T, K] int32 (the target's K most likely next tokens, as the engine computed them: the
 loss input); ``loss_mask`` [T] uint8 (1 where trained on, as the manifest's ``loss_mask`` says: "all",
-"assistant" or "last-turn").
-
-Log-probabilities, not the target's last hidden state: the engine's numbers hold for every target, while Kimi-K3's
-output path is not norm + ``lm_head`` alone. K x 8 bytes per token (K = 64 adds 0.5 KB to Kimi-K3's 43 KB of bf16
-aux states); the drafter is trained towards the target's distribution renormalised over those K tokens.
+"assistant" or "last-turn"). Why log-probabilities, not the last hidden state: docs/training.md; the drafter is
+trained towards the target's distribution renormalised over the K tokens.
 
 Files are written under a temporary name and renamed, shard first, manifest last: an interrupted capture leaves
 the previous manifest and complete shards, and a resumed one skips what the manifest lists.
-:class:`CapturedStates` checks every shard against the manifest before anything trains.
 """
 
 from __future__ import annotations
@@ -90,12 +86,9 @@ class CaptureManifest:
     def tokens(self) -> int:
         return sum(shard["tokens"] for shard in self.shards)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
 
 def write_manifest(folder: str | Path, manifest: CaptureManifest) -> None:
-    atomic_write(Path(folder) / MANIFEST, lambda tmp: Path(tmp).write_text(manifest.to_json()))
+    atomic_write(Path(folder) / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(asdict(manifest), indent=1)))
 
 
 def write_shard(folder: str | Path, number: int, sequences: Sequence[tuple]) -> dict[str, Any]:
@@ -165,8 +158,10 @@ def _check_manifest(path: Path, m: CaptureManifest) -> None:
     need("dtype", m.dtype, m.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
     need("loss_mask", m.loss_mask, m.loss_mask in LOSS_MASKS, f"one of {LOSS_MASKS}")
     need("target", target, isinstance(target, dict), "an object")
-    for key in ("hidden_size", "vocab_size"):
+    for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
         need(f"target.{key}", target.get(key), _is_count(target.get(key), 1), "a positive integer")
+    depth = target["num_hidden_layers"]
+    need("aux_layer_ids", ids, ids[-1] <= depth, f"ids of the target's layers, at most num_hidden_layers ({depth})")
     need("top_k", m.top_k, _is_count(m.top_k, 1), "a positive integer")
     need("num_inputs", m.num_inputs, _is_count(m.num_inputs), "a non-negative integer")
     need("shards", m.shards, isinstance(m.shards, list), "a list")

@@ -1,24 +1,15 @@
-"""Online training through a spool: ``capture --spool DIR --max-spool-gb N`` and ``train --data DIR --follow``
-at once, as TorchSpec trains (inference and training together) without its services: a shared folder is the
-whole protocol.
-
-The spool holds one capture folder per capture process, ``part-I-of-N`` (the ``capture --out`` format); part I
-captures input sequences I-1, I-1+N, ... Its manifest's ``spool`` entry gives its part, the input's size, its
-share of the cap (N GB / parts) and its shard sizes.
-
-* The capture writes a shard only when it fits in the part's share beside the shards present (sized before the
-  target runs); otherwise it waits, and says so.
-* The trainer reads the shards in one fixed order (shard 0 of part 1, shard 0 of part 2, ..., shard 1 of part 1,
-  ...): a function of the spool's content, not its timing, so a resumed trainer sees the batches an uninterrupted
-  one does, and ``--follow`` on a stored capture trains the drafter its spool trains.
-* A shard is removed once every rank has trained on it and a checkpoint covers it; a trainer waiting on a full
-  spool checkpoints first, so the spool drains. ``--epochs > 1`` keeps every shard (refused beyond the cap).
-* Killing either side loses nothing: the capture resumes from its manifest, the trainer from its checkpoint.
+"""Online training through a spool (docs/training.md): ``capture --spool DIR --max-spool-gb N`` and ``train --data
+DIR --follow`` at once, a shared folder the whole protocol. The spool holds one capture folder per capture process,
+``part-I-of-N`` (the ``capture --out`` format, its manifest's ``spool`` entry planned by :func:`plan_part`); part I
+captures input sequences I-1, I-1+N, ... The trainer reads the shards in one fixed order (shard 0 of each part in
+turn, then shard 1, ...), a function of the spool's content, not its timing: a resumed trainer sees the batches an
+uninterrupted one does.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import math
 import os
@@ -127,10 +118,8 @@ def write_shards(
 def _listed_bytes(folder: Path, manifest: CaptureManifest) -> int:
     total = 0
     for entry in manifest.shards:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # taken by the trainer
             total += (folder / entry["file"]).stat().st_size
-        except FileNotFoundError:
-            pass  # taken by the trainer
     return total
 
 
@@ -276,9 +265,7 @@ class FollowedCapture(CapturedStates):
             time.sleep(POLL_S)
 
     def _where(self, i: int) -> tuple[Path, int, int]:
-        shard = self._shards[max(bisect.bisect_right(self._shards, i, key=lambda s: s.start) - 1, 0)]
-        if not shard.start <= i < shard.end:
-            raise IndexError(f"sequence {i} of the stream is not captured yet")
+        shard = self._shards[bisect.bisect_right(self._shards, i, key=lambda s: s.start) - 1]  # (waited for)
         if shard.offsets is None:
             if shard.removed or not shard.path.is_file():
                 raise CapturedDataError(
@@ -309,12 +296,6 @@ class FollowedCapture(CapturedStates):
 
     def releasable(self, trained: int) -> bool:
         return self.spool and any(not s.removed and s.end <= trained for s in self._shards)
-
-
-def stream_steps(sequences: int, epochs: int, batch_size: int) -> int:
-    """Steps of a followed capture: every sequence ``epochs`` times, ``batch_size`` per step (the last step takes
-    the rest)."""
-    return math.ceil(sequences * epochs / batch_size)
 
 
 class FollowTarget(CapturedTarget):

@@ -19,14 +19,7 @@ import torch
 
 from ..model.aux_layers import AuxLayerIds
 from ..serving.engines import Target, read_config_json
-from .captured import (
-    MANIFEST,
-    CapturedDataError,
-    CaptureManifest,
-    inputs_digest,
-    read_manifest,
-    write_manifest,
-)
+from .captured import MANIFEST, CapturedDataError, CaptureManifest, inputs_digest, read_manifest, write_manifest
 from .spool import write_shards
 
 logger = logging.getLogger(__name__)
@@ -54,28 +47,25 @@ def top_k_table(position_logprobs: Sequence[dict | None], top_k: int) -> tuple[t
     return values, ids
 
 
-def _vllm_version() -> str:
+def _check_engine(target: Target) -> str:
+    """The installed vLLM's version, once checked that it can capture, and captures Kimi-K3's prefix-only stream."""
     import vllm
 
-    return vllm.__version__
-
-
-def _check_engine(target: Target) -> None:
-    """The installed vLLM can capture, and captures Kimi-K3's prefix-only stream (the one rule)."""
     from ..serving import compatibility
     from ..serving.engine_facts import release_label
     from ..serving.engine_facts.vllm import CAPTURE_FROM, features, parse_version
 
-    version = parse_version(_vllm_version())
+    version = parse_version(vllm.__version__)
     if version < CAPTURE_FROM:
         raise ValueError(
             f"capture needs vLLM >= {release_label(CAPTURE_FROM)} (its `extract_hidden_states` method and "
-            f"hidden-states connector); vLLM {_vllm_version()} is installed"
+            f"hidden-states connector); vLLM {vllm.__version__} is installed"
         )
     if target.is_kimi_k3:
         rule = compatibility.vllm_kimi_k3_stream(features(version), True, os.environ)
         if rule is not None:
             raise ValueError(rule.message)
+    return vllm.__version__
 
 
 def _drain(llm) -> None:
@@ -87,14 +77,6 @@ def _drain(llm) -> None:
             return
         core.step()
     raise RuntimeError("vLLM's scheduler still holds requests after 10000 steps; the hidden states were not written")
-
-
-def _release() -> None:
-    """Shut vLLM's KV-connector agent (a module global) down: vLLM 0.29 replaces it only for a next engine with a
-    connector, so one started later without would inherit ours (and fail registering its caches)."""
-    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
-
-    ensure_kv_transfer_shutdown()
 
 
 def _connector_config(spool: Path) -> dict[str, Any]:
@@ -148,8 +130,10 @@ def capture_with_vllm(
     from tqdm.auto import tqdm
 
     info = Target.from_config(read_config_json(target)[0], target)
+    if not info.num_layers or not info.hidden_size:
+        raise ValueError(f"{target}: its config.json gives no readable num_hidden_layers / hidden_size")
     ids = aux_layer_ids.with_target_depth(info.num_layers)
-    _check_engine(info)
+    version = _check_engine(info)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sizes = dict(num_hidden_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size)
@@ -162,7 +146,7 @@ def capture_with_vllm(
             top_k=top_k,
             inputs_sha256=inputs_digest(sequences, loss_masks),
             num_inputs=len(sequences),
-            engine=f"vllm {_vllm_version()}",
+            engine=f"vllm {version}",
             draft=draft,
             loss_mask=loss_mask_kind,
             spool=spool,
@@ -176,6 +160,7 @@ def capture_with_vllm(
         cleanup_hidden_states,
         load_hidden_states,
     )
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
 
     slots = list(ids.one_based)  # ascending: vLLM's slot order
     connector_dir = out / SPOOL
@@ -230,7 +215,9 @@ def capture_with_vllm(
                 break
     finally:
         bar.close()
-        _release()
+        # vLLM 0.29 replaces its KV-connector agent (a module global) only for a next engine with a connector: one
+        # started later without would inherit ours (and fail registering its caches)
+        ensure_kv_transfer_shutdown()
     if connector_dir.is_dir() and not any(connector_dir.iterdir()):
         connector_dir.rmdir()
     logger.info("captured %d tokens in %.1f s", tokens, time.monotonic() - started)

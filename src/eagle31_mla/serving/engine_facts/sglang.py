@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...model.aux_layers import engine_default_one_based_ids
-from . import FIRST_ID_HEURISTIC, KIMI_K3_ARCHITECTURES, ONE_BASED, PLUS_ONE, parse_release, release_label
+from . import FIRST_ID_HEURISTIC, KIMI_K3_ARCHITECTURES, ONE_BASED, PLUS_ONE, release_label
 
 #: Targets that add 1 to the ids only when the first id is 1 (sgl-project/sglang PR #25454), so a
 #: zero-based list starting at 1 and a one-based list starting above 1 both work; any other first id
@@ -50,10 +50,6 @@ PLUS_ONE_TARGETS = (
 SUPPORTED_FROM = (0, 5, 23)
 #: Releases whose facts were read: the version checks run over these when none is named.
 RELEASES = ((0, 5, 23),)
-
-
-def parse_version(version: str) -> tuple[int, int, int]:
-    return parse_release(version, "sglang")
 
 
 @dataclass(frozen=True)
