@@ -14,7 +14,8 @@ max_tokens runs past max_model_len, one whose prompt alone is too long; all in o
 output without speculation, every aborted one is a prefix of it, sampled ones run to max_tokens with
 ids in the vocabulary, the context-limit request stops there ("length"), the too-long prompt is
 refused with vLLM's message, and serving finishes within ``--bound`` seconds. Exit status 1 if any
-check fails. ``tests/engines/test_vllm_load.py`` is the 20-request version that runs in the suite.
+check fails. ``tests/engines/test_vllm_plugin.py::test_every_request_ends_as_expected`` is the 20-request version
+that runs in the suite.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ t = time.perf_counter()
 result = convert(sys.argv[1], sys.argv[2], progress=False)
 seconds = time.perf_counter() - t
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"seconds": seconds, "peak_rss": hwm, "bytes": result.total_bytes, "files": result.files}))
+print(json.dumps({"seconds": seconds, "peak_rss": hwm, "bytes": result.tensor_bytes, "files": result.files}))
 """
 
 

@@ -46,6 +46,12 @@ class AuxLayerIdError(ValueError):
     """Aux-layer ids that would make an engine feed the drafter the wrong tensors."""
 
 
+def _check_convention(convention: Any) -> str:
+    if convention not in CONVENTIONS:  # "" or false would read as unlabelled
+        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
+    return convention
+
+
 def _read_ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, (list, tuple)) or not value:
         raise AuxLayerIdError(f"{where}: expected a non-empty list of ints, got {value!r}")
@@ -95,14 +101,8 @@ class AuxLayerIds:
                 )
 
     @classmethod
-    def from_one_based(cls, ids: Sequence[int], num_target_layers: int | None = None) -> AuxLayerIds:
-        return cls(tuple(ids), num_target_layers)
-
-    @classmethod
     def from_convention(cls, ids: Sequence[int], convention: str, num_target_layers: int | None = None) -> AuxLayerIds:
-        if convention not in CONVENTIONS:
-            raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
-        if convention == ZERO_BASED:
+        if _check_convention(convention) == ZERO_BASED:
             ids = _read_ids(tuple(ids), "zero-based aux-layer ids")
             if min(ids) < 0:
                 raise AuxLayerIdError(f"zero-based aux-layer ids: {ids} contains {min(ids)}; ids must be >= 0")
@@ -113,11 +113,6 @@ class AuxLayerIds:
     def zero_based(self) -> tuple[int, ...]:
         """Zero-based "output of layer x" ids (training config, SGLang-native loader)."""
         return tuple(i - 1 for i in self.one_based)
-
-    @property
-    def hidden_states_indices(self) -> tuple[int, ...]:
-        """Indices into Transformers' ``outputs.hidden_states`` (index 0 = embeddings)."""
-        return self.one_based
 
     def __len__(self) -> int:
         return len(self.one_based)
@@ -137,7 +132,8 @@ def aux_layer_ids_from_config(
     config: Mapping[str, Any], num_target_layers: int | None = None
 ) -> tuple[AuxLayerIds, str]:
     """The aux-layer ids of a ``config.json`` dict, read by the module's rule, and how they were read."""
-    convention = config.get(CONVENTION_KEY)  # an unknown one is refused by from_convention
+    convention = config.get(CONVENTION_KEY)
+    convention = None if convention is None else _check_convention(convention)
     eagle_config = config.get("eagle_config") or {}
     if not isinstance(eagle_config, Mapping):
         raise AuxLayerIdError(f"eagle_config: expected a dict, got {type(eagle_config).__name__}")
@@ -157,24 +153,23 @@ def aux_layer_ids_from_config(
         )
 
     readings: list[tuple[AuxLayerIds, str]] = []
-    if top is not None:
-        ids = _read_ids(top, f"top-level {IDS_KEY}")
-        conv = convention or ONE_BASED
-        why = "labelled" if convention else "top-level ids are one-based (vLLM's key)"
-        readings.append(
-            (AuxLayerIds.from_convention(ids, conv, num_target_layers), f"top-level {ids} read {conv} ({why})")
-        )
-    if nested is not None:
-        ids = _read_ids(nested, f"eagle_config.{IDS_KEY}")
+    for label, key, value in (
+        ("top-level", f"top-level {IDS_KEY}", top),
+        ("eagle_config", f"eagle_config.{IDS_KEY}", nested),
+    ):
+        if value is None:
+            continue
+        ids = _read_ids(value, key)
         if convention:
             conv, why = convention, "labelled"
+        elif label == "top-level":
+            conv, why = ONE_BASED, "top-level ids are one-based (vLLM's key)"
         elif min(ids) <= 1:
             conv, why = ZERO_BASED, "unlabelled nested ids starting at 0/1 are the training framework's zero-based form"
         else:
             conv, why = ONE_BASED, "unlabelled nested ids starting above 1 are the exported one-based form"
-        readings.append(
-            (AuxLayerIds.from_convention(ids, conv, num_target_layers), f"eagle_config {ids} read {conv} ({why})")
-        )
+        how = f"{label} {ids} read {conv} ({why})"
+        readings.append((AuxLayerIds.from_convention(ids, conv, num_target_layers), how))
 
     first, how = readings[0]
     for other, other_how in readings[1:]:
@@ -203,9 +198,7 @@ def aux_layer_ids_config_entries(ids: AuxLayerIds, convention: str = ONE_BASED) 
     """The ``config.json`` entries this library writes, labelled. Files get one-based: the top level for vLLM (both
     runners, every version) and TokenSpeed, the nested copy as published. A plugin handing a target the other form
     writes it labelled, so the entries still read back as ``ids``."""
-    if convention not in CONVENTIONS:
-        raise AuxLayerIdError(f"{CONVENTION_KEY}: expected one of {CONVENTIONS}, got {convention!r}")
-    form = list(ids.one_based) if convention == ONE_BASED else list(ids.zero_based)
+    form = list(ids.one_based) if _check_convention(convention) == ONE_BASED else list(ids.zero_based)
     return {
         IDS_KEY: form,
         CONVENTION_KEY: convention,

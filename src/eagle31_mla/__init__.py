@@ -7,20 +7,15 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "AuxLayerIds": "model.aux_layers",
-    "AuxLayerIdError": "model.aux_layers",
-    "KIMI_K3_AUX_LAYER_IDS": "model.aux_layers",
-    "ConfigError": "model.configuration_eagle31_mla",
-    "Eagle31MLAConfig": "model.configuration_eagle31_mla",
-    "CheckpointError": "model.modeling_eagle31_mla",
-    "DraftInputError": "model.modeling_eagle31_mla",
-    "check_sampling_settings": "model.modeling_eagle31_mla",
-    "resolve_dtype": "model.configuration_eagle31_mla",
-    "DraftOutput": "model.modeling_eagle31_mla",
-    "Eagle31MLAForCausalLM": "model.modeling_eagle31_mla",
-    "Eagle31MLAOutput": "model.modeling_eagle31_mla",
-    "LatentKVCache": "model.modeling_eagle31_mla",
+_EXPORTS = {  # name -> the module that defines it
+    name: module
+    for module, names in (
+        ("model.aux_layers", "AuxLayerIds AuxLayerIdError KIMI_K3_AUX_LAYER_IDS"),
+        ("model.configuration_eagle31_mla", "ConfigError Eagle31MLAConfig resolve_dtype"),
+        ("model.modeling_eagle31_mla", "CheckpointError DraftInputError DraftOutput Eagle31MLAForCausalLM"),
+        ("model.modeling_eagle31_mla", "Eagle31MLAOutput LatentKVCache check_sampling_settings"),
+    )
+    for name in names.split()
 }
 __all__ = sorted(_EXPORTS)
 

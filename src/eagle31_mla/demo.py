@@ -42,9 +42,9 @@ class DemoResult:
 
 
 def demo_prompts(limit: int | None = None) -> list[str]:
-    from .prompts import read_prompts
+    from .prompts import read_prompt_lines
 
-    return [p["prompt"] for p in read_prompts(DEMO_DIR / "prompts.jsonl")][:limit]
+    return [p["prompt"] for _, p in read_prompt_lines(DEMO_DIR / "prompts.jsonl")][:limit]
 
 
 def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 48, num_steps: int = 3) -> DemoResult:
@@ -54,24 +54,32 @@ def run_demo(engine: str = "hf", *, num_prompts: int = 8, max_new_tokens: int = 
     return (_run_hf if engine == "hf" else _run_vllm)(demo_prompts(num_prompts), max_new_tokens, num_steps)
 
 
-def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
+def reference_acceptance(prompts, max_new_tokens, num_steps=3, **options) -> tuple[dict, tuple]:
+    """``measure_acceptance``'s report on the demo pair in Transformers (fp32, greedy), and the pair it loaded:
+    (tokenizer, target, drafter)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .decoding.speculative import AcceptanceStats, context_limit, measure_acceptance
+    from .decoding.speculative import measure_acceptance
     from .model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
-    start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
     target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
     drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # models this small: a second thread only spin-waits (5x slower on a busy machine)
     try:
-        options = dict(num_steps=num_steps, max_new_tokens=max_new_tokens, tokenizer=tokenizer, ignore_eos=True)
-        result = measure_acceptance(target, drafter, prompts, **options)
+        options = dict(num_steps=num_steps, max_new_tokens=max_new_tokens, tokenizer=tokenizer, **options)
+        return measure_acceptance(target, drafter, prompts, **options), (tokenizer, target, drafter)
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_hf(prompts, max_new_tokens, num_steps) -> DemoResult:
+    from .decoding.speculative import AcceptanceStats, context_limit
+
+    start = time.perf_counter()
+    result, (tokenizer, target, drafter) = reference_acceptance(prompts, max_new_tokens, num_steps, ignore_eos=True)
     stats = AcceptanceStats.from_dict(result["total"])
     outputs = [tokenizer.decode(r["output_ids"]) for r in result["requests"]]
     limit, limited = context_limit(target, drafter), sum(r["context_limited"] for r in result["requests"])

@@ -19,13 +19,10 @@ def is_hub_repo_id(text: str) -> bool:
     """``text`` can name a Hub repo: not a local path, and spelt as huggingface_hub's own check allows."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    if not isinstance(text, str) or looks_like_a_local_path(text):
-        return False
     try:
-        validate_repo_id(text)
+        return not looks_like_a_local_path(text) and validate_repo_id(text) is None
     except HFValidationError:
         return False
-    return True
 
 
 def model_folder(name_or_path: str | os.PathLike) -> Path:

@@ -87,10 +87,6 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
     return prompts
 
 
-def read_prompts(path: str | Path) -> list[Any]:
-    return [prompt for _, prompt in read_prompt_lines(path)]
-
-
 def read_corpus(path: str | Path) -> list[str]:
     """A training corpus's documents, one per line: text or (JSONL) ``{"text": str}``; at least one non-empty."""
     texts = []

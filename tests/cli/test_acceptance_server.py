@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from eagle31_mla.cli import main
+from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.serving import live
 from eagle31_mla.serving.engine_facts import tokenspeed as ts_facts, vllm as vllm_facts
 
@@ -290,8 +291,6 @@ def measure(url, engine, prompts_path, *extra, capsys, json_path=None) -> tuple[
 @pytest.fixture(scope="module")
 def offline_report(tmp_path_factory):
     """A real offline `acceptance --json` report (the embedded demo pair, one prompt, 8 tokens)."""
-    from eagle31_mla.demo import DEMO_DIR
-
     root = tmp_path_factory.mktemp("offline")
     (root / "p.txt").write_text("Ann has a red\n")
     argv = ["acceptance", "--target", str(DEMO_DIR / "target"), "--draft", str(DEMO_DIR / "draft")]
@@ -345,7 +344,7 @@ def test_each_engines_acceptance_is_exact(serve, tmp_path, capsys, offline_repor
     for r, p in zip(report["requests"], names):
         s = script(p)
         assert (r["num_rounds"], r["num_accepted_tokens"]) == (s["rounds"], accepted(p, kind)), p
-        assert r["mean_accept_length"] == pytest.approx(expected_al([p], kind)), p
+        assert r["mean_accept_length"] == pytest.approx(expected_al([p], kind)), p  # SGLang's: not its biased field
         assert r["num_generated_tokens"] == s["completion_tokens"]
         if kind == "tokenspeed":  # no histogram, no per-position rates; drafts from accepted + rejected
             assert r["num_draft_tokens"] == s["rounds"] * K and r["accept_histogram"] is None
@@ -353,16 +352,13 @@ def test_each_engines_acceptance_is_exact(serve, tmp_path, capsys, offline_repor
         else:  # vLLM's per-position counter rebuilt into a chain's histogram; SGLang's padded to num_steps + 1
             assert r["accept_histogram"] == s["histogram"]
             assert r["acceptance_rate_per_position"] == [n / s["rounds"] for n in s["per_position"]]
-        if kind == "sglang" and s["completion_tokens"] != s["accepted"] + s["rounds"]:  # 1 + correct / verify_ct,
-            assert r["mean_accept_length"] != pytest.approx(s["completion_tokens"] / s["rounds"])
     if kind == "vllm" and not options.get("per_request_metrics"):
         assert total["num_rounds"] == stub.drafts and server["version"] == "0.32.0"
     if options.get("per_request_metrics") and not options.get("disable_log_stats"):  # the counters agree
         assert server["counters_accept_length"] == pytest.approx(total["mean_accept_length"])
     sent = {key for _, body in stub.bodies for key in body}
     assert ("return_spec_tokens_details" in sent) == (kind == "sglang") and ("rid" in sent) == (kind == "tokenspeed")
-    if kind == "tokenspeed":
-        assert len({b["rid"] for _, b in stub.bodies}) == 4
+    assert len({b.get("rid") for _, b in stub.bodies}) == (4 if kind == "tokenspeed" else 1)  # one rid each
 
 
 def test_statistics_without_a_histogram_follow_the_offline_formulas():
@@ -403,7 +399,7 @@ def test_tokenspeed_scheduler_log(serve, prompts, capsys, tmp_path, options, mat
         assert report["total"]["mean_accept_length"] == pytest.approx(sum(windows) / 4)
 
 
-def test_prompt_shapes_go_to_the_right_endpoint_greedy_by_default_json_to_stdout(serve, tmp_path, capsys):
+def test_prompt_shapes_endpoints_defaults_and_credentials_never_printed(serve, prompts, tmp_path, capsys):
     path = tmp_path / "p.jsonl"
     lines = ['"p0"', "[5, 6, 7]", '{"input_ids": [1, 2]}', '{"messages": [{"role": "user", "content": "p1"}]}']
     path.write_text("\n".join(lines) + "\n")
@@ -424,6 +420,18 @@ def test_prompt_shapes_go_to_the_right_endpoint_greedy_by_default_json_to_stdout
     captured = capsys.readouterr()
     assert json.loads(captured.out)["total"]["num_requests"] == 4  # stdout is the report alone
     assert "acceptance: 100%" in captured.err and "accept_length=" in captured.err  # tqdm, on stderr
+    # credentials in the URL: never printed nor written
+    secret_url = url.replace("http://", "http://ada:hunter2@")
+    code, report, out, err = measure(secret_url, "vllm", prompts, capsys=capsys, json_path=tmp_path / "r.json")
+    assert code == 0 and report["server"]["url"] == url.replace("http://", "http://***@"), err
+    assert "hunter2" not in out + err + (tmp_path / "r.json").read_text()
+    code, _, out, err = measure(secret_url.replace(url.rsplit(":", 1)[1], "9"), "vllm", prompts, capsys=capsys)
+    assert code == 2 and "cannot reach http://***@127.0.0.1:9/v1/models" in err and "hunter2" not in out + err
+    code, _, out, err = measure(secret_url + "0000", "vllm", prompts, capsys=capsys)  # a port out of range
+    assert code == 2 and f"got '{url.replace('http://', 'http://***@')}0000'" in err and "hunter2" not in out + err
+    # the origin as httpx normalises it: the same server named in capitals is no redirect
+    code, _, _, err = measure(secret_url.replace("127.0.0.1", "LOCALHOST"), "vllm", prompts, capsys=capsys)
+    assert code == 0, err
 
 
 # ---- the confidence interval and the verdict ----------------------------------------------------------
@@ -494,9 +502,8 @@ def test_verdicts(serve, prompts, capsys, tmp_path, pattern, verdict_args, code,
     assert verdict["difference"] < 0 and "AttnRes" in " ".join(verdict["causes"])
     assert "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1" in " ".join(verdict["causes"])
     command = "eagle31-mla doctor --draft DRAFT --target /models/demo-target --engine vllm --engine-version 0.32.0"
-    assert (
-        verdict["doctor"] == command and "verdict: NOT consistent" in out and f"check the deployment: {command}" in out
-    )
+    assert verdict["doctor"] == command and "verdict: NOT consistent" in out
+    assert f"check the deployment: {command}" in out
 
 
 def test_the_python_api_and_sglangs_doctor_command(serve, prompts):
@@ -585,21 +592,6 @@ def test_a_server_that_cannot_be_measured(serve, prompts, capsys, tmp_path, kind
         assert not stub.bodies  # vLLM's counters, the prompts file: found out before any request
 
 
-def test_credentials_in_the_url_are_never_printed_or_written(serve, prompts, capsys, tmp_path):
-    url, _ = serve("vllm")
-    secret_url = url.replace("http://", "http://ada:hunter2@")
-    code, report, out, err = measure(secret_url, "vllm", prompts, capsys=capsys, json_path=tmp_path / "r.json")
-    assert code == 0 and report["server"]["url"] == url.replace("http://", "http://***@"), err
-    assert "hunter2" not in out + err + (tmp_path / "r.json").read_text()
-    code, _, out, err = measure(secret_url.replace(url.rsplit(":", 1)[1], "9"), "vllm", prompts, capsys=capsys)
-    assert code == 2 and "cannot reach http://***@127.0.0.1:9/v1/models" in err and "hunter2" not in out + err
-    code, _, out, err = measure(secret_url + "0000", "vllm", prompts, capsys=capsys)  # a port out of range
-    assert code == 2 and f"got '{url.replace('http://', 'http://***@')}0000'" in err and "hunter2" not in out + err
-    # the origin as httpx normalises it: the same server named in capitals is no redirect
-    code, _, _, err = measure(secret_url.replace("127.0.0.1", "LOCALHOST"), "vllm", prompts, capsys=capsys)
-    assert code == 0, err
-
-
 @pytest.mark.parametrize(
     "argv, message",
     [  # --target with --server, --expect without it, --expect with --reference: tests/cli/test_cli_corpus.py's
@@ -611,8 +603,6 @@ def test_credentials_in_the_url_are_never_printed_or_written(serve, prompts, cap
     ],
 )
 def test_argument_rules(prompts, capsys, argv, message):
-    from eagle31_mla.demo import DEMO_DIR
-
     values = {"url": "http://127.0.0.1:9", "model": str(DEMO_DIR / "target"), "prompts": str(prompts)}
     code, out, err = run(["--prompts", str(prompts), *[a.format(**values) for a in argv]], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and not out, err

@@ -5,7 +5,6 @@ import pytest
 
 from eagle31_mla.cli import cli, main
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 

@@ -174,7 +174,7 @@ def test_pruning_an_already_pruned_checkpoint(tmp_path):
     counts = tmp_path / "counts.txt"
     counts.write_text("# token count\n" + "".join(f"{t} {t}\n" for t in source_targets))
     result = convert(src, tmp_path / "out", prune_vocab=30, token_counts=counts, progress=False)
-    assert "pruned vocabulary 120/300" in result.source_layout
+    assert "pruned vocabulary 120/300" in result.source
     pruned = Eagle31MLAForCausalLM.from_pretrained(result.folder)
     targets = (torch.arange(30) + pruned.d2t).tolist()
     specials = [t for t in (0, 1, 2) if t in source_targets]

@@ -8,7 +8,6 @@ from eagle31_mla.demo import DEMO_DIR, demo_prompts, run_demo
 from tests.support.paths import ROOT
 from tests.support.subprocesses import run_python
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 

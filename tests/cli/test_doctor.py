@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from eagle31_mla.cli import main
+from eagle31_mla.serving import compatibility
 from eagle31_mla.serving.doctor import CHECKS, NOTE, diagnose
 from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV, features
 from eagle31_mla.serving.engines import Target
@@ -189,8 +190,6 @@ def test_the_fix_is_exact_applying_it_makes_the_config_clean():
 def test_serve_time_rules_are_worded_once():
     """doctor reports the rules of eagle31_mla.serving.compatibility as they are (the vLLM plugin and
     speculative_generate raise the same text)."""
-    from eagle31_mla.serving import compatibility
-
     report = at(V, target=kimi_k3_target(hidden_size=4096), env={KIMI_K3_STREAM_ENV: "1"}).run()
     found = {f.id: (f.problem, f.fix) for f in report.problems}
     size = compatibility.size_mismatches(compatibility.Sizes(7168), compatibility.Sizes(4096), "target")[0]

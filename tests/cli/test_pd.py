@@ -12,6 +12,7 @@ from functools import partial
 import pytest
 
 from eagle31_mla.cli import main
+from eagle31_mla.serving import pd
 from eagle31_mla.serving.doctor import CHECKS
 from eagle31_mla.serving.engine_facts import vllm as vllm_facts
 from eagle31_mla.serving.pd import parse_launch
@@ -56,6 +57,9 @@ def lines(printed: dict) -> tuple[str, ...]:
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])
 def test_the_pair_serve_command_prints_is_one_doctor_passes(engine, models, capsys):
     printed = pair(engine, models, capsys)
+    argv = ["serve-command", "--engine", engine, "--pd", "--target", models["k3"], "--draft", models["draft"]]
+    text = run([*argv, *VERSIONS[engine]], capsys)[1]  # its text form: the two sides and the router, in order
+    assert text.index("# 1. prefill") < text.index("# 2. decode") < text.index("# 3. the router")
     assert printed["doctor"]["ok"] and not printed["doctor"]["problems"]
     prefill, decode = (parse_launch(engine, line) for line in lines(printed))
     assert prefill.draft == decode.draft == models["draft"] and prefill.target == decode.target == models["k3"]
@@ -71,14 +75,7 @@ def test_the_pair_serve_command_prints_is_one_doctor_passes(engine, models, caps
         assert (prefill.role, decode.role) == ("prefill", "decode") and decode.connector == "mooncake"
         assert "--pd-disaggregation" in printed["pd"]["router"]
         assert "--disaggregation-bootstrap-port 8998" in lines(printed)[0]
-
-
-def test_the_text_form_lists_the_two_sides_and_the_router(models, capsys):
-    argv = ["serve-command", "--engine", "sglang", "--pd", "--target", models["k3"], "--draft", models["draft"]]
-    code, out, err = run(argv, capsys)
-    assert code == 0, err
-    assert out.index("# 1. prefill") < out.index("# 2. decode") < out.index("# 3. the router")
-    assert out.count("--disaggregation-mode prefill") == 1 and out.count("--disaggregation-mode decode") == 1
+        assert text.count("--disaggregation-mode prefill") == 1 and text.count("--disaggregation-mode decode") == 1
 
 
 def test_a_not_hybrid_target_may_use_any_connector(models, capsys):
@@ -174,6 +171,14 @@ def test_launch_commands_are_read_as_the_engines_read_them():
     assert parse_launch("vllm", "vllm serve T").connector is None
     side = parse_launch("sglang", "python -m sglang.launch_server --model-path T --disaggregation-mode decode")
     assert (side.target, side.draft, side.role, side.connector) == ("T", None, "decode", "mooncake")
+
+
+def test_where_the_engine_does_not_import_its_launch_line_gets_the_typed_checks_alone(monkeypatch):
+    """As on a machine without vLLM: a field only vLLM's SpeculativeConfig knows to refuse passes (its own rules:
+    tests/engines/test_engine_facts.py), the typed checks still refuse (tests/unit/test_bad_inputs.py's rows)."""
+    monkeypatch.setattr(pd, "_own_parser", lambda engine: __import__("no_such_engine"))
+    line = 'vllm serve T --speculative-config \'{"model": "D", "num_speculative_tokens": 3, "bogus": 1}\''
+    assert parse_launch("vllm", line).num_speculative_tokens == 3
 
 
 def test_doctor_pd_with_a_target_nowhere_is_one_line(capsys):

@@ -6,10 +6,13 @@ import json
 import shlex
 from functools import partial
 
+import huggingface_hub.constants
 import pytest
 
 from eagle31_mla.cli import main
+from eagle31_mla.decoding.limits import max_tree_draft_tokens
 from eagle31_mla.serving.command import serve_command
+from eagle31_mla.serving.doctor import diagnose
 from eagle31_mla.serving.engines import KIMI_K3_TARGET, Target
 from tests.support.engine_configs import deepseek_target, draft, kimi_k3_target, nested_only, write_config
 
@@ -21,15 +24,7 @@ NEWEST = {"vllm": "0.33", "sglang": "0.5.23", "tokenspeed": "0.1.1"}  # checked 
 @pytest.fixture(autouse=True)
 def empty_hub_cache(tmp_path, monkeypatch):
     """Other tests put a tiny drafter under the published id into the shared offline cache."""
-    import huggingface_hub.constants
-
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
-
-
-def command(capsys, *args) -> tuple[int, dict]:
-    code = main(["serve-command", *args, "--json"])
-    out = capsys.readouterr().out
-    return code, (json.loads(out) if out else {})
 
 
 SPEC = f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {DRAFT}"
@@ -49,7 +44,8 @@ COMMANDS = [
 
 @pytest.mark.parametrize("options, line, handled", COMMANDS, ids=[row[0].split()[1] for row in COMMANDS])
 def test_the_command_for_each_engine(options, line, handled, capsys):
-    code, result = command(capsys, *options.split())
+    code = main(["serve-command", *options.split(), "--json"])
+    result = json.loads(capsys.readouterr().out)
     cmd, doctor = result["command"], result["doctor"]
     assert code == 0 and cmd["shell"] == line.replace(" --", " \\\n  --")
     assert shlex.split(line) == [f"{k}={v}" for k, v in cmd["env"].items()] + cmd["argv"]
@@ -61,8 +57,6 @@ def test_the_command_for_each_engine(options, line, handled, capsys):
 def test_every_command_passes_doctor_for_the_canonical_and_the_training_form():
     """On Kimi-K3, and on a DeepSeek target (it adds 1: TokenSpeed's flag is zero-based [1, 29, 57], checked by
     doctor with no plugin to correct it)."""
-    from eagle31_mla.serving.doctor import diagnose
-
     ds = Target.from_config(deepseek_target(layers=61), "ds")
     for config, target in ((draft(), KIMI_K3_TARGET), (nested_only([1, 45, 89]), KIMI_K3_TARGET), (draft(K2), ds)):
         for engine in ("vllm", "sglang", "tokenspeed"):
@@ -85,8 +79,6 @@ def test_remaining_problems_are_printed_with_the_command(tmp_path, capsys):
 def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps):
     """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens
     (through the CLI: tests/unit/test_bad_inputs.py)."""
-    from eagle31_mla.decoding.limits import max_tree_draft_tokens
-
     most = max_tree_draft_tokens(topk, steps)
     assert most == 1 + topk + (steps - 1) * topk * topk  # written out: root, first step, later steps
     tree = partial(serve_command, "sglang", "t", "d", KIMI_K3_TARGET, draft(), num_steps=steps, topk=topk)

@@ -4,11 +4,14 @@ classes store for the ids they are given. (The tables cover other releases from 
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
 
-from eagle31_mla.serving.engines import Target, sglang_capture, vllm_capture
+from eagle31_mla.serving.engine_facts import ENGINE_NAMES
+from eagle31_mla.serving.engines import InputError, Target, sglang_capture, vllm_capture
+from eagle31_mla.serving.pd import parse_launch
 from tests.support.engine_configs import LastRank, bare, deepseek_target, draft, llama_target, nested_only
 
 DS = Target.from_config(deepseek_target(layers=61), "ds")
@@ -72,8 +75,6 @@ def test_sglang_targets_store_what_the_table_says(form, target):
 @pytest.mark.sglang
 def test_sglang_mla_list_and_kimi_k3_capture_facts():
     pytest.importorskip("sglang", reason="runs in .venv-sglang")
-    import inspect
-
     from sglang.srt.configs import model_config
     from sglang.srt.models import kimi_k3
 
@@ -86,3 +87,29 @@ def test_sglang_mla_list_and_kimi_k3_capture_facts():
     for name in KIMI_K3_ARCHITECTURES:  # none of its own; the plugin's, if it was added in this process
         method = getattr(getattr(kimi_k3, name), "set_eagle3_layers_to_capture", None)
         assert method is None or method.__module__ == "eagle31_mla_sglang.kimi_k3"
+
+
+SPEC = "vllm serve T --speculative-config '{}'".format
+VLLM, SGLANG = pytest.mark.vllm, pytest.mark.sglang
+
+
+@pytest.mark.parametrize(
+    "engine, line, message",
+    [  # vLLM's own parser and its SpeculativeConfig's field types, after the library's typed checks
+        pytest.param("vllm", "vllm serve T -tp two", "argument --tensor-parallel-size/-tp: invalid int value: 'two'",
+                     marks=VLLM),
+        pytest.param("vllm", SPEC('{"model": "D", "bogus": 1}'), "--speculative-config has 'bogus', not a field of "
+                     "vLLM's SpeculativeConfig", marks=VLLM),
+        pytest.param("vllm", SPEC('{"model": "D", "draft_tensor_parallel_size": "two"}'), "--speculative-config's "
+                     "draft_tensor_parallel_size 'two': Input should be a valid integer, unable to parse string as an "
+                     "integer", marks=VLLM),
+        pytest.param("sglang", "sglang serve --model-path T --tp-size two", "argument --tp-size/--tensor-parallel-size"
+                     ": invalid int value: 'two'", marks=SGLANG),
+        pytest.param("sglang", "sglang serve --model-path T --mem-fraction-static most", "argument "
+                     "--mem-fraction-static: invalid float value: 'most'", marks=SGLANG),
+    ],
+)  # fmt: skip
+def test_launch_lines_are_read_by_the_engines_own_rules(engine, line, message):
+    with pytest.raises(InputError) as refused:
+        parse_launch(engine, line, "the prefill command")
+    assert str(refused.value) == f"the prefill command: {ENGINE_NAMES[engine]}'s own rules refuse it: {message}"

@@ -118,10 +118,10 @@ def test_a_hook_that_is_not_in_place_stops_serving(folders, monkeypatch, which, 
     message = rf"`sglang\.srt\.model_executor\.model_runner_components\.\w+\.{name}` " + (
         "does not exist" if how == "renamed" else "exists but the plugin's hook was not applied"
     )
-    with pytest.raises(plugin.PluginHookError, match=message + r".*supports SGLang 0\.5\.23"):
+    with pytest.raises(plugin.PluginAPIError, match=message + r".*supports SGLang 0\.5\.23"):
         cls.__init__(cls.__new__(cls), config=None)  # the guard runs before SGLang's own __init__
     if which == "configure":  # the id resolution still runs, and refuses too
-        with pytest.raises(plugin.PluginHookError, match=message):
+        with pytest.raises(plugin.PluginAPIError, match=message):
             resolve(folders, folders.drafts["published"])
 
 
@@ -149,7 +149,7 @@ def test_what_cannot_be_served_is_refused(folders, tmp_path, monkeypatch):
     hooked = module._resolve_eagle_aux_hidden_state  # its hook in place: SGLang's wrapper is what we wrap
     without = wraps(hooked)(lambda **kwargs: hooked(**kwargs | {"model_config": None}))
     monkeypatch.setattr(module, "_resolve_eagle_aux_hidden_state", without)
-    with pytest.raises(plugin.PluginHookError, match=r"passed `\S+` a NoneType as `model_config`, not the target's"):
+    with pytest.raises(plugin.PluginAPIError, match=r"passed `\S+` a NoneType as `model_config`, not the target's"):
         resolve(folders, folders.drafts["published"])
 
 
@@ -214,7 +214,7 @@ def configure(model, ids):
 
 
 def canonical(one_based):
-    return plugin.CanonicalAuxLayerIds(AuxLayerIds.from_one_based(one_based, K3_LAYERS))
+    return plugin.CanonicalAuxLayerIds(AuxLayerIds(tuple(one_based), K3_LAYERS))
 
 
 def newer_sglangs_own_k3_capture(self, layer_ids=None):  # a convention that disagrees with the plugin's

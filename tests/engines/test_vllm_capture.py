@@ -188,7 +188,8 @@ def tuned(tmp_path_factory, cli_capture) -> Path:
 def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus, cli_capture, tuned):
     """Online fine-tuning on the demo pair: `eagle31-mla capture --spool --max-spool-gb` (vLLM) and
     :func:`torchrun_train` on the spool at once, the spool capped at 3 of the capture's shards. The capture is
-    killed (SIGKILL) once it has written two shards and run again. The capture waits for room and says so, the
+    killed (SIGKILL) once it has written two shards and run again; the trainer starts when the resumed capture has
+    filled the spool (so it must wait for room, whatever the machine's speed). The capture says it waits, the
     spool never holds more than the cap, every shard ends trained and removed, and the drafter is
     capture-then-train's (:func:`tuned`, on the stored capture above): the existing bound of the torchrun tests,
     1e-2 of how far training moved each tensor (the same engine on the same shards gives the same states; the
@@ -213,11 +214,14 @@ def test_capture_and_torchrun_training_at_once_through_a_spool(tmp_path, corpus,
     part = spool / "part-1-of-1"
     while not (part / MANIFEST).is_file() and first.poll() is None:
         time.sleep(0.05)
-    trainer = torchrun_train(spool, tmp_path / "online", env)
-    while first.poll() is None and len(json.loads((part / MANIFEST).read_text())["shards"]) < 2:
+    shards = lambda: len(json.loads((part / MANIFEST).read_text())["shards"])  # noqa: E731
+    while first.poll() is None and shards() < 2:
         time.sleep(0.05)
     kill(first)
     second = launch(capture, env)  # the same command again: resumes from the part's manifest
+    while second.poll() is None and shards() < 3:  # the spool full (3 shards of 3): the capture waits for room
+        time.sleep(0.05)
+    trainer = torchrun_train(spool, tmp_path / "online", env)  # and goes on as the trainer removes what it trained
     peak = 0
     while trainer.poll() is None or second.poll() is None:
         peak = max(peak, sum(p.stat().st_size for p in list(part.glob("shard-*")) if p.exists()))

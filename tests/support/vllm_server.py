@@ -329,27 +329,12 @@ def parsed_by_vllm_serve(argv: list[str]) -> dict:
 
 
 def demo_reference(prompts: list[str], max_tokens: int, **kwargs) -> dict:
-    """The reference loop (``measure_acceptance``, k = 3) on the demo pair in Transformers, fp32, greedy: the
-    offline ``acceptance --json`` report, plus ``models``: (tokenizer, target, drafter)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The reference loop (k = 3) on the demo pair in Transformers, fp32, greedy: the offline ``acceptance --json``
+    report, plus ``models``: (tokenizer, target, drafter)."""
+    from eagle31_mla.demo import reference_acceptance
 
-    from eagle31_mla import Eagle31MLAForCausalLM
-    from eagle31_mla.decoding.speculative import measure_acceptance
-    from eagle31_mla.demo import DEMO_DIR
-
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
-    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
-    drafter = Eagle31MLAForCausalLM.from_pretrained(DEMO_DIR / "draft", dtype=torch.float32)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small: a second thread only waits
-    try:
-        report = measure_acceptance(
-            target, drafter, prompts, num_steps=3, max_new_tokens=max_tokens, tokenizer=tokenizer, **kwargs
-        )
-    finally:
-        torch.set_num_threads(threads)
-    return {**report, "models": (tokenizer, target, drafter)}
+    report, models = reference_acceptance(prompts, max_tokens, **kwargs)
+    return {**report, "models": models}
 
 
 def run_acceptance(url: str, prompts: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ IDS = "eagle_aux_hidden_state_layer_ids"
 def test_kimi_k3_ids_in_both_conventions():
     assert KIMI_K3_AUX_LAYER_IDS.one_based == (2, 46, 90)
     assert KIMI_K3_AUX_LAYER_IDS.zero_based == (1, 45, 89)
-    assert AuxLayerIds.from_convention([1, 45, 89], "zero_based") == AuxLayerIds.from_one_based([2, 46, 90])
+    assert AuxLayerIds.from_convention([1, 45, 89], "zero_based") == AuxLayerIds((2, 46, 90))
     AuxLayerIds.from_convention([1, 45, 92], "zero_based", 93)  # zero-based 92 = the last layer's output: fine
 
 

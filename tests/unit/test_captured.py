@@ -32,7 +32,6 @@ from eagle31_mla.training.trainer import (
 from tests.support.spool_writer import assert_same_training, capture_folder, demo_target, edit_manifest, edit_tensors
 from tests.support.tiny import demo_layer
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 IDS = AuxLayerIds((1, 2, 4))

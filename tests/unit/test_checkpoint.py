@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM
 from eagle31_mla.model.configuration_eagle31_mla import AUTO_MAP
-from tests.support.tiny import published_style_config, same_logits, tiny_drafter, write_checkpoint
+from tests.support.tiny import aux_inputs, published_style_config, same_logits, tiny_drafter, write_checkpoint
 
 pytestmark = pytest.mark.transformers
 
@@ -102,28 +102,22 @@ def test_pruned_vocabulary_with_d2t_and_t2d(tmp_path):
     targets = torch.arange(100) + loaded.d2t
     assert loaded.t2d.sum() == 100 and loaded.t2d[targets].all()
     assert torch.equal(loaded.draft_to_target_ids(torch.tensor([0, 99])), targets[[0, 99]])
+    ids, aux = aux_inputs(loaded.config, 1, 5)  # draft's first token: the argmax of draft ids, as a target id
+    logits = loaded(ids, aux_hidden_states=aux, logits_to_keep=1).logits[0, -1]  # the one-row product draft computes
+    assert logits.shape == (100,) and loaded.draft(ids, aux, 2).tokens[0, 0] == targets[logits.argmax()]
     # d2t alone (vLLM ignores t2d, many exports omit it): t2d is derived
     del state["t2d"]
-    loaded = Eagle31MLAForCausalLM.from_pretrained(
-        write_checkpoint(tmp_path / "no_t2d", published_style_config(model), state)
-    )
-    assert torch.equal(loaded.t2d, model.t2d)
+    folder = write_checkpoint(tmp_path / "no_t2d", published_style_config(model), state)
+    assert torch.equal(Eagle31MLAForCausalLM.from_pretrained(folder).t2d, model.t2d)
 
 
-def test_dtype_choice(tmp_path):
+def test_loading_never_initialises_random_weights_and_takes_the_dtype_asked(tmp_path, monkeypatch):
+    """Build on the meta device and assign the file's tensors: no init pass runs at all. The dtype: config.json's
+    torch_dtype (float32), whatever the file's tensors hold (bf16), unless asked."""
     model = tiny_drafter()
     folder = write_checkpoint(
         tmp_path, published_style_config(model), {k: v.bfloat16() for k, v in model.state_dict().items()}
     )
-    assert Eagle31MLAForCausalLM.from_pretrained(folder).dtype == torch.float32  # config.json torch_dtype
-    assert Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).dtype == torch.bfloat16
-    assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="bfloat16").dtype == torch.bfloat16
-
-
-def test_loading_never_initialises_random_weights(tmp_path, monkeypatch):
-    """Build on the meta device and assign the file's tensors: no init pass runs at all."""
-    model = tiny_drafter()
-    folder = write_checkpoint(tmp_path, published_style_config(model), model.state_dict())
     touched = []
     for name in ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "ones_", "zeros_"):
         original = getattr(torch.nn.init, name)
@@ -133,7 +127,9 @@ def test_loading_never_initialises_random_weights(tmp_path, monkeypatch):
             return _original(tensor, *args, **kwargs)
 
         monkeypatch.setattr(torch.nn.init, name, spy)
-    Eagle31MLAForCausalLM.from_pretrained(folder)
+    assert Eagle31MLAForCausalLM.from_pretrained(folder).dtype == torch.float32
+    assert Eagle31MLAForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert Eagle31MLAForCausalLM.from_pretrained(folder, torch_dtype="bfloat16").dtype == torch.bfloat16
     assert set(touched) <= {"meta"}  # module constructors may "init" meta tensors: free, no storage
     Eagle31MLAForCausalLM(model.config)  # control: the spy does see a real initialisation
     assert "cpu" in touched

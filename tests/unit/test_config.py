@@ -79,6 +79,9 @@ def test_default_config_is_the_published_kimi_k3_drafter():
     assert c.dtype == torch.bfloat16 and c.kv_cache_values_per_token == 576
     # softmax scale = 1/sqrt(192) · mscale², mscale = 0.1·1·ln(32) + 1
     assert c.softmax_scale == pytest.approx(192**-0.5 * (0.1 * torch.log(torch.tensor(32.0)).item() + 1) ** 2)
+    # the constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left unset
+    small = Eagle31MLAConfig(vocab_size=300, rope_parameters={"rope_type": "default"})
+    assert (small.bos_token_id, small.eos_token_id, small.pad_token_id) == (None, None, 0)
 
 
 def test_published_config_reads_as_the_default_and_saves_in_its_form(tmp_path):
@@ -94,60 +97,53 @@ def test_published_config_reads_as_the_default_and_saves_in_its_form(tmp_path):
         assert read(tmp_path, published_k3_config(model_type=model_type)).hidden_size == 7168
 
 
-def test_rope_forms_agree(tmp_path):
-    legacy = read(tmp_path, published_k3_config())
-    v5 = read(
-        tmp_path,
-        published_k3_config(
-            rope_scaling=DROP, rope_theta=DROP, rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, **K3_YARN}
-        ),
-    )
-    deepseek_name = read(tmp_path, published_k3_config(rope_scaling={"rope_type": "deepseek_yarn", **K3_YARN}))
-    assert legacy.rope_parameters == v5.rope_parameters == deepseek_name.rope_parameters == KIMI_K3_ROPE_PARAMETERS
+PLAIN = {"rope_type": "default", "rope_theta": 50000.0}
+ROPE_FORMS = {  # the file's rope keys -> the rope read. No rope (one report on the K3 draft), null or absent alike:
+    # plain RoPE at the file's theta, never the constructor's Kimi-K3 YaRN
+    "rope_parameters": (dict(rope_scaling=DROP, rope_theta=DROP, rope_parameters=KIMI_K3_ROPE_PARAMETERS), None),
+    "deepseek_yarn": (dict(rope_scaling={"rope_type": "deepseek_yarn", **K3_YARN}), None),
+    "absent": (dict(rope_scaling=DROP), PLAIN),
+    "null_parameters": (dict(rope_scaling=DROP, rope_parameters=None), PLAIN),
+    "null_scaling": (dict(rope_scaling=None), PLAIN),
+    "both_null": (dict(rope_scaling=None, rope_parameters=None), PLAIN),
+}
+
+
+@pytest.mark.parametrize("form", ROPE_FORMS)
+def test_rope_forms(tmp_path, form):
+    """The legacy rope_scaling form: the published config (test_published_config_reads_as_the_default)."""
+    changes, plain = ROPE_FORMS[form]
+    c = read(tmp_path, published_k3_config(**changes))
+    assert c.rope_parameters == (plain or KIMI_K3_ROPE_PARAMETERS)
+    if plain:
+        assert c.softmax_scale == pytest.approx(192**-0.5) and describe_rope(c.to_dict()) == "default, theta 50000"
 
 
 @pytest.mark.parametrize(
-    "nulls", [{}, {"rope_parameters": None}, {"rope_scaling": None}, {"rope_parameters": None, "rope_scaling": None}]
-)
-def test_absent_or_null_rope_means_plain_rope(tmp_path, nulls):
-    """One report says the K3 draft declares no rope scaling: plain RoPE at its theta. In a file, null and absent
-    mean the same (never the constructor's Kimi-K3 YaRN)."""
-    c = read(tmp_path, published_k3_config(**{"rope_scaling": DROP, **nulls}))
-    assert c.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
-    assert c.softmax_scale == pytest.approx(192**-0.5) and describe_rope(c.to_dict()) == "default, theta 50000"
-
-
-@pytest.mark.parametrize(
-    "changes, one_based",
+    "changes",
     [
-        (dict(), (2, 46, 90)),
-        (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}), (2, 46, 90)),
-        (dict(eagle_config=DROP, eagle_aux_hidden_state_layer_ids=[2, 46, 90]), (2, 46, 90)),
-        (dict(eagle_aux_hidden_state_layer_ids=[2, 46, 90]), (2, 46, 90)),
+        dict(),
+        dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 45, 89]}),
+        dict(eagle_config=DROP, eagle_aux_hidden_state_layer_ids=[2, 46, 90]),
+        dict(eagle_aux_hidden_state_layer_ids=[2, 46, 90]),
     ],
 )
-def test_aux_id_forms(tmp_path, changes, one_based):
+def test_aux_id_forms(tmp_path, changes):
     c = read(tmp_path, published_k3_config(**changes))
-    assert c.aux_layer_ids.one_based == one_based
+    assert c.aux_layer_ids.one_based == (2, 46, 90)
     written = c.to_dict()  # written back one-based everywhere, labelled
-    assert written["eagle_aux_hidden_state_layer_ids"] == list(one_based)
-    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(one_based)
+    assert written["eagle_aux_hidden_state_layer_ids"] == written["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert written["eagle_aux_hidden_state_layer_ids"] == [2, 46, 90]
     assert written["aux_layer_ids_convention"] == "one_based"
     assert written["eagle_config"]["use_aux_hidden_state"] is True
 
 
-@pytest.mark.parametrize(
-    "name, dtype",
-    [
-        ("float32", torch.float32),
-        ("bfloat16", torch.bfloat16),
-        ("half", torch.float16),
-        ("torch.float16", torch.float16),
-    ],
-)
-def test_dtype_names(tmp_path, name, dtype):
-    assert resolve_dtype(name) == dtype
-    assert read(tmp_path, published_k3_config(torch_dtype=name)).dtype == dtype
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "half": torch.float16, "torch.float16": torch.float16}
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_dtype_names(tmp_path, name):
+    assert resolve_dtype(name) == DTYPES[name] == read(tmp_path, published_k3_config(torch_dtype=name)).dtype
     assert resolve_dtype("auto") is None and resolve_dtype(None) is None
 
 
@@ -158,12 +154,6 @@ def test_derived_dims_in_their_published_forms_load(tmp_path, derived):
     """Transformers' DeepSeek configs write head_dim = qk_rope_head_dim and qk_head_dim = nope + rope."""
     config = read(tmp_path, published_k3_config(**derived))
     assert (config.head_dim, config.qk_head_dim) == (64, 192)
-
-
-def test_kimi_default_token_ids_are_dropped_for_a_smaller_vocabulary():
-    """The constructor's Kimi-K3 ids are defaults nobody wrote: beyond a smaller vocabulary they are left unset."""
-    small = Eagle31MLAConfig(vocab_size=300, rope_parameters={"rope_type": "default"})
-    assert (small.bos_token_id, small.eos_token_id, small.pad_token_id) == (None, None, 0)
 
 
 def test_file_readers_agree_and_the_constructor_differs_only_as_documented(tmp_path):

@@ -14,7 +14,6 @@ import torch
 from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.prompts import PromptError, conversation_sequences, conversation_tokens
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 ROLES = (

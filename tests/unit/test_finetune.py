@@ -24,7 +24,6 @@ from eagle31_mla.training.trainer import (
 )
 from tests.support.spool_writer import demo_target
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 

@@ -289,12 +289,9 @@ def test_flashinfer_chain_output_is_read_as_accept_chain_returns_it(flashinfer_h
     assert m.tolist() == [1, 2] and nxt.tolist() == [0, 7] and m.dtype == nxt.dtype == torch.long
 
 
-TREE = dict(topk=2, num_draft_tokens=4)
-
-
 @pytest.mark.parametrize(
     "temperature, top_p, tree",
-    [(0.8, 0.9, {}), (1.0, 1.0, {}), (0, 1.0, {}), (0.8, 0.9, TREE)],
+    [(0.8, 0.9, {}), (1.0, 1.0, {}), (0, 1.0, {}), (0.8, 0.9, dict(topk=2, num_draft_tokens=4))],
     ids=["T0.8", "T1", "greedy", "tree"],
 )
 def test_speculative_generate_wires_flashinfer_sampling(temperature, top_p, tree, flashinfer_here):

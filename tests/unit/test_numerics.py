@@ -9,9 +9,8 @@ from eagle31_mla import Eagle31MLAConfig, Eagle31MLAForCausalLM, LatentKVCache
 from eagle31_mla.model.modeling_eagle31_mla import sampling_probs
 from tests.support import reference_math as ref, tiny
 from tests.support.paths import GOLDEN
-from tests.support.tiny import PLAIN_ROPE, TOL, YARN, aux_inputs, bf16_tolerance, tiny_drafter
+from tests.support.tiny import PLAIN_ROPE, TOL, YARN, aux_inputs, bf16_tolerance, draft_step_by_step, tiny_drafter
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 FORMS = {
@@ -33,8 +32,7 @@ def drafter_from_file(folder, seed, form):
 
 
 def reference(model, input_ids, aux=None, h=None, positions=None, variant="exact"):
-    """The reference's outputs for ``model``, a drafter loaded from a folder: its numbers come from that
-    folder's raw config.json (reference_math.config_dict), its weights from the model."""
+    """The reference's outputs for ``model``, a drafter loaded from a folder (its raw config.json, its weights)."""
     w = {k: v.detach() for k, v in model.state_dict().items()}
     cfg = ref.config_dict(model.config.name_or_path)
     if h is None:
@@ -163,23 +161,19 @@ def test_padding_mask_matches_unpadded_rows():
 
 
 def test_draft_greedy_equals_manual_chain():
-    """draft's greedy chain is the argmax chain of forward. The manual chain computes the context's
-    logits for every position (a matrix product of another shape than draft's one-row one), so it
-    may round differently: it is fed draft's own tokens, and each must be an argmax within TOL of
-    the manual logits, and the argmax itself wherever the top-2 margin exceeds TOL (no near-tie)."""
+    """draft's greedy chain is the argmax chain of forward, drafted step by step (tiny.draft_step_by_step). That takes
+    other shapes than draft's one-row products, so it may round differently: fed draft's own tokens, each must be an
+    argmax within TOL of its logits, and the argmax itself wherever the top-2 margin exceeds TOL (no near-tie)."""
     model = tiny_drafter(seed=11)
     ids, aux = aux_inputs(model.config, batch=2, length=7)
     drafted = model.draft(ids, aux, num_tokens=4)
-    out = model(ids, aux_hidden_states=aux)
-    state, logits, cache = out.hidden_states[:, -1:], out.logits[:, -1], out.past_key_values
-    for k in range(4):
-        token = drafted.tokens[:, k]  # target ids = draft ids here (full vocabulary)
-        top2 = logits.topk(2, dim=-1).values  # [B, 2]
-        assert (logits.gather(-1, token[:, None])[:, 0] >= top2[:, 0] - TOL).all()
+    for b, tokens in enumerate(drafted.tokens):  # target ids = draft ids here (full vocabulary)
+        sequence = torch.cat([ids[b, :1], ids[b], tokens])[None]  # it feeds x[t+1] with aux[t]: a placeholder first
+        logits = torch.cat(draft_step_by_step(model, sequence, aux[b : b + 1], t=6, depth=4))  # [4, V]
+        top2 = logits.topk(2, dim=-1).values
+        assert (logits.gather(-1, tokens[:, None])[:, 0] >= top2[:, 0] - TOL).all()
         clear = top2[:, 0] - top2[:, 1] > TOL
-        assert torch.equal(token[clear], logits.argmax(-1)[clear])  # integer ids: exact
-        step = model(token[:, None], hidden_states=state, past_key_values=cache)
-        state, logits = step.hidden_states, step.logits[:, -1]
+        assert torch.equal(tokens[clear], logits.argmax(-1)[clear])  # integer ids: exact
     assert drafted.probs.shape == (2, 4, model.config.draft_vocab_size)
     assert drafted.past_key_values.get_seq_length() == 7 + 3
 
@@ -198,10 +192,10 @@ def test_logits_to_keep_is_the_tail_of_the_full_logits():
 def test_draft_sampling_temperature_and_top_p():
     model = tiny_drafter(seed=11)
     ids, aux = aux_inputs(model.config, batch=1, length=7)
-    g = torch.Generator().manual_seed(0)
-    a = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
-    g = torch.Generator().manual_seed(0)
-    b = model.draft(ids, aux, num_tokens=3, temperature=0.8, top_p=0.9, generator=g)
+    a, b = (
+        model.draft(ids, aux, 3, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(0))
+        for _ in range(2)
+    )
     assert torch.equal(a.tokens, b.tokens)  # seeded, same computation on the same shapes: reproducible
     # q is the library's rule (test_speculative.py's SAMPLING_BY_HAND) on the last position's logits, as draft
     # computes them (the same one-row product, so the same top-p cutoff)
@@ -211,17 +205,6 @@ def test_draft_sampling_temperature_and_top_p():
     for _ in range(20):
         t = model.draft(ids, aux, num_tokens=1, temperature=0.8, top_p=0.9).tokens[0, 0]
         assert probs[t] > 0
-
-
-def test_pruned_vocabulary_drafts_target_ids():
-    model = tiny_drafter(seed=4, draft_vocab_size=120)
-    ids, aux = aux_inputs(model.config, batch=1, length=5)
-    out = model(ids, aux_hidden_states=aux, logits_to_keep=1)  # the one-row product draft computes: same argmax
-    assert out.logits.shape[-1] == 120
-    drafted = model.draft(ids, aux, num_tokens=2)
-    draft_id = out.logits[0, -1].argmax()
-    assert drafted.tokens[0, 0] == draft_id + model.d2t[draft_id]
-    assert model.t2d[drafted.tokens[0, 0]]
 
 
 def test_cpu_bf16_choice_is_made_in_one_place(monkeypatch):

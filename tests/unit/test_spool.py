@@ -40,7 +40,8 @@ SHARD = 3 * 128 * 4 + 64 * 8 + 9  # bytes per token of the writer's shards (floa
 # ---- the protocol, in one process --------------------------------------------------------------------------
 
 
-TINY = CaptureManifest(dict(hidden_size=8, vocab_size=512), [1, 2], "float32", 4, "", 0, "test")  # 2 aux of 8, top-4
+# 2 aux of 8, top-4
+TINY = CaptureManifest(dict(num_hidden_layers=2, hidden_size=8, vocab_size=512), [1, 2], "float32", 4, "", 0, "test")
 
 
 def fake_states(sequences):

@@ -9,7 +9,6 @@ from eagle31_mla.training.trainer import TrainingConfig, diagonal_mask, drafter_
 from tests.support.decoding import tiny_target
 from tests.support.tiny import TOL, aux_inputs, draft_step_by_step, tiny_drafter
 
-# Runs again on the other transformers versions (scripts/test.sh): see tests/unit/test_transformers_selection.py.
 pytestmark = pytest.mark.transformers
 
 

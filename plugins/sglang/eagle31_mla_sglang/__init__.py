@@ -11,8 +11,8 @@ import logging
 import pkgutil
 import sys
 
-from eagle31_mla.model.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.serving.compatibility import PluginAPIError, ServingConfigError, served_aux_ids
 from eagle31_mla.serving.engine_facts import release_label
 from eagle31_mla.serving.engine_facts.sglang import RELEASES
 
@@ -32,10 +32,6 @@ class CanonicalAuxLayerIds(list):
     def __init__(self, aux_layer_ids):
         super().__init__(aux_layer_ids.one_based)
         self.aux_layer_ids = aux_layer_ids
-
-
-class PluginHookError(RuntimeError):
-    """The plugin's hooks are not in place in this SGLang: serving the drafter would feed it wrong layers."""
 
 
 @functools.cache  # once per process
@@ -70,7 +66,7 @@ def _hooked_by(function, hook) -> bool:
 
 
 def check_hooks() -> None:
-    """Raise :class:`PluginHookError` naming every hook that is not in place in this process."""
+    """Raise :class:`PluginAPIError` naming every hook that is not in place in this process."""
     problems = []
     for target, hook in (
         (RESOLVE_TARGET, resolve_eagle_aux_hidden_state),
@@ -90,7 +86,7 @@ def check_hooks() -> None:
     if problems:
         from sglang import __version__ as installed
 
-        raise PluginHookError(
+        raise PluginAPIError(
             "eagle31-mla: the SGLang plugin cannot serve this draft: " + "; ".join(problems) + ". Without its hooks "
             f"SGLang would capture the wrong target layers for the drafter, silently. The plugin supports SGLang "
             f"{SUPPORTED_RELEASES} (installed: {installed}); install a supported release, or run SGLang without the "
@@ -103,7 +99,7 @@ def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
     original(*args, **kwargs)
     given = inspect.signature(original).bind(*args, **kwargs).arguments  # keywords in 0.5.23, any form elsewhere
     if "config" not in given:
-        raise PluginHookError(
+        raise PluginAPIError(
             f"eagle31-mla: SGLang called `{RESOLVE_TARGET}` without `config` (it supports SGLang {SUPPORTED_RELEASES})"
         )
     config, target_config = given["config"], given.get("model_config")
@@ -112,7 +108,7 @@ def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
     if getattr(config, "eagle_use_aux_hidden_state", False) and DRAFT_ARCHITECTURE in architectures:
         check_hooks()  # the capture hook must be in place too, or the target would store the raw ids
         if not isinstance(depth := getattr(target_config, "num_hidden_layers", None), int):
-            raise PluginHookError(
+            raise PluginAPIError(
                 f"eagle31-mla: SGLang passed `{RESOLVE_TARGET}` a {type(target_config).__name__} as `model_config`, "
                 "not the target's ModelConfig, whose `num_hidden_layers` the plugin checks the draft's ids against "
                 f"(it supports SGLang {SUPPORTED_RELEASES})"
@@ -122,14 +118,11 @@ def resolve_eagle_aux_hidden_state(original, *args, **kwargs):
 
 def canonical_ids_for_draft(hf_config, num_target_layers: int, attention_arch) -> CanonicalAuxLayerIds:
     if getattr(attention_arch, "name", attention_arch) != "MLA":  # an enum in 0.5.23; a string or None elsewhere
-        raise ValueError(
+        raise ServingConfigError(
             f"eagle31-mla: SGLang would give the {DRAFT_ARCHITECTURE} draft a {attention_arch} KV cache, not MLA's "
             f"latent one; keep `{DRAFT_ARCHITECTURE}` in the draft's `architectures`"
         )
-    try:
-        ids, how = aux_layer_ids_from_attributes(hf_config, num_target_layers)
-    except AuxLayerIdError as err:
-        raise ValueError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
+    ids, how = served_aux_ids(hf_config, num_target_layers)
     logger.info("eagle31-mla: draft aux layers %s (%s)", ids.describe(), how)
     return CanonicalAuxLayerIds(ids)
 
@@ -161,7 +154,7 @@ def target_form(model, ids: CanonicalAuxLayerIds) -> list[int]:
         if list(stored) == wanted:
             return form
         tried.append((form, list(stored)))
-    raise ValueError(
+    raise ServingConfigError(
         f"eagle31-mla: SGLang's {name} cannot capture layers {ids.aux_layer_ids.describe()}: "
         + "; ".join(f"given {given} it captures {stored}" for given, stored in tried)
         + " (DeepSeek-family targets add 1 only when the first id is 1)"

@@ -25,7 +25,7 @@ def set_eagle3_layers_to_capture_language_model(self, layer_ids=None):
     from eagle31_mla.model.aux_layers import AuxLayerIds, engine_default_one_based_ids
 
     n = self.config.num_hidden_layers
-    ids = AuxLayerIds.from_one_based(layer_ids if layer_ids is not None else engine_default_one_based_ids(n), n)
+    ids = AuxLayerIds(tuple(layer_ids if layer_ids is not None else engine_default_one_based_ids(n)), n)
     model = self.model
     if self.pp_group.world_size != 1:
         raise NotImplementedError("eagle31-mla: Kimi-K3 EAGLE-3 capture supports pipeline parallel size 1")

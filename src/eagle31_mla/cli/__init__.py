@@ -30,19 +30,12 @@ class Group(click.Group):
         return super().resolve_command(ctx, args)
 
 
-def _needs_a_command() -> None:
-    if click.get_current_context().invoked_subcommand is None:
-        raise click.UsageError("the following arguments are required: command")
-
-
 cli = Group(
     "eagle31-mla",
     help="The EAGLE-3.1 MLA drafter for Kimi-K3: demo, roster, acceptance, train, capture, inspect, convert, "
     "doctor, serve-command.",
     epilog=EXIT_CODES,
-    callback=_needs_a_command,
     subcommand_metavar="COMMAND [ARGS]...",
-    invoke_without_command=True,  # so that no subcommand is the one-line error above, not the help text
     context_settings={"help_option_names": ["-h", "--help"]},
     commands=[
         demo.demo,
@@ -60,6 +53,8 @@ cli = Group(
 
 def _usage(err: click.ClickException) -> str:
     """click's refusal of a command line, as argparse worded it."""
+    if isinstance(err, click.exceptions.NoArgsIsHelpError):  # not the help text: one line
+        return "the following arguments are required: command"
     if isinstance(err, click.MissingParameter) and err.param is not None:
         return f"the following arguments are required: {name_of(err.param)}"
     if isinstance(err, click.BadParameter) and err.param is not None:

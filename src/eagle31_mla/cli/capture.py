@@ -16,6 +16,7 @@ from .common import OneOf, error, option, subcommand
         OneOf(("text", "prompts", "conversations"), required=True),
         OneOf(("out", "spool"), required=True),
     ),
+    needs=(("last_turn_only", "conversations"), ("max_spool_gb", "spool"), ("part", "spool")),
 )
 @option("--target", required=True, type=params.MODEL, help="the target: a model folder or Hub id")
 @option("--draft", type=params.CONFIG, help="the drafter whose aux layers to capture (its config.json)")
@@ -46,16 +47,11 @@ def capture(args: SimpleNamespace) -> int:
     --follow`), holding at most --max-spool-gb on disk. vLLM >= 0.29 (its `extract_hidden_states` method);
     --engine-args go to vLLM as they are (tensor_parallel_size, max_model_len, dtype, ...)."""
     from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_config
-    from ..prompts import PromptError, prompt_token_ids, read_corpus, read_prompts
+    from ..prompts import PromptError, prompt_token_ids, read_corpus, read_prompt_lines
     from ..serving.engines import InputError, Target, check_roles, read_config_json
-    from ..training.captured import CapturedDataError, bytes_per_token
+    from ..training.captured import CapturedDataError, bytes_per_token, shard_bytes
     from ..training.trainer import default_aux_layer_ids, tokenize_corpus
 
-    if args.last_turn_only and not args.conversations:
-        return error("argument --last-turn-only: applies to --conversations only")
-    for name in ("max_spool_gb", "part"):
-        if getattr(args, name) is not None and not args.spool:
-            return error(f"argument --{name.replace('_', '-')}: applies to --spool only")
     if args.spool and args.max_spool_gb is None:
         return error("argument --max-spool-gb: expected the spool's cap with --spool, e.g. --max-spool-gb 500")
     masks, mask_kind = None, "all"
@@ -68,10 +64,8 @@ def capture(args: SimpleNamespace) -> int:
             raise InputError(f"argument --target: {args.target}'s config.json gives no num_hidden_layers / hidden_size")
         if draft_json is not None:
             ids, _ = aux_layer_ids_from_config(draft_json, target.num_layers)
-        elif args.aux_layers:
-            ids = AuxLayerIds.from_one_based(args.aux_layers, target.num_layers)
         else:
-            ids = AuxLayerIds.from_one_based(default_aux_layer_ids(target.num_layers), target.num_layers)
+            ids = AuxLayerIds(tuple(args.aux_layers or default_aux_layer_ids(target.num_layers)), target.num_layers)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -83,10 +77,8 @@ def capture(args: SimpleNamespace) -> int:
             sequences, masks = conversations(args, tokenizer, target.vocab_size)
             mask_kind = "last-turn" if args.last_turn_only else "assistant"
         else:
-            sequences = [
-                prompt_token_ids(p, tokenizer, target.vocab_size, f"{args.prompts}:{i}")
-                for i, p in enumerate(read_prompts(args.prompts), 1)
-            ]
+            lines = read_prompt_lines(args.prompts)
+            sequences = [prompt_token_ids(p, tokenizer, target.vocab_size, where) for where, p in lines]
     except (InputError, AuxLayerIdError, PromptError, OSError, ValueError) as err:
         return error(str(err))
     try:
@@ -109,9 +101,9 @@ def capture(args: SimpleNamespace) -> int:
             where = dict(part=part, parts=parts, inputs=len(sequences), sequences_per_shard=args.sequences_per_shard)
             sequences = [sequences[i] for i in chosen]
             masks = None if masks is None else [masks[i] for i in chosen]
-            shape = dict(num_aux=len(ids.one_based), hidden_size=target.hidden_size, dtype=getattr(torch, args.dtype))
-            lengths = [len(s) for s in sequences]
-            spool = plan_part(lengths, max_bytes=int(args.max_spool_gb * 1e9), top_k=args.top_k, **where, **shape)
+            shape = (len(ids), target.hidden_size, getattr(torch, args.dtype), args.top_k)
+            sizes = lambda tokens, count: shard_bytes(tokens, count, *shape)  # noqa: E731
+            spool = plan_part([len(s) for s in sequences], int(args.max_spool_gb * 1e9), sizes, **where)
             out = part_folder(args.spool, part, parts)
         options = dict(draft=args.draft, dtype=args.dtype, top_k=args.top_k, engine_args=args.engine_args, spool=spool)
         options.update(sequences_per_shard=args.sequences_per_shard, progress=not args.quiet)

@@ -3,6 +3,7 @@ the one-line error, the device choice, the quiet exit on a closed pipe. No torch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -58,10 +59,8 @@ def resolve_device(name: str) -> str:
 
 def broken_pipe() -> int:
     """The reader of stdout went away (``| head``): no message, exit 141 (128 + SIGPIPE), stdout to /dev/null."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
     return 141
 
 
@@ -89,12 +88,13 @@ class OneOf:
     required: bool = False
 
 
-def subcommand(name: str, summary: str, *, one_of: tuple[OneOf, ...] = ()):
-    """Declare ``run(args) -> int`` as subcommand ``name``: parsing returns ``run`` bound to checked values."""
+def subcommand(name: str, summary: str, *, one_of: tuple[OneOf, ...] = (), needs: tuple[tuple[str, str], ...] = ()):
+    """Declare ``run(args) -> int`` as subcommand ``name``: parsing returns ``run`` bound to checked values;
+    ``needs``: (option, the option without which it means nothing)."""
 
     def declare(run: Callable[[SimpleNamespace], int]) -> click.Command:
         def parsed(**values) -> partial:
-            check_rules(click.get_current_context(), one_of)
+            check_rules(click.get_current_context(), one_of, needs)
             return partial(run, SimpleNamespace(command=name, **values))
 
         parsed.__click_params__ = getattr(run, "__click_params__", [])
@@ -103,7 +103,7 @@ def subcommand(name: str, summary: str, *, one_of: tuple[OneOf, ...] = ()):
     return declare
 
 
-def check_rules(ctx: click.Context, one_of: tuple[OneOf, ...]) -> None:
+def check_rules(ctx: click.Context, one_of: tuple[OneOf, ...], needs: tuple[tuple[str, str], ...] = ()) -> None:
     """The ``one_of`` groups, in argparse's words; and no output path (by its type's ``role``: --json, --out, DST)
     may be, contain or lie inside an input path (--prompts, --target, SRC, ...), resolved (links, '..'), by inode."""
     params = {p.name: p for p in ctx.command.params}
@@ -114,6 +114,9 @@ def check_rules(ctx: click.Context, one_of: tuple[OneOf, ...]) -> None:
         if group.required and not given:
             flags = " ".join(name_of(params[n]) for n in group.names)
             raise click.UsageError(f"one of the arguments {flags} is required", ctx)
+    for option, needed in needs:
+        if ctx.params[option] not in (None, False) and ctx.params[needed] in (None, False):
+            raise click.BadParameter(f"applies to {name_of(params[needed])} only", ctx, params[option])
     paths = [(getattr(params[n].type, "role", None), params[n], v) for n, v in ctx.params.items() if v != "-"]
     for out_param, out_text in [(p, v) for role, p, v in paths if role == "output" and v is not None]:
         for in_param, in_text in [(p, v) for role, p, v in paths if role == "input" and v and Path(v).exists()]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from types import SimpleNamespace
 
 from . import params
@@ -70,29 +71,14 @@ def convert(args: SimpleNamespace) -> int:
     SRC: the source drafter, a folder (or a Hub repo id); DST: the folder to write (new or empty; see --force)."""
     from ..hub.convert import convert
 
-    result = convert(
-        args.src,
-        args.dst,
-        prune_vocab=args.prune_vocab,
-        token_counts=args.token_counts,
-        max_shard_size=args.max_shard_size,
-        dtype=args.dtype,
-        repo_id=args.repo_id,
-        target_name=args.target,
-        force=args.force,
-        progress=not args.quiet,
-    )
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "target", "quiet", "json")}
+    result = convert(**settings, target_name=args.target, progress=not args.quiet)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        summary = dict(folder=str(result.folder), files=result.files, tensors=result.num_tensors)
-        summary.update(tensor_bytes=result.total_bytes, source=result.source_layout, vocab_size=result.vocab_size)
-        summary.update(draft_vocab_size=result.draft_vocab_size, notes=result.notes)
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(asdict(result), indent=2, default=str))
         return 0
-    print(
-        f"wrote {result.folder}: {result.num_tensors} tensors, {result.total_bytes:,} bytes of weights "
-        f"(source: {result.source_layout})"
-    )
+    weights = f"{result.tensors} tensors, {result.tensor_bytes:,} bytes of weights (source: {result.source})"
+    print(f"wrote {result.folder}: {weights}")
     print("".join(f"  {name}\n" for name in result.files), end="")
     return 0

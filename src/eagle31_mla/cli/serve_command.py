@@ -19,7 +19,7 @@ CONNECTORS_HELP = "; ".join(
 )
 
 
-@subcommand("serve-command", "print the launch command for vLLM, SGLang or TokenSpeed")
+@subcommand("serve-command", "print the launch command for vLLM, SGLang or TokenSpeed", needs=(("connector", "pd"),))
 @option("--engine", required=True, type=params.Choice(ENGINES))
 @option("--target", default=DEFAULT_TARGET, type=params.CONFIG, metavar="PATH_OR_ID", help=f"default {DEFAULT_TARGET}")
 @option("--draft", default=DEFAULT_DRAFT, type=params.CONFIG, metavar="PATH_OR_ID", help=f"default {DEFAULT_DRAFT}")
@@ -65,8 +65,6 @@ def serve_command(args: SimpleNamespace) -> int:
             from ..model.configuration_eagle31_mla import Eagle31MLAConfig
 
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
-        if args.connector and not args.pd:
-            return error("argument --connector: applies to --pd only")
         settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens)
         settings.update(tensor_parallel_size=args.tp)
         version = args.engine_version or engine_releases(args.engine)[-1][0]

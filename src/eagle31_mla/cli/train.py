@@ -16,6 +16,7 @@ from .common import OneOf, error, option, resolve_device, subcommand
     "train",
     "train a drafter against a target with test-time training",
     one_of=(OneOf(("text", "conversations", "data"), required=True), OneOf(("init", "draft_config"))),
+    needs=(("follow", "data"), ("last_turn_only", "conversations"), ("anchor_max_gap", "anchors")),
 )
 @option("--target", required=True, type=params.MODEL, help="the target: a Transformers causal LM folder or Hub id")
 @option("--text", type=params.EXISTING_FILE, help='training text: one document per line, or JSONL with "text"')
@@ -79,8 +80,6 @@ def train(args: SimpleNamespace) -> int:
         if args.eagle3:
             return error("argument --eagle3: --init fine-tunes the drafter as it is (its own fc_norm / norm_output)")
         args.aux_layers = init_ids
-    if args.follow and args.data is None:
-        return error("argument --follow: applies to --data only")
     if args.epochs is not None and not args.follow:
         return error("argument --epochs: applies to --follow only (otherwise --steps says how long to train)")
     if args.follow and args.steps is not None:
@@ -101,10 +100,6 @@ def train(args: SimpleNamespace) -> int:
             f"argument --seq-len: expected more than --depth {args.depth} tokens (each unroll step needs "
             f"a next token to predict), got {args.seq_len}"
         )
-    if args.last_turn_only and not args.conversations:
-        return error("argument --last-turn-only: applies to --conversations only")
-    if args.anchor_max_gap is not None and args.anchors is None:
-        return error("argument --anchor-max-gap: applies to --anchors only")
     from ..training.distributed import launched_by_torchrun
 
     if args.data is None and launched_by_torchrun():
@@ -123,7 +118,7 @@ def _train_live(args: SimpleNamespace) -> int:
 
     from ..prompts import PromptError, read_corpus
     from ..serving.engines import InputError, probe_output_folder
-    from ..training.trainer import drafter_for_target, tokenize_corpus, train_drafter
+    from ..training.trainer import tokenize_corpus, train_drafter
     from .capture import conversations
 
     try:  # everything that can be checked before the target's weights are loaded
@@ -161,8 +156,7 @@ def _train_live(args: SimpleNamespace) -> int:
                 f"expected at least --batch-size {args.batch_size}"
             )
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
-        embed = target.get_input_embeddings().weight
-        drafter = _drafter(args, args.aux_layers, lambda: embed, lambda **cfg: drafter_for_target(target, **cfg))
+        drafter = _drafter(args, args.aux_layers, target)
     except (OSError, ValueError, InputError) as err:
         return error(str(err))
     train_drafter(
@@ -171,17 +165,20 @@ def _train_live(args: SimpleNamespace) -> int:
     return _written(args, drafter)
 
 
-def _drafter(args: SimpleNamespace, ids, embed, new):
-    """--init: that drafter to fine-tune, its embedding ``embed()`` (the target's); otherwise ``new(**config)``."""
+def _drafter(args: SimpleNamespace, ids, target):
+    """--init: that drafter to fine-tune, ``target``'s embedding (a loaded model, or its path); otherwise a new one."""
     from ..serving.engines import InputError
-    from ..training.trainer import drafter_to_finetune
+    from ..training.trainer import drafter_for_target, drafter_from_files, drafter_to_finetune, target_embeddings
 
+    on_disk = isinstance(target, str)
     if args.init:
         try:
-            return drafter_to_finetune(args.init, embed())
+            embed = target_embeddings(target)[0] if on_disk else target.get_input_embeddings().weight
+            return drafter_to_finetune(args.init, embed)
         except (OSError, ValueError) as err:
             raise InputError(f"argument --init: {err}") from None
-    return new(eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3, **args.layer)
+    layer = dict(eagle_aux_hidden_state_layer_ids=ids, fc_norm=not args.eagle3, norm_output=not args.eagle3)
+    return (drafter_from_files if on_disk else drafter_for_target)(target, **layer, **args.layer)
 
 
 def _written(args: SimpleNamespace, drafter, more: str = "") -> int:
@@ -202,7 +199,7 @@ def _training_config(args: SimpleNamespace, seq_len: int):
 def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
     from ..serving.engines import InputError, Target
     from ..training.captured import MANIFEST, CapturedDataError, CapturedStates
-    from ..training.trainer import CapturedTarget, drafter_from_files, target_embeddings, train_on
+    from ..training.trainer import CapturedTarget, train_on
 
     try:
         if args.follow:
@@ -237,8 +234,7 @@ def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
         import torch
 
         torch.manual_seed(args.seed)  # a new drafter's layers start the same on every rank (and run to run)
-        embed = lambda: target_embeddings(args.target)[0]  # noqa: E731
-        drafter = _drafter(args, ids, embed, lambda **config: drafter_from_files(args.target, **config))
+        drafter = _drafter(args, ids, args.target)
     except (InputError, CapturedDataError, OSError, ValueError) as err:
         return error(str(err))
     if args.follow:

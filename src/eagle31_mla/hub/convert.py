@@ -26,8 +26,6 @@ from ..prompts import eos_token_ids
 from ..serving.engine_facts import ENGINE_NAMES, ENGINES
 from ..serving.engines import KIMI_K3_TARGET, InputError
 
-#: Shard above 10 GB: the 6.03 GB Kimi-K3 drafter stays one ``model.safetensors``, as published.
-DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 #: In a converted folder: the files convert wrote there (what a later ``--force`` may replace).
 MANIFEST = ".eagle31-convert-manifest.json"
 _WRITER = "eagle31-mla convert"
@@ -39,12 +37,12 @@ class ConvertError(ValueError):
 
 
 @dataclass
-class ConvertResult:
+class ConvertResult:  # the fields are `convert --json`'s keys
     folder: Path
     files: list[str]
-    num_tensors: int
-    total_bytes: int
-    source_layout: str
+    tensors: int
+    tensor_bytes: int
+    source: str
     vocab_size: int
     draft_vocab_size: int
     notes: list[str] = field(default_factory=list)
@@ -81,8 +79,6 @@ def read_token_counts(path: str | Path) -> dict[int, int]:
         if path.suffix == ".json":  # a float (1.5, 1e400 = inf, NaN) is refused by number() with its value
             unique = lambda pairs: dict(pairs) if len(dict(pairs)) == len(pairs) else fail("a token id appears twice")  # noqa: E731
             data = json.loads(text, object_pairs_hook=unique)
-    except InputError:  # a token id twice
-        raise
     except (OSError, ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         fail(f"cannot read token counts ({str(err).splitlines()[0]})")
     if path.suffix == ".json":
@@ -242,7 +238,7 @@ def convert(
     *,
     prune_vocab: int | None = None,
     token_counts: str | Path | None = None,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    max_shard_size: int | str = "10GB",  # the 6.03 GB Kimi-K3 drafter stays one model.safetensors, as published
     dtype: str | None = None,
     repo_id: str | None = None,
     target_name: str = KIMI_K3_TARGET.name,
@@ -297,10 +293,7 @@ def convert(
             model.save_pretrained(tmp, max_shard_size=max_shard_size, save_original_format=False)
             files = sorted([p.name for p in tmp.iterdir()] + ["README.md"])
             config = json.loads((tmp / "config.json").read_text())
-            card = model_card(
-                config, repo_id=repo_id or dst.name, target_name=target_name, source_layout=source, files=files
-            )
-            (tmp / "README.md").write_text(card)
+            (tmp / "README.md").write_text(model_card(config, repo_id or dst.name, target_name, source, files))
             (tmp / MANIFEST).write_text(json.dumps({"files": files, "written_by": _WRITER}, indent=2) + "\n")
             _commit(tmp, dst, listed, files)
         except BaseException:  # Ctrl-C included: remove this run's own (mkdtemp's, private) folder, then stop
@@ -345,7 +338,7 @@ With Transformers: `AutoModelForCausalLM.from_pretrained("{repo_id}", trust_remo
 """
 
 
-def model_card(config: Mapping, *, repo_id: str, target_name: str, source_layout: str, files) -> str:
+def model_card(config: Mapping, repo_id: str, target_name: str, source_layout: str, files) -> str:
     """README.md for the converted folder: what it is, how its aux ids are written, how to serve it."""
     from ..model.aux_layers import aux_layer_ids_from_config
     from ..model.configuration_eagle31_mla import describe_rope

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,11 @@ def _check_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[s
                     dtypes.add(piece.get_dtype())
                     layouts.add(layout_of(name))
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
-        return {"checked": False, "why": f"{type(err).__name__}: {err}", "error": True}
+        return {"checked": False, "why": f"{type(err).__name__}: {err}"}
     problems = [f"missing tensor {n!r}" for n in expected if n not in shapes and not (n == "t2d" and "d2t" in shapes)]
     problems += [f"unexpected tensor {n!r}" for n in shapes if n not in expected]
-    problems += [
-        f"tensor {n!r} has shape {list(shapes[n])}, expected {list(s)}"
-        for n, s in expected.items()
-        if shapes.get(n, s) != s
-    ]
+    misshaped = [n for n, shape in expected.items() if shapes.get(n, shape) != shape]
+    problems += [f"tensor {n!r} has shape {list(shapes[n])}, expected {list(expected[n])}" for n in misshaped]
     diff = roster_differences(shapes, dtypes=dtypes)
     found = dict(checked=True, files=[f.name for f in files], count=len(shapes), dtypes=sorted(dtypes))
     found.update(layout=sorted(layouts), matches_config=not problems, problems=problems)
@@ -119,7 +117,7 @@ def inspect_drafter(path_or_id: str) -> dict[str, Any]:
     info["kv_cache"]["mha_bytes_per_token"] = mha * config.dtype.itemsize
     if any((file.parent / name).is_symlink() or (file.parent / name).exists() for name in _WEIGHTS):
         tensors = _check_tensors(file.parent, expected)
-        if tensors.pop("error", False):
+        if not tensors["checked"]:
             info["errors"].append(f"tensors: {tensors['why']}")
         elif not tensors["matches_config"]:
             info["errors"].append(f"tensors: {len(tensors['problems'])} problem(s) against config.json")
@@ -139,7 +137,7 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
     sizes = dict(hidden_size=config.target_hidden_size, vocab_size=config.vocab_size, bos_token_id=config.bos_token_id)
     num_layers, eos = max(KIMI_K3_TARGET.num_layers, max(ids.one_based)), eos_token_ids(config.eos_token_id)
     target = replace(KIMI_K3_TARGET, name="a Kimi-K3 target", num_layers=num_layers, eos_token_ids=eos, **sizes)
-    rows: list[dict[str, Any]] = []
+    rows = []  # (engine, status, blocking, release): consecutive releases of the same verdict share a row
     for engine in ENGINES:
         for label, _ in engine_releases(engine):
             bare = diagnose(raw, target, engine, label, environ={})
@@ -152,12 +150,9 @@ def serving_matrix(raw: dict, config, ids) -> list[dict[str, Any]]:
                 flag = tokenspeed_flag_form(target, ids) if engine == "tokenspeed" else None
                 if plugin.ok and flag and diagnose(raw, target, engine, label, environ={}, layers_to_capture=flag).ok:
                     status += f" (or --eagle3-layers-to-capture {','.join(map(str, flag))})"
-            last = rows[-1] if rows else {}
-            if (last.get("engine"), last.get("status"), last.get("because")) == (engine, status, blocking):
-                last["versions"].append(label)
-            else:
-                rows.append({"engine": engine, "versions": [label], "status": status, "because": blocking})
-    return rows
+            rows.append((engine, status, blocking, label))
+    grouped = groupby(rows, key=lambda row: row[:3])
+    return [{"engine": e, "versions": [r[3] for r in group], "status": s, "because": b} for (e, s, b), group in grouped]
 
 
 def format_inspection(info: dict[str, Any]) -> str:

@@ -49,11 +49,8 @@ def roster_differences(shapes: Mapping[str, Sequence[int]], *, dtypes=None, num_
     ``num_parameters``, depart from the published checkpoint; empty when identical."""
     problems = [f"missing {name} {list(shape)}" for name, shape in PUBLISHED_ROSTER.items() if name not in shapes]
     problems += [f"extra {name} {list(shapes[name])}" for name in shapes if name not in PUBLISHED_ROSTER]
-    problems += [
-        f"{name}: shape {list(shapes[name])}, published {list(shape)}"
-        for name, shape in PUBLISHED_ROSTER.items()
-        if name in shapes and tuple(shapes[name]) != shape
-    ]
+    misshaped = [name for name, shape in PUBLISHED_ROSTER.items() if tuple(shapes.get(name, shape)) != shape]
+    problems += [f"{name}: shape {list(shapes[name])}, published {list(PUBLISHED_ROSTER[name])}" for name in misshaped]
     if num_parameters is not None and num_parameters != PUBLISHED_NUM_PARAMETERS:
         problems.append(f"{num_parameters:,} parameters, published {PUBLISHED_NUM_PARAMETERS:,}")
     if dtypes is not None and (names := sorted({dtype_name(d) for d in dtypes})) != [PUBLISHED_DTYPE]:

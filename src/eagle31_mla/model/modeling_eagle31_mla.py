@@ -140,24 +140,14 @@ class LatentKVCache:
     """Per token normalised c_kv [C] and rotated k_pe [R] in one buffer [B, capacity, C+R]: keys and values are
     views. Grows by doubling; ``crop`` rolls back rejected drafts. Bound to the drafter that writes it first."""
 
-    def __init__(self, batch_size: int, kv_lora_rank: int, rope_dim: int, *, dtype, device, capacity: int = 256):
-        self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
-        self.latent = torch.empty(batch_size, max(capacity, 1), kv_lora_rank + rope_dim, dtype=dtype, device=device)
+    def __init__(self, model_or_config, batch_size: int, *, dtype, device, capacity: int = 256):
+        config = getattr(model_or_config, "config", model_or_config)
+        self.kv_lora_rank, width = config.kv_lora_rank, config.kv_lora_rank + config.qk_rope_head_dim
+        self.latent = torch.empty(batch_size, max(capacity, 1), width, dtype=dtype, device=device)
         self.length = 0
-        self._owner = None  # weakref to the drafter that wrote it first
+        self.owner = None  # weakref to the drafter that wrote it first (forward binds it)
 
-    @classmethod
-    def for_model(cls, model_or_config, batch_size: int, *, dtype, device, capacity: int = 256):
-        model = model_or_config if isinstance(model_or_config, nn.Module) else None
-        config = model.config if model is not None else model_or_config
-        cache = cls(
-            batch_size, config.kv_lora_rank, config.qk_rope_head_dim, dtype=dtype, device=device, capacity=capacity
-        )
-        cache._owner = None if model is None else weakref.ref(model)
-        return cache
-
-    def bound_to(self) -> nn.Module | None:
-        return None if self._owner is None else self._owner()
+    for_model = classmethod(type.__call__)  # LatentKVCache.for_model(model or config, batch_size, ...)
 
     @property
     def c_kv(self) -> torch.Tensor:
@@ -554,7 +544,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
                     f"`past_key_values` is a {type(past_key_values).__name__} with use_cache={use_cache}; expected "
                     "this drafter's LatentKVCache with use_cache True or None (or no cache)"
                 )
-            owner = past_key_values.bound_to()
+            owner = past_key_values.owner and past_key_values.owner()
             if owner is not None and owner is not self:
                 raise DraftInputError("`past_key_values` was written by another drafter; expected this drafter's")
             if past_key_values.latent.shape[0] != B:
@@ -565,26 +555,28 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
             use_cache = True if past_key_values is not None else config.use_cache
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if use_cache and past_key_values is None:
-            past_key_values = LatentKVCache.for_model(
-                self, B, dtype=self.fc.weight.dtype, device=input_ids.device, capacity=max(256, T)
-            )
-        elif past_key_values is not None and past_key_values.bound_to() is None:
-            past_key_values._owner = weakref.ref(self)  # a fresh cache binds to the first drafter using it
+            dtype, device = self.fc.weight.dtype, input_ids.device
+            past_key_values = LatentKVCache(self, B, dtype=dtype, device=device, capacity=max(256, T))
+        if use_cache and past_key_values.owner is None:
+            past_key_values.owner = weakref.ref(self)  # a fresh cache binds to the first drafter using it
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
-        if absorb is None:
-            absorb = past > 0
-
         h = self.combine_hidden_states(aux_hidden_states) if aux_hidden_states is not None else hidden_states
-        embeds = self.embed_tokens(input_ids)  # [B, T, H]
-        cos, sin = self.rotary_emb(position_ids)  # [B, T, R/2]
         mask = self._attention_mask(attention_mask, B, T, past, input_ids.device)
-        h = self.layers[0](embeds, h, cos, sin, mask, past_key_values if use_cache else None, absorb)
+        cache = past_key_values if use_cache else None
+        return self._step(
+            input_ids, h, position_ids, mask, cache, past > 0 if absorb is None else absorb, logits_to_keep
+        )
+
+    def _step(self, input_ids, h, position_ids, mask, cache, absorb, logits_to_keep=0) -> Eagle31MLAOutput:
+        """The step on checked inputs: ``forward`` after its checks, and ``draft``'s later steps."""
+        cos, sin = self.rotary_emb(position_ids)  # [B, T, R/2]
+        h = self.layers[0](self.embed_tokens(input_ids), h, cos, sin, mask, cache, absorb)
         normed = self.norm(h)  # [B, T, H]
         return Eagle31MLAOutput(
             logits=self.lm_head(normed[:, -logits_to_keep:]),  # [B, T or logits_to_keep, draft_vocab]
-            hidden_states=normed if config.norm_output else h,
-            past_key_values=past_key_values if use_cache else None,
+            hidden_states=normed if self.config.norm_output else h,
+            past_key_values=cache,
         )
 
     @staticmethod
@@ -650,17 +642,14 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         cache = out.past_key_values
         logits, state = out.logits, out.hidden_states[:, -1:]  # [B, 1, V], [B, 1, H]
         tokens, probs = [], []
-        for step in range(num_tokens):
+        for step in range(num_tokens):  # checked above: the later steps run unchecked
             draft_id, p = sample_from_logits(logits[:, 0], temperature, top_p, generator, sampling_backend)
             tokens.append(self.draft_to_target_ids(draft_id))
             probs.append(p)
-            if step == num_tokens - 1:
-                break
-            position = position + 1
-            out = self(
-                tokens[-1][:, None], hidden_states=state, position_ids=position, past_key_values=cache, use_cache=True
-            )
-            logits, state = out.logits, out.hidden_states
+            if step < num_tokens - 1:
+                position = position + 1
+                out = self._step(tokens[-1][:, None], state, position, None, cache, absorb=True)
+                logits, state = out.logits, out.hidden_states
         return DraftOutput(
             tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), past_key_values=cache, hidden_states=state
         )

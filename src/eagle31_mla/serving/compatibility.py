@@ -5,8 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..model.aux_layers import AuxLayerIds
+from ..model.aux_layers import AuxLayerIdError, AuxLayerIds, aux_layer_ids_from_attributes
 from .engine_facts import release_label, vllm as vllm_facts
+
+
+class ServingConfigError(ValueError):
+    """What a plugin refuses to serve (draft, target, flags, engine): the drafter would get other tensors than it was
+    trained on. The message says why and what to do."""
+
+
+class PluginAPIError(RuntimeError):
+    """The installed engine lacks what its plugin needs: serving the drafter would feed it the wrong layers."""
+
+
+def served_aux_ids(draft_config, depth: int | None, why: str = "cannot be served") -> tuple[AuxLayerIds, str]:
+    """A plugin's reading of the draft config object's aux ids (and how) for a target of this depth."""
+    try:
+        return aux_layer_ids_from_attributes(draft_config, depth)
+    except AuxLayerIdError as err:
+        raise ServingConfigError(f"eagle31-mla: the draft's aux layers {why}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -31,26 +48,18 @@ class Sizes:
 
 
 TRAINED_FOR = "serve the drafter with the target it was trained for"
-#: Sizes field -> (id, the draft's key, the target's key, what a mismatch does, the fix)
+#: Sizes field -> (id, the draft's key, what a mismatch does, the fix); the target's key is the draft's less "target_"
 SIZE_RULES = {
-    "vocab_size": (
-        "vocab-size-mismatch",
-        "vocab_size",
-        "vocab_size",
-        "draft tokens would be other tokens",
-        TRAINED_FOR,
-    ),
+    "vocab_size": ("vocab-size-mismatch", "vocab_size", "draft tokens would be other tokens", TRAINED_FOR),
     "hidden_size": (
         "hidden-size-mismatch",
         "target_hidden_size",
-        "hidden_size",
         "its `fc` takes n × target_hidden_size captured values",
         f"{TRAINED_FOR} (if the draft config just lacks target_hidden_size, set it to the training target's)",
     ),
     "num_layers": (
         "target-depth-mismatch",
         "target_num_hidden_layers",
-        "num_hidden_layers",
         "its aux layers would be read at other depths of another model",
         f"{TRAINED_FOR} (if the draft config's target_num_hidden_layers is wrong, set it to the training target's)",
     ),
@@ -60,9 +69,10 @@ SIZE_RULES = {
 def size_mismatches(built_for: Sizes, target: Sizes, target_name: str = "the target") -> list[Incompatibility]:
     """The sizes the draft was built for against the target's (each mismatch's effect in :data:`SIZE_RULES`)."""
     found = []
-    for attribute, (check, draft_key, target_key, consequence, fix) in SIZE_RULES.items():
+    for attribute, (check, draft_key, consequence, fix) in SIZE_RULES.items():
         mine, theirs = getattr(built_for, attribute), getattr(target, attribute)
         if mine is not None and theirs is not None and mine != theirs:
+            target_key = draft_key.removeprefix("target_")
             problem = f"the draft's `{draft_key}` is {mine} but {target_name}'s `{target_key}` is {theirs} "
             found.append(Incompatibility(check, f"{problem}({consequence}; expected {draft_key} = {theirs})", fix))
     return found

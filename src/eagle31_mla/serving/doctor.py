@@ -110,22 +110,12 @@ class Report:
     ok = property(lambda self: not self.problems)
 
     def to_dict(self) -> dict[str, Any]:
-        ids = self.aux_layer_ids
-        return {
-            "ok": self.ok,
-            "engine": self.engine,
-            "versions": list(self.versions),
-            "with_plugin": self.with_plugin,
-            "draft": self.draft,
-            "target": self.target,
-            "aux_layer_ids": None
-            if ids is None
-            else {"one_based": list(ids.one_based), "zero_based": list(ids.zero_based), "how": self.aux_layer_ids_how},
-            "problems": [asdict(f) for f in self.problems],
-            "handled_by_plugin": [asdict(f) for f in self.handled],
-            "notes": [asdict(f) for f in self.notes],
-            "details": list(self.details),
-        }
+        if (ids := self.aux_layer_ids) is not None:
+            ids = {"one_based": list(ids.one_based), "zero_based": list(ids.zero_based), "how": self.aux_layer_ids_how}
+        found = {"problems": self.problems, "handled_by_plugin": self.handled, "notes": self.notes}
+        out = dict(ok=self.ok, engine=self.engine, versions=list(self.versions), with_plugin=self.with_plugin)
+        out.update(draft=self.draft, target=self.target, aux_layer_ids=ids)
+        return {**out, **{k: [asdict(f) for f in v] for k, v in found.items()}, "details": list(self.details)}
 
     def format(self) -> str:
         name = facts.ENGINE_NAMES[self.engine]
@@ -406,7 +396,8 @@ def _check_sglang(draft, ids, target: Target, engine, add, name: str) -> None:
     arch, capture = target.architectures[0], engines.sglang_capture(draft, target)
     if capture.layers == ids.one_based:
         return
-    form = engines.sglang_nested_form(target, ids)
+    forms = (list(ids.one_based), list(ids.zero_based))  # the nested ids that make the target capture ``ids``
+    form = next((f for f in forms if facts.sglang.stored_layers(reading, f, target.num_layers) == forms[0]), None)
     got = f"the target captures one-based {list(capture.layers or ())}; the drafter needs {ids.describe()}"
     plugin = "; or " + _plugin("sglang", "hands the target the form it reads")
     if form is None:

@@ -50,8 +50,8 @@ def read_config_json(path_or_id: str) -> tuple[dict[str, Any], str]:
             raise InputError(f"{path_or_id}: cannot read its config.json ({type(err).__name__}: {err})") from None
     try:
         config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
-        # RecursionError: nesting deeper than Python's json reader goes; ValueError: an int too long to read
+    except (OSError, RecursionError, ValueError) as err:
+        # RecursionError: nesting deeper than Python's json reader goes; ValueError: not UTF-8 or JSON, an int too long
         reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
         raise InputError(f"{file}: not a readable JSON file ({reason}); expected a config.json object") from None
     if not isinstance(config, dict):
@@ -249,17 +249,6 @@ def tokenspeed_capture(draft: Mapping[str, Any], target: Target, layers_flag: Se
     if ids is None:
         return Capture(tuple(_default_layers(target)), DEFAULT)
     return Capture(tuple(i + 1 for i in ids) if reading == PLUS_ONE else tuple(ids), source)
-
-
-def sglang_nested_form(target: Target, ids: AuxLayerIds) -> list[int] | None:
-    """The nested ids (one-based, else zero-based) that make SGLang's target capture ``ids``; None: none do."""
-    reading = sglang_facts.target_reading(target.architectures)
-    if reading is None:
-        return None
-    for form in (list(ids.one_based), list(ids.zero_based)):
-        if sglang_facts.stored_layers(reading, form, target.num_layers or 0) == list(ids.one_based):
-            return form
-    return None
 
 
 def tokenspeed_flag_form(target: Target, ids: AuxLayerIds) -> list[int] | None:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,9 +145,6 @@ def _sum(items: list[Acceptance]) -> Acceptance:
     return Acceptance(rounds, accepted, drafted, hist, pos, steps, items[0].source if items else "")
 
 
-# ---- what each engine reports -------------------------------------------------------------------------
-
-
 def parse_prometheus(text: str) -> list:
     """The samples of a Prometheus text page (prometheus_client's parser): a page it cannot read is a LiveError."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -156,10 +153,6 @@ def parse_prometheus(text: str) -> list:
         return [s for family in text_string_to_metric_families(text) for s in family.samples]
     except ValueError as err:
         raise LiveError(f"the server's /metrics page is not Prometheus text: {err}") from None
-
-
-def metrics_engines(samples: list) -> set[str]:
-    return {e for e, facts in _FACTS.items() if any(s.name.startswith(facts.METRIC_PREFIX) for s in samples)}
 
 
 def vllm_counters(samples: list) -> Acceptance | None:
@@ -298,8 +291,6 @@ def _log_acceptance(accept_length: float, completion_tokens: int) -> Acceptance 
     return Acceptance(rounds, completion_tokens - 1 - rounds, source="tokenspeed-log") if rounds >= 0 else None
 
 
-# ---- statistics and the verdict -----------------------------------------------------------------------
-
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
 _T975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
@@ -357,14 +348,11 @@ def _reference_items(reference: dict) -> list[Acceptance] | None:
 
 def likely_causes(measured: float, expected: float, engine: str) -> list[str]:
     """The known silent misconfigurations a drop from ``expected`` to ``measured`` fits, most likely first."""
-    plugin = {
-        "vllm": PLUGIN_INSTALL["vllm"] + "; VLLM_PLUGINS must not leave it out",
-        "sglang": PLUGIN_INSTALL["sglang"],
-    }
-    where = f"or the engine plugin not loaded where the server runs ({plugin[engine]})" if engine in plugin else ""
+    plugin = PLUGIN_INSTALL[engine] + ("; VLLM_PLUGINS must not leave it out" if engine == "vllm" else "")
+    where = f"or the engine plugin not loaded where the server runs ({plugin})"
     convention = (
         "the aux layer ids read in the wrong convention (e.g. zero-based training-form ids served as one-based), "
-        + (where or "or --eagle3-layers-to-capture in the wrong convention")
+        + ("or --eagle3-layers-to-capture in the wrong convention" if engine == "tokenspeed" else where)
         + ", or a drafter other than the one the expected value was measured with: the drafts are almost never accepted"
     )
     env = f" ({vllm_facts.KIMI_K3_STREAM_ENV}=1)" if engine == "vllm" else ""
@@ -454,9 +442,6 @@ def compare(report: dict[str, Any], *, expect: float | None = None, reference: d
     return verdict
 
 
-# ---- the server -----------------------------------------------------------------------------------------
-
-
 class _Refused(Exception):
     """An answer the client stops taking: too large, or from another origin."""
 
@@ -510,11 +495,8 @@ class _Client:
         parts = urlsplit(self.base)
         self.secret, self.shown = parts.password or parts.username, redacted_url(self.base)
 
-        def origin(url) -> tuple:  # as httpx normalises it: LOCALHOST is localhost, http://h:80 is http://h
-            return url.scheme, url.host, url.port
-
-        def same_origin(request) -> None:
-            if origin(request.url) != origin(home):
+        def same_origin(request) -> None:  # as httpx normalises it: LOCALHOST is localhost, http://h:80 is http://h
+            if (request.url.scheme, request.url.host, request.url.port) != (home.scheme, home.host, home.port):
                 at = f"{request.url.scheme}://{request.url.netloc.decode().rsplit('@', 1)[-1]}"
                 raise _Refused(f"redirected to {at}, another origin than {parts.scheme}://{parts.hostname}: refused")
 
@@ -534,21 +516,16 @@ class _Client:
 
     def _within_deadline(self, call):
         """``call()`` in a daemon thread, given up after ``timeout`` s (the thread ends when the client closes)."""
-        done, box = threading.Event(), {}
+        answer = Future()
 
         def run() -> None:
             try:
-                box["answer"] = call()
+                answer.set_result(call())
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = err
-            done.set()
+                answer.set_exception(err)
 
         threading.Thread(target=run, daemon=True, name="eagle31-request").start()
-        if not done.wait(self.timeout):
-            raise TimeoutError
-        if "error" in box:
-            raise box["error"]
-        return box["answer"]
+        return answer.result(self.timeout)  # a TimeoutError past it
 
     def request(self, path: str, call) -> tuple[int, Any]:
         """``call()``, the client's request to ``path``, as (HTTP status, answer: a typed one dumped with the engines'
@@ -608,7 +585,7 @@ def _probe_metrics(client: _Client, engine: str) -> Acceptance | None:
     responses' per-request metrics are then the only source); for the other engines, whose /metrics is optional,
     only a check that it is not vLLM's."""
     status, samples = client.scrape()
-    engines = metrics_engines(samples)
+    engines = {e for e, facts in _FACTS.items() if any(s.name.startswith(facts.METRIC_PREFIX) for s in samples)}
     if engine != "vllm":
         if "vllm" in engines and engine not in engines:
             raise _wrong_engine(engine, "vllm", "its /metrics has vllm: series")
@@ -693,10 +670,10 @@ def _min_rounds(completion_tokens: int, num_steps: int | None) -> int:
     return -(-(completion_tokens - 1) // (num_steps + 1)) if num_steps else 1
 
 
-def _settled_counters(client: _Client, before: Acceptance, min_rounds: int, wait: float = 2.0) -> Acceptance:
+def _settled_counters(client: _Client, before: Acceptance, min_rounds: int) -> Acceptance:
     """The counters once they count at least ``min_rounds`` rounds since ``before`` and two scrapes in a row agree
-    (vLLM records a step's stats just after handing its outputs over); at most ``wait`` seconds."""
-    deadline, current = time.monotonic() + wait, None
+    (vLLM records a step's stats just after handing its outputs over); at most 2 s."""
+    deadline, current = time.monotonic() + 2.0, None
     while True:
         status, samples = client.scrape()
         again = vllm_counters(samples)
@@ -955,9 +932,6 @@ def _apply_tokenspeed_log(
     mean = sum(windows) / len(windows) if windows else None
     summary = dict(path=str(path), requests_matched=matched, decode_windows=len(windows), mean_avg_accept_len=mean)
     return summary, source
-
-
-# ---- output -------------------------------------------------------------------------------------------
 
 
 def _f(value, spec: str) -> str:

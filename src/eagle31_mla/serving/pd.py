@@ -5,11 +5,14 @@ router, :func:`diagnose_pd` checks one (a prefill side without the decode side's
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import shlex
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from ..decoding.limits import DRAFTING_LIMITS
 from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
@@ -142,16 +145,53 @@ def _json_option(value: str | None, flag: str, where: str) -> dict[str, Any]:
 MAX_STEPS = DRAFTING_LIMITS["num_draft_tokens"]
 
 
-def _count(value) -> bool:
-    return type(value) is int and 1 <= value <= MAX_STEPS
-
-
 def count(text: str) -> int:
     """SGLang's and TokenSpeed's speculative counts, as their parsers type them (int), within the drafting limits."""
     value = int(text)  # a ValueError: argparse's message names the flag and the value
-    if not _count(value):
+    if not 1 <= value <= MAX_STEPS:
         raise ValueError
     return value
+
+
+@functools.cache
+def _own_parser(engine: str):
+    """The installed engine's own launch parser, and for vLLM its SpeculativeConfig's fields (pydantic)."""
+    if engine == "vllm":
+        from vllm.config import SpeculativeConfig
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        return EngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False)), SpeculativeConfig.__pydantic_fields__
+    server_args = {"sglang": "sglang.srt.server_args", "tokenspeed": "tokenspeed.runtime.utils.server_args"}[engine]
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    importlib.import_module(server_args).ServerArgs.add_cli_args(parser)
+    return parser, {}
+
+
+def _engine_rules(engine: str, args: list[str], where: str) -> None:
+    """``args`` through the installed engine's own parser (for vLLM also each --speculative-config field through its
+    SpeculativeConfig's type), where the engine imports here: what it refuses, the launch would. Where it does not
+    (not installed; TokenSpeed needs a GPU), the library's typed checks stand alone."""
+
+    def refuse(message: str):
+        raise InputError(f"{where}: {ENGINE_NAMES[engine]}'s own rules refuse it: {' '.join(message.split())[:300]}")
+
+    with warnings.catch_warnings(action="ignore"):  # the engines' import-time and pydantic's field warnings
+        try:
+            parser, fields = _own_parser(engine)
+        except Exception:  # noqa: BLE001 - any failure to import an engine means: not importable here
+            return
+        parser.error = refuse  # argparse's error() prints the usage and exits
+        spec = getattr(parser.parse_known_args(args)[0], "speculative_config", None) or {}
+        from pydantic import TypeAdapter, ValidationError
+
+        for key, value in spec.items():
+            if key not in fields:
+                refuse(f"--speculative-config has {key!r}, not a field of vLLM's SpeculativeConfig")
+            try:
+                TypeAdapter(Annotated[fields[key].annotation, fields[key]]).validate_python(value)
+            except ValidationError as err:
+                refuse(f"--speculative-config's {key} {value!r}: {err.errors()[0]['msg']}")
 
 
 def _dashes(word: str) -> str:
@@ -175,6 +215,7 @@ def parse_launch(engine: str, command: str, where: str = "the command") -> Launc
         shown = " or ".join(" ".join(launcher) for launcher in launchers)
         name = ENGINE_NAMES[engine]
         raise InputError(f"{where}: expected {name}'s launch command ({shown} ...), got {command[:120]!r}")
+    args = [_dashes(word) for word in words[starts[0] :]]
     parser = _Parser(add_help=False, allow_abbrev=False)
     parser.where = where
     parser.add_argument("model", nargs="?")
@@ -184,17 +225,19 @@ def parse_launch(engine: str, command: str, where: str = "the command") -> Launc
     if engine == "vllm":
         parser.add_argument("--speculative-config")
         parser.add_argument(vllm_facts.KV_TRANSFER_FLAG)
-        ns, _ = parser.parse_known_args([_dashes(word) for word in words[starts[0] :]])
+        ns, _ = parser.parse_known_args(args)
         spec = _json_option(ns.speculative_config, "--speculative-config", where)
         transfer = _json_option(ns.kv_transfer_config, vllm_facts.KV_TRANSFER_FLAG, where)
         draft, steps = spec.get("model"), spec.get("num_speculative_tokens")
+        counted = steps is None or type(steps) is int and 1 <= steps <= MAX_STEPS
         for key, value, ok, expected in (  # vLLM's own SpeculativeConfig types (its pydantic model refuses others)
             ("model", draft, draft is None or isinstance(draft, str), "a path or hub id"),
             ("method", spec.get("method"), spec.get("method") is None or isinstance(spec["method"], str), "a name"),
-            ("num_speculative_tokens", steps, steps is None or _count(steps), f"an integer in [1, {MAX_STEPS}]"),
+            ("num_speculative_tokens", steps, counted, f"an integer in [1, {MAX_STEPS}]"),
         ):
             if not ok:
                 raise InputError(f"{where}: --speculative-config's {key} must be {expected}, got {value!r}")
+        _engine_rules(engine, args, where)  # after the library's typed checks: their messages wherever it runs
         settings = {k: spec[k] for k in ("method", "revision", "dtype", "quantization") if spec.get(k) is not None}
         link = transfer.get("kv_role"), transfer.get("kv_connector"), transfer.get("kv_connector_extra_config") or {}
     else:
@@ -206,7 +249,8 @@ def parse_launch(engine: str, command: str, where: str = "the command") -> Launc
         parser.add_argument("--speculative-draft-model", dest="speculative_draft_model_path")
         parser.add_argument(facts.DISAGGREGATION_MODE_FLAG, default="null")
         parser.add_argument(facts.TRANSFER_BACKEND_FLAG)
-        ns, _ = parser.parse_known_args([_dashes(word) for word in words[starts[0] :]])
+        ns, _ = parser.parse_known_args(args)
+        _engine_rules(engine, args, where)
         draft, steps = ns.speculative_draft_model_path if ns.speculative_algorithm else None, None
         settings = {k: getattr(ns, f"speculative_{k}") for k in spec if k != "draft_model_path"}
         settings = {k: v for k, v in settings.items() if v is not None}

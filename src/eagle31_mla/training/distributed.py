@@ -48,29 +48,6 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
 
 
-def _setup() -> tuple[int, int, torch.device]:
-    cuda = torch.cuda.is_available()
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def _shard(drafter: Eagle31MLAForCausalLM, world: int, device: torch.device, config: TrainingConfig) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(device.type, (world,))
-    policy = MixedPrecisionPolicy()
-    if config.compute_dtype == "bfloat16" and device.type == "cuda":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for module in (drafter.layers[0], drafter.fc):  # the decoder layer and fc: the drafter's bulk
-        fully_shard(module, mesh=mesh, mp_policy=policy)
-    fully_shard(drafter, mesh=mesh, mp_policy=policy)
-
-
 def _state(drafter, optimizer):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -97,36 +74,6 @@ def _save(work_dir: Path, step: int, drafter, optimizer, schedule, config: Train
     dist.barrier()
 
 
-def _resume(work_dir: Path, drafter, optimizer, schedule, config: TrainingConfig) -> int:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    latest = work_dir / LATEST
-    if not latest.is_file():
-        return 0
-    folder = work_dir / latest.read_text().strip()
-    state = _state(drafter, optimizer)
-    dcp.load(state, checkpoint_id=str(folder))
-    set_model_state_dict(drafter, state["model"])
-    set_optimizer_state_dict(drafter, optimizer, state["optim"])
-    trainer = json.loads((folder / "trainer.json").read_text())
-    schedule.load_state_dict(trainer["schedule"])
-    config.log = trainer["log"]
-    logger.info("resuming from step %d in %s", trainer["step"], folder)
-    return trainer["step"]
-
-
-def _export(drafter, out_dir: Path, config: TrainingConfig, rank: int) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        template = Eagle31MLAForCausalLM(drafter.config)  # the unsharded model the gathered weights fill
-        template.load_state_dict(full)
-        export_drafter(template, out_dir, getattr(torch, config.export_dtype or "float32"), config)
-    dist.barrier()
-
-
 def train_distributed(
     states: CapturedTarget,
     drafter: Eagle31MLAForCausalLM,
@@ -137,9 +84,19 @@ def train_distributed(
     progress: bool = True,
 ) -> None:
     """Train ``drafter`` on ``states`` on every rank of the torchrun job; rank 0 exports to ``out_dir``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from tqdm.auto import tqdm
 
-    rank, world, device = _setup()
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     if config.batch_size % world:
         raise ValueError(f"--batch-size {config.batch_size} must be a multiple of the number of ranks ({world})")
     micro_batch = micro_batch or config.batch_size // world
@@ -149,12 +106,26 @@ def train_distributed(
         work_dir.mkdir(parents=True, exist_ok=True)
     states.device = device
     drafter.to(device)
-    _shard(drafter, world, device, config)
+    mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy()
+    if config.compute_dtype == "bfloat16" and device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for module in (drafter.layers[0], drafter.fc, drafter):  # the decoder layer and fc (the bulk), then the rest
+        fully_shard(module, mesh=mesh, mp_policy=policy)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer, schedule = _optimizer(params, config)
     dist.barrier()
-    start = _resume(work_dir, drafter, optimizer, schedule, config)
-    if start:
+    start = 0
+    if (work_dir / LATEST).is_file():
+        folder = work_dir / (work_dir / LATEST).read_text().strip()
+        state = _state(drafter, optimizer)
+        dcp.load(state, checkpoint_id=str(folder))
+        set_model_state_dict(drafter, state["model"])
+        set_optimizer_state_dict(drafter, optimizer, state["optim"])
+        trainer = json.loads((folder / "trainer.json").read_text())
+        schedule.load_state_dict(trainer["schedule"])
+        start, config.log = trainer["step"], trainer["log"]
+        logger.info("resuming from step %d in %s", start, folder)
         states.checkpointed(start, config, remove=rank == 0)  # what a run killed after its checkpoint left
     kill = os.environ.get(KILL_ENV)
     drafter.train()
@@ -168,7 +139,7 @@ def train_distributed(
             _save(work_dir, step, drafter, optimizer, schedule, config, rank)
             states.checkpointed(step, config, remove=rank == 0)
         indices = states.step_indices(step, config)
-        pad_to = max(states.length(int(i)) for i in indices)  # every rank pads to the step's longest sequence
+        pad_to = max(states.data.length(int(i)) for i in indices)  # every rank pads to the step's longest sequence
         mine = indices[rank::world]
         # a stream's last step may leave a rank no sequence: it runs one with no loss (FSDP's collectives need it)
         idle = len(mine) == 0
@@ -204,8 +175,13 @@ def train_distributed(
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             _save(work_dir, step + 1, drafter, optimizer, schedule, config, rank)
             states.checkpointed(step + 1, config, remove=rank == 0)
-    _export(drafter, out_dir, config, rank)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
+        template = Eagle31MLAForCausalLM(drafter.config)  # the unsharded model the gathered weights fill
+        template.load_state_dict(full)
+        export_drafter(template, out_dir, getattr(torch, config.export_dtype or "float32"), config)
         (out_dir / "training_log.json").write_text(json.dumps({"world_size": world, **asdict(config)}, indent=1))
     # every rank tears its connections down once all are done: a rank that left while another still held the
     # group open aborted at exit, once, in gloo's teardown ("terminate called without an active exception")

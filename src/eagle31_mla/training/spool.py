@@ -52,35 +52,20 @@ def part_sequences(count: int, part: int, parts: int) -> list[int]:
     return list(range(part - 1, count, parts))
 
 
-def plan_part(
-    lengths: list[int],
-    *,
-    part: int,
-    parts: int,
-    inputs: int,
-    max_bytes: int,
-    sequences_per_shard: int,
-    num_aux: int,
-    hidden_size: int,
-    dtype: torch.dtype,
-    top_k: int,
-) -> dict[str, int]:
-    """A part's ``spool`` manifest entry, from its sequences' lengths (known before the target runs): its part
-    (one-based) of ``parts``, the sequences of the whole input, its share of the cap (``max_bytes`` / ``parts``),
-    upper bounds of the bytes of its largest shard and of all its shards. Refused when a shard cannot fit."""
-    share = max_bytes // parts
-    sizes = [
-        shard_bytes(sum(chunk), len(chunk), num_aux, hidden_size, dtype, top_k)
-        for chunk in (lengths[i : i + sequences_per_shard] for i in range(0, len(lengths), sequences_per_shard))
-    ]
+def plan_part(lengths: list[int], max_bytes: int, bytes_of: Callable[[int, int], int], **entry: int) -> dict[str, int]:
+    """A part's ``spool`` manifest entry (``entry``: part, parts, inputs, sequences_per_shard) from its sequences'
+    lengths, known before the target runs: its share of the cap (``max_bytes`` / parts), upper bounds of the bytes
+    of its largest shard and of all its shards (``bytes_of(tokens, sequences)``). Refused when a shard cannot fit."""
+    share, per_shard = max_bytes // entry["parts"], entry["sequences_per_shard"]
+    chunks = (lengths[i : i + per_shard] for i in range(0, len(lengths), per_shard))
+    sizes = [bytes_of(sum(chunk), len(chunk)) for chunk in chunks]
     largest = max(sizes, default=0)
     if largest > share:
         raise CapturedDataError(
-            f"argument --max-spool-gb: a shard of {sequences_per_shard} sequences takes up to {largest / 1e6:.4g} MB, "
+            f"argument --max-spool-gb: a shard of {per_shard} sequences takes up to {largest / 1e6:.4g} MB, "
             f"more than this part's share of the spool ({share / 1e6:.4g} MB of {max_bytes / 1e6:.4g} MB for "
-            f"{parts} parts): raise --max-spool-gb or lower --sequences-per-shard"
+            f"{entry['parts']} parts): raise --max-spool-gb or lower --sequences-per-shard"
         )
-    entry = dict(part=part, parts=parts, inputs=inputs, sequences_per_shard=sequences_per_shard)
     return entry | dict(max_bytes=share, shard_bytes=largest, bytes=sum(sizes))
 
 
@@ -301,7 +286,7 @@ class FollowedCapture(CapturedStates):
 class FollowTarget(CapturedTarget):
     """Training batches from a followed capture: step k takes the stream's positions [k·B, (k+1)·B) of
     ``epochs`` passes, the first in the order written, each later one in a shuffle of it (by the seed and the
-    epoch, as :func:`~eagle31_mla.training.trainer.step_batch` shuffles)."""
+    epoch, as :meth:`~eagle31_mla.training.trainer._Batches.step_indices` shuffles)."""
 
     def __init__(self, data: FollowedCapture, vocab_size: int, device="cpu", epochs: int = 1):
         super().__init__(data, vocab_size, device)

@@ -40,8 +40,7 @@ class ConcatKVCache(LatentKVCache):
 
     def __init__(self, batch_size: int):
         self.latent = torch.empty(batch_size, 0, 0)  # its width and dtype: the first update's
-        self.kv_lora_rank = self.rope_dim = None
-        self._owner = None
+        self.owner = None  # bound by the drafter's forward
 
     def get_seq_length(self) -> int:
         return self.latent.shape[1]
@@ -223,19 +222,10 @@ def combine_depth_losses(
     return (weights * losses).sum(), accuracy
 
 
-def ttt_loss(
-    drafter: Eagle31MLAForCausalLM,
-    input_ids: torch.Tensor,
-    aux: torch.Tensor,
-    target_probs: torch.Tensor,
-    depth: int,
-    loss_mask: torch.Tensor | None = None,
-    anchors: torch.Tensor | None = None,
-    depth_decay: float | None = None,
-) -> tuple[torch.Tensor, list[float]]:
-    """(the loss, the top-1 agreement per depth): :func:`ttt_loss_terms` combined by :func:`combine_depth_losses`."""
-    terms = ttt_loss_terms(drafter, input_ids, aux, target_probs, depth, loss_mask, anchors)
-    return combine_depth_losses(terms, depth_decay)
+def ttt_loss(*args, depth_decay: float | None = None, **kwargs) -> tuple[torch.Tensor, list[float]]:
+    """(the loss, the top-1 agreement per depth): :func:`ttt_loss_terms` (its arguments) combined by
+    :func:`combine_depth_losses`."""
+    return combine_depth_losses(ttt_loss_terms(*args, **kwargs), depth_decay)
 
 
 @dataclass
@@ -366,20 +356,15 @@ def drafter_to_finetune(path: str | Path, embed: torch.Tensor) -> Eagle31MLAForC
     return drafter
 
 
-def step_batch(num_sequences: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
-    """One step's sequence indices, a function of (seed, step): a resumed run sees the uninterrupted run's batches."""
-    per_epoch = max(1, num_sequences // batch_size)
-    epoch, index = divmod(step, per_epoch)
-    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return order[index * batch_size : (index + 1) * batch_size]
-
-
 class _Batches:
     """What the training loops ask of their data besides batches: each step's sequences, and the hooks a stream
     through a spool needs (:class:`eagle31_mla.training.spool.FollowTarget`)."""
 
     def step_indices(self, step: int, config: TrainingConfig) -> torch.Tensor:
-        return step_batch(len(self), config.batch_size, step, config.seed)
+        """A function of (seed, step): a resumed run sees the uninterrupted run's batches."""
+        epoch, index = divmod(step, max(1, len(self) // config.batch_size))
+        order = torch.randperm(len(self), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+        return order[index * config.batch_size : (index + 1) * config.batch_size]
 
     def stalled(self, step: int, config: TrainingConfig) -> bool:
         """Whether a checkpoint now would let the data for ``step`` arrive (it frees the spool)."""
@@ -387,6 +372,12 @@ class _Batches:
 
     def checkpointed(self, step: int, config: TrainingConfig, remove: bool = True) -> None:
         """A checkpoint after ``step`` steps is complete on every rank; ``remove`` (one rank): free what it covers."""
+
+
+def _padded(rows: list[torch.Tensor], length: int = 0) -> torch.Tensor:
+    """[B, S, ...]: the rows [S_b, ...] zero-padded at the end to the longest, or to ``length``."""
+    batch = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    return F.pad(batch, (0, 0) * (batch.dim() - 2) + (0, max(length - batch.shape[1], 0)))
 
 
 class LiveTarget(_Batches):
@@ -401,13 +392,12 @@ class LiveTarget(_Batches):
 
     def batch(self, indices: torch.Tensor, aux_layer_ids):
         """(input ids [B, S], aux states [B, S, n·H], target distributions [B, S, V], loss mask [B, S])."""
-        rows = [torch.as_tensor(self.sequences[int(i)]) for i in indices]
-        batch = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
-        mask = torch.zeros(batch.shape)
-        for b, (i, r) in enumerate(zip(indices, rows)):
-            batch[b, : len(r)] = r
-            mask[b, : len(r)] = 1 if self.loss_masks is None else torch.as_tensor(self.loss_masks[int(i)]).float()
-        batch, mask = batch.to(self.device), mask.to(self.device)
+        rows = [torch.as_tensor(self.sequences[int(i)]).long() for i in indices]
+        masks = [
+            torch.ones(len(r)) if self.loss_masks is None else self.loss_masks[int(i)] for i, r in zip(indices, rows)
+        ]
+        batch = _padded(rows).to(self.device)
+        mask = _padded([torch.as_tensor(m).float() for m in masks]).to(self.device)
         aux, probs = capture_target_states(self.target, batch, aux_layer_ids)
         return batch, aux, probs, mask
 
@@ -421,23 +411,16 @@ class CapturedTarget(_Batches):
     def __len__(self) -> int:
         return len(self.data)
 
-    def length(self, i: int) -> int:
-        return self.data.length(i)
-
-    def batch(self, indices: torch.Tensor, aux_layer_ids, pad_to: int | None = None):
+    def batch(self, indices: torch.Tensor, aux_layer_ids, pad_to: int = 0):
         """As :meth:`LiveTarget.batch`; the drafter reads the capture's aux layers (checked where it is made)."""
         rows = [self.data.sequence(int(i)) for i in indices]
-        S = max([ids.shape[0] for ids, *_ in rows] + [pad_to or 0])
-        B, width = len(rows), rows[0][1].shape[-1]
-        input_ids = torch.zeros(B, S, dtype=torch.long)
-        aux = torch.zeros(B, S, width)
-        probs = torch.zeros(B, S, self.vocab_size)
-        mask = torch.zeros(B, S)
-        for b, (i, (ids, states, _, _)) in enumerate(zip(indices, rows)):
-            n = ids.shape[0]
-            input_ids[b, :n], aux[b, :n], mask[b, :n] = ids, states.float(), self.data.loss_mask(int(i))
-            probs[b, :n] = self.data.target_probs(int(i), self.vocab_size)
-        return tuple(t.to(self.device) for t in (input_ids, aux, probs, mask))
+        columns = (
+            [ids for ids, *_ in rows],
+            [states.float() for _, states, *_ in rows],
+            [self.data.target_probs(int(i), self.vocab_size) for i in indices],
+            [self.data.loss_mask(int(i)) for i in indices],
+        )
+        return tuple(_padded(column, pad_to).to(self.device) for column in columns)
 
 
 def train_drafter(
@@ -514,7 +497,9 @@ def train_on(
         batch, aux, probs, loss_mask = states.batch(indices, drafter.config.aux_layer_ids)
         anchors = step_anchors(drafter, probs, loss_mask, config, step, indices)
         with _compute(config.compute_dtype, states.device):
-            loss, acc = ttt_loss(drafter, batch, aux, probs, config.depth, loss_mask, anchors, config.depth_decay)
+            loss, acc = ttt_loss(
+                drafter, batch, aux, probs, config.depth, loss_mask, anchors, depth_decay=config.depth_decay
+            )
         loss.backward()
         norm = clip_gradients(params, config.grad_clip)
         _apply_step(optimizer, schedule, config, step, loss.item(), acc, norm)

@@ -52,10 +52,10 @@ def _check_engine(target: Target) -> str:
     import vllm
 
     from ..serving import compatibility
-    from ..serving.engine_facts import release_label
-    from ..serving.engine_facts.vllm import CAPTURE_FROM, features, parse_version
+    from ..serving.engine_facts import parse_release, release_label
+    from ..serving.engine_facts.vllm import CAPTURE_FROM, features
 
-    version = parse_version(vllm.__version__)
+    version = parse_release(vllm.__version__, "vllm")
     if version < CAPTURE_FROM:
         raise ValueError(
             f"capture needs vLLM >= {release_label(CAPTURE_FROM)} (its `extract_hidden_states` method and "

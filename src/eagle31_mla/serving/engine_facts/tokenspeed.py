@@ -14,10 +14,6 @@ RELEASES = ((0, 1, 1),)
 SUPPORTED_RELEASES = ", ".join(release_label(r) for r in RELEASES)
 
 
-class PluginAPIError(RuntimeError):
-    """This TokenSpeed lacks what the plugin needs: serving the drafter would feed it the wrong layers."""
-
-
 # ---- the plugin contract (``runtime/plugins/__init__.py``, ``runtime/plugins/registry.py``) ----
 #
 # Plugins are ``tokenspeed.plugins`` entry points whose no-argument ``register()`` runs at the top of every
@@ -26,13 +22,11 @@ class PluginAPIError(RuntimeError):
 
 #: Bumped by TokenSpeed "whenever a class or protocol on the plugin contract changes".
 PLUGIN_API_VERSION = 2
-ENTRY_POINT_GROUP = "tokenspeed.plugins"
-#: What the plugin uses, as ``module:qualified.name``: the registry, TokenSpeed's own MLA drafter and MLA
+#: What the plugin uses besides the registry, as ``module:qualified.name``: TokenSpeed's own MLA drafter and MLA
 #: geometry, the function that reads the draft config's ids (``configure_draft_target`` in
 #: ``runtime/execution/factory.py:161-202`` hands its result, or the flag, raw to the target), how the target's
 #: config is read and its class resolved, and each target class's id setter.
 PLUGIN_SYMBOLS = (
-    "tokenspeed.runtime.plugins.registry:register_model",
     "tokenspeed.runtime.configs.model_profile:ModelProfile",
     "tokenspeed.runtime.models.deepseek_v3:Eagle3DeepseekV2ForCausalLM",
     "tokenspeed.runtime.configs.model_config:configure_mla_attention",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import parse_release, release_label
+from . import release_label
 
 #: The range this plugin is written for: [0.20, 0.34).
 SUPPORTED = ((0, 20), (0, 34))
@@ -36,16 +36,10 @@ KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 def kimi_k3_stream_is_prefix(value: str | None) -> bool:
     """Whether vLLM, reading ``bool(int(os.getenv(name, "0")))``, keeps the prefix-only stream: unset, or an integer
     equal to 0 ("0", "00"). Anything else is refused."""
-    if value is None:
-        return True
     try:
-        return int(value) == 0
+        return value is None or int(value) == 0
     except ValueError:
         return False
-
-
-def parse_version(version: str) -> tuple[int, int, int]:
-    return parse_release(version, "vllm")
 
 
 @dataclass(frozen=True)
