@@ -5,10 +5,12 @@ router, :func:`diagnose_pd` checks one (a prefill side without the decode side's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
 import shlex
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -177,8 +179,9 @@ def _engine_rules(engine: str, args: list[str], where: str) -> None:
         raise InputError(f"{where}: {ENGINE_NAMES[engine]}'s own rules refuse it: {' '.join(message.split())[:300]}")
 
     with warnings.catch_warnings(action="ignore"):  # the engines' import-time and pydantic's field warnings
-        try:
-            parser, fields = _own_parser(engine)
+        try:  # vLLM 0.29 logs to stdout as it imports: keep a --json answer clean
+            with contextlib.redirect_stdout(sys.stderr):
+                parser, fields = _own_parser(engine)
         except Exception:  # noqa: BLE001 - any failure to import an engine means: not importable here
             return
         parser.error = refuse  # argparse's error() prints the usage and exits
