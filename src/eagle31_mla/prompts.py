@@ -82,6 +82,8 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
             prompt = json.loads(line)
         except json.JSONDecodeError as err:
             raise PromptError(f"{where}: not a JSON line ({err})") from None
+        if isinstance(prompt, dict) and "conversation" in prompt and "messages" not in prompt:  # the same, named so
+            prompt["messages"] = prompt.pop("conversation")
         check_prompt_shape(prompt, where)
         prompts.append((where, prompt))
     return prompts

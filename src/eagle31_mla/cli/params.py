@@ -116,8 +116,30 @@ def _server_url(text: str) -> str:
     return text.strip()
 
 
+def _template(text: str) -> tuple[str, str]:
+    name, _, path = text.partition("=")
+    if not name.strip() or not Path(path).expanduser().is_file():
+        raise ValueError
+    return name.strip(), path
+
+
+def _override(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    if not _re(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")(key) or not value:
+        raise ValueError
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare word: a string
+
+
 ONE_BASED_IDS = Checked("comma-separated one-based layer ids, ascending, each >= 1 (e.g. 2,46,90)", _layer_ids(1))
 LAYER_IDS = Checked("comma-separated layer ids in the target's convention, ascending (e.g. 2,46,90)", _layer_ids(0))
+CONTEXT_LENGTHS = Checked("comma-separated token counts, ascending, each >= 1 (e.g. 1024,2048,4096)", _layer_ids(1))
+TEMPLATE = Checked("NAME=FILE: a name for the rendering and a Jinja chat template file", _template)
+CONFIG_OVERRIDE = Checked(
+    "KEY=VALUE: a drafter config field (dotted inside a dict: rope_parameters.rope_theta) and a JSON value", _override
+)
 PART = Checked("I/N with 1 <= I <= N <= 1024: this process's part of N capture processes (e.g. 2/4)", _part)
 ENGINE_ARGUMENTS = Checked("a JSON object of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 8}'", _json_object)
 SIZE = Checked("a size like 10GB or 500MB (powers of ten) or a number of bytes, > 0", parse_size)

@@ -304,21 +304,43 @@ def t_quantile_975(df: int) -> float:
     return z + sum(term / df ** (k + 1) for k, term in enumerate(terms))
 
 
-def _influence(items: list[Acceptance]) -> list[float]:
-    """Each request's linearised influence on R = sum(a) / sum(r): (a_i - R r_i) / mean(r)."""
-    ratio, mean_rounds = _sum(items).accept_length, sum(a.rounds for a in items) / len(items)
-    return [((a.rounds + a.accepted) - ratio * a.rounds) / mean_rounds for a in items]
+def _influence(nums: list[float], dens: list[float]) -> list[float]:
+    """Each request's linearised influence on R = sum(num) / sum(den): (num_i - R den_i) / mean(den)."""
+    ratio, mean_den = sum(nums) / sum(dens), sum(dens) / len(dens)
+    return [(a - ratio * r) / mean_den for a, r in zip(nums, dens)]
+
+
+def _lengths(items: list[Acceptance]) -> tuple[list[int], list[int]]:
+    """Accept length's numerator (tokens per round: accepted + bonus) and denominator (rounds), per request."""
+    return [a.rounds + a.accepted for a in items], [a.rounds for a in items]
 
 
 def _standard_error(values: list[float]) -> float:
     return statistics.stdev(values) / math.sqrt(len(values))
 
 
+def ratio_half_width(nums: list[float], dens: list[float]) -> float | None:
+    """The 95% half-width of sum(num) / sum(den) over requests (module docstring); None under two or no den."""
+    if len(nums) < 2 or not sum(dens):
+        return None
+    return t_quantile_975(len(nums) - 1) * _standard_error(_influence(nums, dens))
+
+
+def paired_half_width(a: list[Acceptance], b: list[Acceptance]) -> float | None:
+    """The 95% half-width of accept length B - A measured on the same requests (paired: each request's influence
+    on B minus its influence on A); None under two requests or without rounds on either side."""
+    if len(a) != len(b) or len(a) < 2 or not _sum(a).rounds or not _sum(b).rounds:
+        return None
+    return t_quantile_975(len(a) - 1) * _standard_error(
+        [x - y for x, y in zip(_influence(*_lengths(b)), _influence(*_lengths(a)))]
+    )
+
+
 def ratio_interval(items: list[Acceptance]) -> dict[str, Any] | None:
     """The 95% interval of the mean accept length (module docstring); None under two requests or no rounds."""
     if len(items) < 2 or sum(a.rounds for a in items) == 0:
         return None
-    ratio, se = _sum(items).accept_length, _standard_error(_influence(items))
+    ratio, se = _sum(items).accept_length, _standard_error(_influence(*_lengths(items)))
     half = t_quantile_975(len(items) - 1) * se
     method = "ratio estimator over requests (delta method), Student t with n - 1 degrees of freedom"
     return dict(
@@ -415,9 +437,7 @@ def compare(report: dict[str, Any], *, expect: float | None = None, reference: d
             warnings.append("the reference was measured with other settings: " + "; ".join(differences))
         ref_items = _reference_items(reference) or []
         same = _same_prompts(reference, report["settings"].get("prompts")) is not False
-        if same and len(ref_items) == len(items) >= 2 and _sum(items).rounds and _sum(ref_items).rounds:
-            se = _standard_error([a - b for a, b in zip(_influence(items), _influence(ref_items))])
-            half = t_quantile_975(len(items) - 1) * se
+        if same and (half := paired_half_width(ref_items, items)) is not None:
             method = f"paired over {len(items)} requests (same prompts, request by request), 95% t interval"
         elif live:
             ref_ci = ratio_interval(ref_items) or {"standard_error": 0.0, "num_requests": live["num_requests"]}
@@ -715,7 +735,7 @@ def _request(prompt, chat: bool) -> tuple[str, dict]:
 def measure_server(
     url: str,
     engine: str,
-    prompts: str | Path,
+    prompts: str | Path | list[tuple[str, Any]],
     *,
     concurrency: int = 1,
     max_tokens: int = 256,
@@ -744,7 +764,7 @@ def measure_server(
         raise LiveError(f"engine {engine!r}; expected one of {', '.join(_READERS)}")
     if expect is not None and reference is not None:
         raise LiveError("give expect= or reference=, not both")
-    lines = read_prompt_lines(prompts)[:limit]
+    lines = (prompts if isinstance(prompts, list) else read_prompt_lines(prompts))[:limit]  # a list: (where, prompt)
     if not lines:
         raise LiveError(f"{prompts}: expected at least one prompt, the file has none")
     log = Path(log).expanduser() if log is not None else None
@@ -874,7 +894,13 @@ def measure_server(
     num_draft_tokens = per_round + 1 if isinstance(per_round, int) else None
     settings = dict(num_steps=steps, topk=None, num_draft_tokens=num_draft_tokens, temperature=temperature)
     settings.update(top_p=top_p, max_new_tokens=max_tokens, seed=None, eos_token_id=None, target=target or entry["id"])
-    settings.update(draft=draft, prompts=str(prompts), concurrency=concurrency, chat=chat, ignore_eos=ignore_eos)
+    settings.update(
+        draft=draft,
+        prompts=None if isinstance(prompts, list) else str(prompts),
+        concurrency=concurrency,
+        chat=chat,
+        ignore_eos=ignore_eos,
+    )
     server = dict(url=client.shown, engine=engine, model=entry["id"], target=target, draft=draft, version=version)
     server.update(attribution="per-request" if attributed else "aggregate", source=f"{ENGINE_NAMES[engine]} {source}")
     if log_summary is not None:
