@@ -13,8 +13,8 @@ Deterministic (seeded draws) and resumable: each part is skipped when it is alre
 * WORK/draft-eagle31 and WORK/draft-eagle3: drafters (the demo drafter's layer, 4,096 positions) trained against it
   with the identical recipe, data (the target's sequences, cut in 1,024-token halves) and seed; only fc_norm /
   norm_output differ (on: EAGLE-3.1, off: EAGLE-3); bf16;
-* WORK/prompts.jsonl: held-out conversations (user turn only): 8 short and 4 long (over 2,100 tokens rendered) per
-  domain; WORK/other_template.jinja: a ChatML template the drafters never saw.
+* WORK/prompts.jsonl and WORK/long_prompts.jsonl: held-out conversations (user turn only), 8 short and 4 long (over
+  2,100 tokens rendered) per domain; WORK/other_template.jinja: a ChatML template the drafters never saw.
 
 Built in 29 minutes on one CPU thread (target 11, each drafter 9; TARGET_STEPS / DRAFT_STEPS below).
 """
@@ -162,21 +162,21 @@ def prompt_length(tokenizer, messages: list[dict]) -> int:
     return len(tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).input_ids)
 
 
-def held_out(tokenizer, seen: set[str]) -> list[dict]:
+def held_out(tokenizer, seen: set[str]) -> tuple[list[dict], list[dict]]:
     """8 short and 4 long conversations per domain whose requests are not in the training corpus; a long one's user
     message holds answers of other (seed 2) conversations of its domain, then the request."""
     requests, material = conversations(seed=1, n=600), conversations(seed=2, n=600)
-    rows = []
+    short, long = [], []
     for domain in DOMAINS:
         fresh = iter([request for d, request, _ in requests if d == domain and request not in seen])
         examples = iter([answer for d, _, answer in material if d == domain])
-        rows += [{"domain": domain, "conversation": chat(next(fresh))} for _ in range(8)]
+        short += [{"domain": domain, "conversation": chat(next(fresh))} for _ in range(8)]
         for _ in range(4):
             text = "Here are some examples:"
             while prompt_length(tokenizer, chat(text)) < 2150:
                 text += "\n\n" + next(examples)
-            rows.append({"domain": domain, "conversation": chat(text + "\n\nNow: " + next(fresh))})
-    return rows
+            long.append({"domain": domain, "conversation": chat(text + "\n\nNow: " + next(fresh))})
+    return short, long
 
 
 def main() -> None:
@@ -214,11 +214,11 @@ def main() -> None:
             print(f"{name}: built in {time.time() - t:.0f} s")
         if name == "target":  # what users load: the bf16 weights
             target = DeepseekV3ForCausalLM.from_pretrained(work / "target", dtype=torch.float32).eval()
-    if not (work / "prompts.jsonl").is_file():
-        rows = held_out(tokenizer, {r for _, r, _ in corpus})
-        lengths = [prompt_length(tokenizer, row["conversation"]) for row in rows]
-        print("prompt lengths:", {d: [n for n, row in zip(lengths, rows) if row["domain"] == d] for d in DOMAINS})
-        (work / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if not (work / "long_prompts.jsonl").is_file():
+        for name, rows in zip(("prompts", "long_prompts"), held_out(tokenizer, {r for _, r, _ in corpus})):
+            lengths = [prompt_length(tokenizer, row["conversation"]) for row in rows]
+            print(f"{name} lengths:", {d: [n for n, r in zip(lengths, rows) if r["domain"] == d] for d in DOMAINS})
+            (work / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (work / "other_template.jinja").write_text(OTHER_TEMPLATE)
     print(f"done in {time.time() - t0:.0f} s -> {work}")
 

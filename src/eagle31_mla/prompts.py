@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import json
 import numbers
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,10 @@ def eos_token_ids(value, *, vocab_size: int | None = None, strict: bool = False)
 
 
 def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
-    """``(file:line, prompt)`` per non-empty line: ``.jsonl`` / ``.json`` (:data:`PROMPT_SHAPES`) or plain text."""
+    """``(file:line, prompt)`` per non-empty line: ``.jsonl`` / ``.json`` (:data:`PROMPT_SHAPES`) or plain text; or a
+    prompt set through the ``datasets`` library (:func:`read_hub_prompts`)."""
+    if str(path).startswith(HUB_PREFIX):
+        return read_hub_prompts(str(path))
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -87,6 +91,65 @@ def read_prompt_lines(path: str | Path) -> list[tuple[str, Any]]:
         check_prompt_shape(prompt, where)
         prompts.append((where, prompt))
     return prompts
+
+
+HUB_PREFIX = "hf:"
+HUB_SPEC = re.compile(r"hf:(?P<name>[^:@\s]+)(?::(?P<config>[^:@\s]+))?(?:@(?P<split>[^:@\s]+))?")
+#: A row's columns, by what they hold, first match wins: a conversation (or MT-Bench's list of user turns), a text
+#: prompt, a domain label (else the dataset's config name).
+HUB_COLUMNS = {
+    "messages": ("messages", "conversation", "conversations", "turns"),
+    "prompt": ("prompt", "text", "question", "instruction", "problem", "input"),
+    "domain": ("domain", "category", "subset", "task"),
+}
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
+def read_hub_prompts(spec: str) -> list[tuple[str, Any]]:
+    """``hf:NAME[:CONFIG][@SPLIT]`` (a Hub id, or a local dataset folder; split default ``test``, else the first) read
+    by ``datasets.load_dataset`` (the Hub's cache when offline), each row mapped by :data:`HUB_COLUMNS` to a
+    prompts-file line: a conversation up to its last user turn (the model writes the rest), or a text prompt."""
+    if not (match := HUB_SPEC.fullmatch(spec)):
+        raise PromptError(f"{spec}: expected hf:NAME[:CONFIG][@SPLIT], e.g. hf:org/prompts:math@test")
+    try:
+        import datasets
+    except ImportError:
+        raise PromptError(
+            f"{spec}: a Hub prompt set is read with `datasets`: pip install 'eagle31-mla[datasets]'"
+        ) from None
+    try:
+        sets = datasets.load_dataset(match["name"], match["config"])
+    except Exception as err:  # noqa: BLE001 - not found, offline without a cache, a broken set: the input's fault
+        raise PromptError(f"{spec}: the datasets library cannot load it ({type(err).__name__}: {err})") from None
+    split = match["split"] or ("test" if "test" in sets else next(iter(sets)))
+    if split not in sets:
+        raise PromptError(f"{spec}: no split {split!r}; it has {', '.join(sets)}")
+    lines = []
+    for i, row in enumerate(sets[split], 1):
+        where = f"hf:{match['name']}@{split}:{i}"
+        found = {what: next((row[c] for c in columns if row.get(c)), None) for what, columns in HUB_COLUMNS.items()}
+        line = {"domain": str(found["domain"] or match["config"] or "-")}
+        if isinstance(found["messages"], list):
+            turns = [{"role": "user", "content": t} if isinstance(t, str) else t for t in found["messages"]]
+            turns = turns[:1] if isinstance(found["messages"][0], str) else turns  # MT-Bench: the first turn
+            turns = [
+                t
+                if "role" in t
+                else {"role": _SHAREGPT_ROLES.get(t.get("from"), t.get("from")), "content": t.get("value")}
+                for t in turns
+                if isinstance(t, dict)
+            ]
+            while turns and turns[-1].get("role") == "assistant":
+                turns.pop()
+            line["messages"] = turns
+        elif found["prompt"] is not None:
+            line["prompt"] = found["prompt"]
+        else:
+            known = ", ".join(HUB_COLUMNS["messages"] + HUB_COLUMNS["prompt"])
+            raise PromptError(f"{where}: no prompt column (one of {known}); the row has {', '.join(row)}")
+        check_prompt_shape(line, where)
+        lines.append((where, line))
+    return lines
 
 
 def read_corpus(path: str | Path) -> list[str]:

@@ -38,14 +38,10 @@ def context_bucket(length: int) -> int:
 
 def read_templates(named: dict[str, str], tokenizer) -> dict[str, str | None]:
     """The templates each conversation is rendered with: the target's own (when it has one), raw text, and each
-    named Jinja file (``name -> path``); a name may not shadow the first two."""
+    named Jinja file (``name -> path``; the CLI keeps the first two names for themselves)."""
     templates: dict[str, str | None] = {TARGET: None} if getattr(tokenizer, "chat_template", None) else {}
     templates[RAW] = None
-    for name, path in named.items():
-        if name in (TARGET, RAW):
-            raise PromptError(f"--template {name}={path}: {name!r} names a built-in rendering; choose another name")
-        templates[name] = Path(path).expanduser().read_text(encoding="utf-8")
-    return templates
+    return templates | {name: Path(path).expanduser().read_text(encoding="utf-8") for name, path in named.items()}
 
 
 def _render(messages: list[dict], name: str, template: str | None, tokenizer, vocab: int | None, where: str):

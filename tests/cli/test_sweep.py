@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from eagle31_mla.cli import main
 from eagle31_mla.demo import DEMO_DIR
+from eagle31_mla.prompts import read_prompt_lines
 from eagle31_mla.serving.live import t_quantile_975
 from eagle31_mla.sweep import expand, read_templates
 from tests.support.paths import CHATML, sweep_inputs
@@ -129,3 +130,37 @@ def test_a_drafter_against_itself_differs_by_nothing_and_the_plot_needs_matplotl
     out, err = capsys.readouterr()
     assert "no plot: matplotlib is not installed (pip install 'eagle31-mla[plot]')" in err
     assert "B - A [95% CI]" in out and "template chatml, context <=64" in out and "conditional" in out
+
+
+def test_a_prompt_set_is_read_through_datasets_by_its_columns(tmp_path, monkeypatch, capsys):
+    """``--prompts hf:NAME[:CONFIG][@SPLIT]``: datasets.load_dataset (here a local dataset folder, offline), each row
+    mapped to a prompts line: MT-Bench's turns (the first), ShareGPT's conversations (up to the last user turn),
+    a question; its category as the domain."""
+    rows = [
+        {"category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+        {"category": "chat", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+        {"question": "What is 2 + 3?"},
+    ]
+    (tmp_path / "set" / "data").mkdir(parents=True)
+    (tmp_path / "set" / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = f"hf:{tmp_path / 'set'}"
+    assert [line for _, line in read_prompt_lines(spec)] == [
+        {"domain": "writing", "messages": [{"role": "user", "content": "Write a poem."}]},
+        {"domain": "chat", "messages": [{"role": "user", "content": "Hi"}]},
+        {"domain": "-", "prompt": "What is 2 + 3?"},
+    ]
+    argv = ["acceptance", "--sweep", *PAIR, "--prompts", spec, "--max-new-tokens", "8", "--no-progress", "--json", "-"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(p["domain"], p["template"]) for p in report["prompts"]] == [
+        ("writing", "target"),
+        ("writing", "raw"),
+        ("chat", "target"),
+        ("chat", "raw"),
+        ("-", "raw"),
+    ]
+    assert main([*argv, "--prompts", f"{spec}@train"]) == 2  # the last --prompts is the one
+    assert "no split 'train'; it has test" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    assert main(argv) == 2
+    assert "pip install 'eagle31-mla[datasets]'" in capsys.readouterr().err

@@ -34,7 +34,12 @@ def _flag(dest: str) -> str:
 # the offline measurement: the pair is loaded here
 @option("--target", type=params.MODEL, help="target model: Hub id or folder (a Transformers causal LM)")
 @option("--draft", type=params.MODEL, help="drafter: Hub id or folder")
-@option("--prompts", required=True, type=params.EXISTING_FILE, help="prompts file: .jsonl or text, one per line")
+@option(
+    "--prompts",
+    required=True,
+    type=params.PROMPTS,
+    help="prompts file (.jsonl or text, one per line), or hf:NAME[:CONFIG][@SPLIT] (the [datasets] extra)",
+)
 @option("--num-steps", type=params.NUM_STEPS, help="draft steps per round (default 3)")
 @option("--topk", type=params.TOPK, help="1: chain drafting; > 1: EAGLE tree (default 1)")
 @option("--num-draft-tokens", type=params.NUM_DRAFT_TOKENS, help="tree size, root included (chain: num_steps + 1)")
@@ -211,12 +216,16 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
         target_config, _ = read_config_json(args.target)
         draft_config, _ = read_config_json(args.draft)
         check_roles(target_config, draft_config, args.target, args.draft)
+        configs = [_drafter_config(args.draft, args.overrides)]  # a bad override refused before any weights load
+        if args.b_draft or args.b_overrides:
+            configs.append(_drafter_config(args.b_draft or args.draft, args.b_overrides))
     except (InputError, OSError, ValueError) as err:
         return error(str(err))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..decoding.speculative import AcceptanceStats, context_limit, measure_acceptance
     from ..model.configuration_eagle31_mla import resolve_dtype
+    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
 
     text_config = target_config.get("text_config") or target_config
     limits = [c.get("max_position_embeddings") for c in (text_config, draft_config)]
@@ -246,10 +255,15 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             args.target, revision=revision, dtype=dtype, trust_remote_code=trust, attn_implementation="sdpa"
         )  # sdpa takes the tree mask (Transformers' default for these models anyway)
         target = target.to(device).eval()
-        drafter = _drafter(args.draft, args.draft_revision, args.overrides, dtype, device)
-        if args.b_draft or args.b_overrides:  # --draft-revision is --draft's
-            b_revision = None if args.b_draft else args.draft_revision
-            b_drafter = _drafter(args.b_draft or args.draft, b_revision, args.b_overrides, dtype, device)
+        load = dict(dtype=dtype, device_map=device)
+        drafter = Eagle31MLAForCausalLM.from_pretrained(
+            args.draft, revision=args.draft_revision, config=configs[0], **load
+        )
+        if len(configs) == 2:  # --draft-revision is --draft's
+            revision = None if args.b_draft else args.draft_revision
+            b_drafter = Eagle31MLAForCausalLM.from_pretrained(
+                args.b_draft or args.draft, revision=revision, config=configs[1], **load
+            )
     except (OSError, ValueError) as err:
         return error(str(err))
     settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, seed=args.seed)
@@ -265,15 +279,10 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             what = path + "".join(f" {key}={json.dumps(value)}" for key, value in overrides)
             measured.append(dict(name=name, what=what, total=result["total"], requests=result["requests"]))
         result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
+        _note_limited([r for arm in measured for r in arm["requests"]], context_limit(target, drafter))
         return _sweep_out(args, swept, measured, result["settings"])
     result = measure_acceptance(target, drafter, ids, tokenizer=tokenizer, **settings)
-    limited = sum(r["context_limited"] for r in result["requests"])
-    if limited:
-        print(
-            f"note: {limited} request(s) stopped at the context limit of {context_limit(target, drafter)} positions "
-            '(max_position_embeddings) before --max-new-tokens (finish reason "length")',
-            file=sys.stderr,
-        )
+    _note_limited(result["requests"], context_limit(target, drafter))
     result["settings"].update(target=args.target, draft=args.draft, prompts=str(args.prompts))
     mode = "chain" if args.topk == 1 else f"tree (topk {args.topk})"
     backend = "" if args.sampling_backend == "torch" else f", sampling backend {args.sampling_backend}"
@@ -285,26 +294,33 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
     return 0
 
 
-def _drafter(path: str, revision: str | None, overrides, dtype, device):
-    """The drafter, with ``overrides`` (KEY=VALUE, dotted into dicts) applied to its config.json and checked as the
-    library checks a file (ConfigError names a bad value; a key the config does not have is refused here)."""
+def _note_limited(requests: list[dict], limit: int) -> None:
+    if limited := sum(r["context_limited"] for r in requests):
+        print(
+            f"note: {limited} request(s) stopped at the context limit of {limit} positions "
+            '(max_position_embeddings) before --max-new-tokens (finish reason "length")',
+            file=sys.stderr,
+        )
+
+
+def _drafter_config(path: str, overrides):
+    """The drafter's config.json with ``overrides`` (KEY=VALUE, dotted into dicts) applied, checked as the library
+    checks a file (ConfigError names a bad value; a key the config does not have is refused here); None without."""
     from ..model.configuration_eagle31_mla import Eagle31MLAConfig
-    from ..model.modeling_eagle31_mla import Eagle31MLAForCausalLM
     from ..serving.engines import read_config_json
 
-    config = None
-    if overrides:
-        data, known = read_config_json(path)[0], Eagle31MLAConfig().to_dict()
-        for key, value in overrides:
-            *parents, leaf = key.split(".")
-            node = data
-            for part in parents:
-                node = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(node, dict) or (not parents and key not in known):
-                raise ValueError(f"argument --override/--b-override: {key} is not a field of the drafter's config")
-            node[leaf] = value
-        config = Eagle31MLAConfig.from_dict(data)
-    return Eagle31MLAForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, device_map=device, config=config)
+    if not overrides:
+        return None
+    data, known = read_config_json(path)[0], Eagle31MLAConfig().to_dict()
+    for key, value in overrides:
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or (not parents and key not in known):
+            raise ValueError(f"argument --override/--b-override: {key} is not a field of the drafter's config")
+        node[leaf] = value
+    return Eagle31MLAConfig.from_dict(data)
 
 
 def _expand(args: SimpleNamespace, tokenizer, vocab: int | None):

@@ -16,6 +16,7 @@ import click
 from ..decoding.limits import DRAFTING_LIMITS
 from ..hub.convert import parse_size
 from ..locations import is_hub_repo_id
+from ..prompts import HUB_PREFIX, HUB_SPEC
 from ..serving.engines import InputError, probe_output_folder
 from ..serving.live import redacted_url
 from .common import one_line, shown
@@ -117,7 +118,11 @@ def _server_url(text: str) -> str:
 
 
 def _template(text: str) -> tuple[str, str]:
+    from ..sweep import RAW, TARGET
+
     name, _, path = text.partition("=")
+    if name.strip() in (TARGET, RAW):
+        raise ValueError(f"{name.strip()!r} names a built-in rendering; choose another name")
     if not name.strip() or not Path(path).expanduser().is_file():
         raise ValueError
     return name.strip(), path
@@ -204,6 +209,20 @@ def _creatable(path: str) -> None:
 
 
 EXISTING_FILE = RolePath("input", exists=True, dir_okay=False)
+
+
+class PromptsPath(RolePath):
+    """A prompts file, or ``hf:NAME[:CONFIG][@SPLIT]``: a prompt set read by the datasets library when it is used."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith(HUB_PREFIX):
+            if not HUB_SPEC.fullmatch(value):
+                self.fail(f"expected hf:NAME[:CONFIG][@SPLIT], got {shown(value)}", param, ctx)
+            return value
+        return super().convert(value, param, ctx)
+
+
+PROMPTS = PromptsPath("input", exists=True, dir_okay=False)
 CAPTURE_FOLDER = RolePath("input", exists=True, file_okay=False)  # its manifest is read by `train` first thing
 OUTPUT_FILE = RolePath("output", _in_a_writable_folder, dir_okay=False, writable=True, allow_dash=True)
 OUTPUT_FOLDER = RolePath("output", _creatable, file_okay=False, writable=True)
