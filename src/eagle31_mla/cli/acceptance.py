@@ -260,9 +260,9 @@ def _acceptance_offline(args: SimpleNamespace) -> int:
             args.draft, revision=args.draft_revision, config=configs[0], **load
         )
         if len(configs) == 2:  # --draft-revision is --draft's
-            revision = None if args.b_draft else args.draft_revision
+            b_revision = None if args.b_draft else args.draft_revision
             b_drafter = Eagle31MLAForCausalLM.from_pretrained(
-                args.b_draft or args.draft, revision=revision, config=configs[1], **load
+                args.b_draft or args.draft, revision=b_revision, config=configs[1], **load
             )
     except (OSError, ValueError) as err:
         return error(str(err))
