@@ -143,7 +143,7 @@ class Stub(ThreadingHTTPServer):
             message = "This model's maximum context length is 512 tokens."
             return 400, {"object": "error", "message": message, "code": 400}
         prompt = body["messages"][-1]["content"] if "messages" in body else body.get("prompt")
-        s = script("ids" if isinstance(prompt, list) else prompt, body["max_tokens"], o.get("pattern"))
+        s = script(str(prompt), body["max_tokens"], o.get("pattern"))
         completion, rounds, accepted = s["completion_tokens"], s["rounds"], s["accepted"]
         text = {"message": {"role": "assistant", "content": "x" * completion}} if "chat" in path else {"text": "x"}
         usage = {"prompt_tokens": 4, "completion_tokens": completion, "total_tokens": 4 + completion}

@@ -20,6 +20,8 @@ from eagle31_mla.demo import DEMO_DIR
 from eagle31_mla.prompts import read_prompt_lines
 from eagle31_mla.serving.live import t_quantile_975
 from eagle31_mla.sweep import expand, read_templates
+from tests.cli import test_acceptance_server as stand_in
+from tests.cli.test_acceptance_server import MAX_TOKENS, expected_al, serve  # noqa: F401 - serve: a fixture
 from tests.support.paths import CHATML, sweep_inputs
 
 PAIR = ["--target", str(DEMO_DIR / "target"), "--draft", str(DEMO_DIR / "draft"), "--dtype", "float32"]
@@ -164,3 +166,26 @@ def test_a_prompt_set_is_read_through_datasets_by_its_columns(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     assert main(argv) == 2
     assert "pip install 'eagle31-mla[datasets]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "tokenspeed"])
+def test_the_sweep_on_sglang_and_tokenspeed_reads_each_response(engine, serve, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """Against each engine's stand-in server (tests/cli/test_acceptance_server.py: its per-response acceptance as
+    the engine's source writes it), the prompts sent as the token ids rendered here: every request's rounds and
+    accepted drafts, as that engine counts them, land in the cells."""
+    url, stub = serve(engine)
+    inputs = sweep_inputs(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    templates = read_templates({"chatml": str(tmp_path / "chatml.jinja")}, tokenizer)
+    patterns = [[3, 3, 2, 3], [1, 0, 2], [3, 1], [0, 3, 3, 1, 2], [2]]  # drafts accepted per round, by request
+    swept = expand(tmp_path / "sweep.jsonl", tokenizer, 512, templates, (16, 64))
+    by_ids = {str(p.input_ids): patterns[i % len(patterns)] for i, p in enumerate(swept)}
+    monkeypatch.setattr(stand_in, "PATTERNS", by_ids)  # what the stand-in answers for each prompt
+    argv = ["acceptance", "--sweep", "--server", url, "--engine", engine, "--tokenizer", str(DEMO_DIR / "target")]
+    assert main([*argv, *inputs, "--max-tokens", str(MAX_TOKENS), "--json", "-"]) == 0  # the last --max-tokens
+    report = json.loads(capsys.readouterr().out)
+    sent = [body["prompt"] for path, body in stub.bodies if path == "/v1/completions"]
+    assert len(sent) == len(report["prompts"]) and all(isinstance(ids, list) for ids in sent)
+    for c in report["arms"][0]["cells"]:
+        members = [str(ids) for ids, p in zip(sent, report["prompts"]) if all(p[k] == c[k] for k in c["by"])]
+        assert c["mean_accept_length"] == pytest.approx(expected_al(members, engine), abs=1e-12)
