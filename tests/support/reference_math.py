@@ -158,3 +158,27 @@ def config_dict(folder) -> dict:
         "norm_output": bool(raw.get("norm_output", False)),
         "rope_parameters": rope,
     }
+
+
+def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
+    """[(B,) T, S + depth·T] bool for the queries (every position, or the anchors [(B,) T]): depth-0 keys at
+    positions <= the query's, plus the query's own keys at depths 1..depth (the dense TTT pattern)."""
+    queries = torch.arange(S, device=device) if anchors is None else anchors
+    T = queries.shape[-1]
+    context = torch.arange(S, device=device) <= queries[..., None]  # [(B,) T, S]
+    own = torch.eye(T, dtype=torch.bool, device=device).repeat(1, depth)  # [T, depth·T]
+    return torch.cat([context, own.expand(*context.shape[:-1], -1)], dim=-1)
+
+
+class DenseTTTAttention:
+    """The test oracle of the trainer's TTTAttention: the same pattern as a dense [T, S + k·T] mask, attended by
+    scaled-dot-product attention over all of it (memory quadratic in the sequence)."""
+
+    def __init__(self, S: int, depth: int, anchors: torch.Tensor | None):
+        self.S, self.depth, self.anchors = S, depth, anchors
+
+    def attend(self, q, k, v, scale):
+        anchors = None if self.anchors is None else self.anchors.clamp(min=0)
+        mask = diagonal_mask(self.S, self.depth, anchors, q.device)
+        mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

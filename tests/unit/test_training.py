@@ -5,8 +5,17 @@ import json
 import pytest
 import torch
 
-from eagle31_mla.training.trainer import TrainingConfig, diagonal_mask, drafter_for_target, train_drafter, ttt_forward
+from eagle31_mla.training import trainer
+from eagle31_mla.training.trainer import (
+    TrainingConfig,
+    TTTAttention,
+    drafter_for_target,
+    train_drafter,
+    ttt_forward,
+    ttt_loss,
+)
 from tests.support.decoding import tiny_target
+from tests.support.reference_math import DenseTTTAttention, diagonal_mask
 from tests.support.tiny import TOL, aux_inputs, draft_step_by_step, tiny_drafter
 
 pytestmark = pytest.mark.transformers
@@ -46,6 +55,31 @@ def test_ttt_equals_teacher_forced_drafting(form):
         for b, slot in (slots >= 0).nonzero().tolist():
             for k, logits in enumerate(drafted[b, int(slots[b, slot])]):
                 assert (logits[0] - unrolled[k][b, slot]).abs().max() <= TOL, (anchors, b, slot, k)
+
+
+@pytest.mark.parametrize("anchors", [None, torch.tensor([[6, 1, -1], [2, 7, 5]])], ids=["dense", "anchored"])
+def test_linear_memory_attention_equals_the_dense_mask(anchors, monkeypatch):
+    """The TTT loss and every gradient through TTTAttention (causal SDPA at depth 0; deeper, chunks of rows with
+    their own keys, checkpointed) equal the dense [T, S + k·T] mask's, fp32: within 1e-5 relative (the same sums,
+    in another order). Chunks of 2 rows force several chunks and the checkpointed backward."""
+    model = tiny_drafter(seed=4)
+    ids, aux = aux_inputs(model.config, 2, 9)
+    probs = torch.softmax(torch.randn(2, 9, model.config.vocab_size, generator=torch.Generator().manual_seed(5)), -1)
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss, _ = ttt_loss(model, ids, aux, probs, 4, anchors=anchors)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(TTTAttention, "CHUNK_SCORES", 2 * 2 * 2 * 13)  # batch 2 x 2 heads x 2 rows x 13 keys
+    linear = loss_and_grads()
+    monkeypatch.setattr(trainer, "TTTAttention", DenseTTTAttention)
+    dense = loss_and_grads()
+    assert torch.allclose(linear[0], dense[0], rtol=1e-5, atol=0)
+    assert linear[1].keys() == dense[1].keys() and len(dense[1]) > 10
+    for name, grad in dense[1].items():
+        assert torch.allclose(linear[1][name], grad, rtol=1e-5, atol=1e-7), name
 
 
 def new_drafter(target):

@@ -247,6 +247,8 @@ class Eagle31MLAAttention(nn.Module):
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)  # [B, h, S, N], [B, h, S, V]
         k = torch.cat([k_nope, k_pe[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1)  # [B, h, S, N+R]
         q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
+        if hasattr(mask, "attend"):  # a pattern that attends itself (the trainer's linear-memory TTT attention)
+            return mask.attend(q, k, v, self.scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
 
     def _absorbed(self, q_nope, q_pe, latent, mask, cache=None) -> torch.Tensor:
@@ -583,8 +585,8 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
     def _attention_mask(attention_mask, B, T, past, device) -> torch.Tensor | None:
         """[B, 1, T, S] bool (True = attend); None for an unpadded one-token step (the unmasked fast path)."""
         S = past + T
-        if attention_mask is None and T == 1:
-            return None
+        if (attention_mask is None and T == 1) or hasattr(attention_mask, "attend"):  # attend: _naive's
+            return attention_mask
         causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)  # [T, S]
         if attention_mask is None:
             return causal[None, None].expand(B, 1, T, S)

@@ -51,14 +51,56 @@ class ConcatKVCache(LatentKVCache):
         return self.latent
 
 
-def diagonal_mask(S: int, depth: int, anchors: torch.Tensor | None, device) -> torch.Tensor:
-    """[(B,) T, S + depth·T] bool for the queries (every position, or the anchors [(B,) T]): depth-0 keys at
-    positions <= the query's, plus the query's own keys at depths 1..depth."""
-    queries = torch.arange(S, device=device) if anchors is None else anchors
-    T = queries.shape[-1]
-    context = torch.arange(S, device=device) <= queries[..., None]  # [(B,) T, S]
-    own = torch.eye(T, dtype=torch.bool, device=device).repeat(1, depth)  # [T, depth·T]
-    return torch.cat([context, own.expand(*context.shape[:-1], -1)], dim=-1)
+class TTTAttention:
+    """The attention of one TTT depth k, in memory linear in the sequence: each query row (a position t, or an
+    anchor) sees the depth-0 keys at positions <= t and its own keys at depths 1..k (the "diagonal"), one softmax
+    over both. The drafter's attention hands it q, k, v (``attend``) instead of applying a [T, S + k·T] mask.
+
+    Depth 0 is plain causal attention: PyTorch's scaled-dot-product attention with ``is_causal`` (its flash kernels,
+    CPU's too, where the device has them; they need the value padded to the key's width). Deeper, the query rows go in chunks of at most
+    :data:`CHUNK_SCORES` scores: a chunk's scores are those of its rows against the keys up to its last row, plus
+    each row's k own keys; with more than one chunk each is recomputed in the backward pass (checkpointed), so no
+    chunk's scores outlive it. The dense mask (tests/support/reference_math.py) stays as the test oracle."""
+
+    #: scores per chunk (batch x heads x rows x keys): 2^26 fp32 scores, 256 MB (one chunk at 2k tokens for 8 heads)
+    CHUNK_SCORES = 2**26
+
+    def __init__(self, S: int, depth: int, anchors: torch.Tensor | None):
+        self.S, self.depth, self.anchors = S, depth, anchors  # anchors [B, N]: the query rows' positions
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [B, h, T, D], k [B, h, S + depth·T, D], v [B, h, S + depth·T, V] -> [B, h, T, V]."""
+        if self.depth == 0:  # flash kernels want the value as wide as the key: zeros added, then cut off
+            width = v.shape[-1]
+            v = F.pad(v, (0, q.shape[-1] - width))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[..., :width]
+        B, h, T, _ = q.shape
+        S, d = self.S, self.depth
+        rows = torch.arange(T, device=q.device) if self.anchors is None else self.anchors.clamp(min=0)
+        own_k, own_v = k[:, :, S:].unflatten(2, (d, T)), v[:, :, S:].unflatten(2, (d, T))  # [B, h, d, T, .]
+        step = max(1, self.CHUNK_SCORES // (B * h * (S + d)))
+        chunks = []
+        for start in range(0, T, step):
+            part = slice(start, start + step)
+            reach = int(rows[..., part].max()) + 1  # the keys the chunk's last (latest) row sees
+            args = (q[:, :, part], k[:, :, :reach], v[:, :, :reach], own_k[:, :, :, part], own_v[:, :, :, part])
+            args += (rows[..., part], scale)
+            if step < T and torch.is_grad_enabled():
+                chunks.append(torch.utils.checkpoint.checkpoint(_ttt_chunk, *args, use_reentrant=False))
+            else:
+                chunks.append(_ttt_chunk(*args))
+        return torch.cat(chunks, dim=2)
+
+
+def _ttt_chunk(q, ctx_k, ctx_v, own_k, own_v, rows, scale):
+    """One chunk of :class:`TTTAttention`: rows [C] or [B, C] at their positions; softmax in fp32."""
+    scores = torch.matmul(q, ctx_k.transpose(-1, -2)).float() * scale  # [B, h, C, L]
+    visible = torch.arange(ctx_k.shape[2], device=q.device) <= rows[..., None]  # [(B,) C, L]
+    scores = scores.masked_fill(~(visible[:, None] if visible.dim() == 3 else visible), float("-inf"))
+    own = torch.einsum("bhcd,bhkcd->bhck", q, own_k).float() * scale  # [B, h, C, k]: each row's own keys
+    p = torch.cat([scores, own], dim=-1).softmax(dim=-1).to(q.dtype)
+    L = ctx_k.shape[2]
+    return torch.matmul(p[..., :L], ctx_v) + torch.einsum("bhck,bhkcv->bhcv", p[..., L:], own_v)  # [B, h, C, V]
 
 
 def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -161,17 +203,13 @@ def ttt_forward(
         if k == 1 and anchors is not None:
             state = _at(state, rows)
         token_at = (rows + 1 + k).clamp(max=S - 1)  # x[t+1+k] is fed; past the end it is masked out
-        mask = None
-        if k:
-            mask = diagonal_mask(S, k, rows if anchors is not None else None, device)
-            mask = mask[:, None] if mask.dim() == 3 else mask[None, None].expand(B, 1, -1, -1)
         out = drafter(
             _at(input_ids, token_at),
             aux_hidden_states=aux if k == 0 else None,
             hidden_states=state if k else None,
             position_ids=(rows + k).expand(B, -1),
             past_key_values=cache,
-            attention_mask=mask,
+            attention_mask=TTTAttention(S, k, rows if k and anchors is not None else None),
             use_cache=True,
             absorb=False,
         )
@@ -194,16 +232,21 @@ def ttt_loss_terms(
     """Per depth k, summed over the batch (data-parallel ranks add theirs before dividing): weighted forward KL,
     weights, weighted top-1 agreement. A pruned vocabulary renormalises the target's mass over the draft's."""
     S, device = input_ids.shape[1], input_ids.device
+    weights = [
+        _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, k, anchors, device)) for k in range(depth)
+    ]
+    probs = target_probs
+    if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
+        probs = probs[..., drafter.draft_to_target_ids(torch.arange(drafter.config.draft_vocab_size, device=device))]
+        probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-9)
+    # forward KL(P || Q) = sum P log P - sum P log Q. The first term, a constant that only makes the value readable,
+    # is taken once per position (each depth reads it shifted), not per depth.
+    neg_entropy = torch.special.xlogy(probs, probs).sum(-1)  # [B, S]
     terms = []
-    for _rows, logits, fed in ttt_forward(drafter, input_ids, aux, depth, anchors):
+    for (_rows, logits, fed), weight in zip(ttt_forward(drafter, input_ids, aux, depth, anchors), weights):
         index = fed.clamp(max=S - 1)
-        target = _at(target_probs, index)  # P[t+1+k]: the target's distribution of x[t+2+k]
-        weight = _loss_weight(drafter, target_probs, loss_mask, fed)
-        if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
-            target = target[..., drafter.draft_to_target_ids(torch.arange(logits.shape[-1], device=device))]
-            target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
-        # forward KL(P || Q) = sum P log P - sum P log Q; the first term only makes the value readable
-        kl = (torch.special.xlogy(target, target) - target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
+        target = _at(probs, index)  # P[t+1+k]: the target's distribution of x[t+2+k]
+        kl = _at(neg_entropy, index) - (target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
         agree = (logits.argmax(-1) == target.argmax(-1)).float()
         terms.append(((kl * weight).sum(), weight.sum(), (agree * weight).sum().detach()))
     return terms
