@@ -52,7 +52,8 @@ def test_a_pruned_vocabulary_leaves_out_positions_it_cannot_predict():
         loss, _ = ttt_loss(pruned, ids, aux, probs, 2)
         # by hand: only positions whose target argmax is in the draft vocabulary count
         manual = 0.0
-        for k, (rows, logits, _) in enumerate(ttt_forward(pruned, ids, aux, 2)):
+        for k, (rows, head, _) in enumerate(ttt_forward(pruned, ids, aux, 2)):
+            logits = pruned.lm_head(head)
             index = rows + 1 + k
             p = probs[:, index.clamp(max=ids.shape[1] - 1)]
             w = (index < ids.shape[1]) * state["t2d"][p.argmax(-1)]

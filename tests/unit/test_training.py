@@ -50,7 +50,7 @@ def test_ttt_equals_teacher_forced_drafting(form):
     }
     for anchors in (None, torch.tensor([1, 4, 6]), torch.tensor([[6, 1, -1], [2, 7, 5]])):
         with torch.no_grad():
-            unrolled = [logits for _, logits, _ in ttt_forward(model, ids, aux, depth, anchors)]
+            unrolled = [model.lm_head(head) for _, head, _ in ttt_forward(model, ids, aux, depth, anchors)]
         slots = (torch.arange(S - 1) if anchors is None else anchors).expand(2, -1)  # S - 1 predicts nothing
         for b, slot in (slots >= 0).nonzero().tolist():
             for k, logits in enumerate(drafted[b, int(slots[b, slot])]):
@@ -60,8 +60,9 @@ def test_ttt_equals_teacher_forced_drafting(form):
 @pytest.mark.parametrize("anchors", [None, torch.tensor([[6, 1, -1], [2, 7, 5]])], ids=["dense", "anchored"])
 def test_linear_memory_attention_equals_the_dense_mask(anchors, monkeypatch):
     """The TTT loss and every gradient through TTTAttention (causal SDPA at depth 0; deeper, chunks of rows with
-    their own keys, checkpointed) equal the dense [T, S + k·T] mask's, fp32: within 1e-5 relative (the same sums,
-    in another order). Chunks of 2 rows force several chunks and the checkpointed backward."""
+    their own keys, checkpointed) and the loss a chunk of logits at a time (checkpointed) equal the dense
+    [T, S + k·T] mask's with every logit at once, fp32: within 1e-5 relative (the same sums, in another order).
+    Chunks of 2 query rows and of 3 loss rows force several chunks and the checkpointed backward."""
     model = tiny_drafter(seed=4)
     ids, aux = aux_inputs(model.config, 2, 9)
     probs = torch.softmax(torch.randn(2, 9, model.config.vocab_size, generator=torch.Generator().manual_seed(5)), -1)
@@ -73,8 +74,10 @@ def test_linear_memory_attention_equals_the_dense_mask(anchors, monkeypatch):
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     monkeypatch.setattr(TTTAttention, "CHUNK_SCORES", 2 * 2 * 2 * 13)  # batch 2 x 2 heads x 2 rows x 13 keys
+    monkeypatch.setattr(trainer, "LOSS_CHUNK", 3 * model.config.vocab_size)  # logits of 3 rows at a time
     linear = loss_and_grads()
     monkeypatch.setattr(trainer, "TTTAttention", DenseTTTAttention)
+    monkeypatch.setattr(trainer, "LOSS_CHUNK", 2**30)  # every row's logits at once
     dense = loss_and_grads()
     assert torch.allclose(linear[0], dense[0], rtol=1e-5, atol=0)
     assert linear[1].keys() == dense[1].keys() and len(dense[1]) > 10

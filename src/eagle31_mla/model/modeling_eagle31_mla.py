@@ -523,7 +523,7 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # [B, S] 1 = real token, or [B, 1, T, S] bool
         use_cache: bool | None = None,
         absorb: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,  # Transformers': the last N positions (0: all), or their indices
         **kwargs,  # Transformers' own keywords (return_dict, ...): nothing to change here
     ) -> Eagle31MLAOutput:
         """One draft step over T tokens (``absorb``: the weight-absorbed attention; default when tokens are cached).
@@ -575,8 +575,9 @@ class Eagle31MLAForCausalLM(Eagle31MLAPreTrainedModel):
         cos, sin = self.rotary_emb(position_ids)  # [B, T, R/2]
         h = self.layers[0](self.embed_tokens(input_ids), h, cos, sin, mask, cache, absorb)
         normed = self.norm(h)  # [B, T, H]
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         return Eagle31MLAOutput(
-            logits=self.lm_head(normed[:, -logits_to_keep:]),  # [B, T or logits_to_keep, draft_vocab]
+            logits=self.lm_head(normed[:, kept]),  # [B, T or the kept positions, draft_vocab]
             hidden_states=normed if self.config.norm_output else h,
             past_key_values=cache,
         )

@@ -110,7 +110,9 @@ def train_distributed(
     policy = MixedPrecisionPolicy()
     if config.compute_dtype == "bfloat16" and device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for module in (drafter.layers[0], drafter.fc, drafter):  # the decoder layer and fc (the bulk), then the rest
+    # the decoder layer and fc (the bulk); lm_head and the final norm, which the loss also calls outside the
+    # drafter's forward (a chunk of logits at a time); then the rest
+    for module in (drafter.layers[0], drafter.fc, drafter.lm_head, drafter.norm, drafter):
         fully_shard(module, mesh=mesh, mp_policy=policy)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer, schedule = _optimizer(params, config)

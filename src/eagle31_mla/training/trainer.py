@@ -56,11 +56,12 @@ class TTTAttention:
     anchor) sees the depth-0 keys at positions <= t and its own keys at depths 1..k (the "diagonal"), one softmax
     over both. The drafter's attention hands it q, k, v (``attend``) instead of applying a [T, S + k·T] mask.
 
-    Depth 0 is plain causal attention: PyTorch's scaled-dot-product attention with ``is_causal`` (its flash kernels,
-    CPU's too, where the device has them; they need the value padded to the key's width). Deeper, the query rows go in chunks of at most
-    :data:`CHUNK_SCORES` scores: a chunk's scores are those of its rows against the keys up to its last row, plus
-    each row's k own keys; with more than one chunk each is recomputed in the backward pass (checkpointed), so no
-    chunk's scores outlive it. The dense mask (tests/support/reference_math.py) stays as the test oracle."""
+    Depth 0 is plain causal attention: PyTorch's scaled-dot-product attention with ``is_causal`` (its flash
+    kernels, CPU's too, where the device has them; they need the value padded to the key's width). Deeper, the
+    query rows go in chunks of at most :data:`CHUNK_SCORES` scores: a chunk's rows against the keys up to its last
+    row, plus each row's k own keys; with more than one chunk each is recomputed in the backward pass
+    (checkpointed), so no chunk's scores outlive it. The dense mask (tests/support/reference_math.py) stays as the
+    test oracle."""
 
     #: scores per chunk (batch x heads x rows x keys): 2^26 fp32 scores, 256 MB (one chunk at 2k tokens for 8 heads)
     CHUNK_SCORES = 2**26
@@ -190,9 +191,10 @@ def ttt_forward(
     depth: int,
     anchors: torch.Tensor | None = None,  # [B, N] or [N]: anchored TTT (sample_anchors), -1 = empty slot
 ):
-    """Unroll the drafter ``depth`` steps; yields per depth k (query positions [S] or [B, N], logits [B, T, V],
-    :func:`fed_positions`). With anchors, depth 0 still runs dense (its keys are every depth's context) and yields
-    the anchors' rows; depths >= 1 run at the anchors alone."""
+    """Unroll the drafter ``depth`` steps; yields per depth k (query positions [S] or [B, N], the states ``lm_head``
+    reads [B, T, H] (its logits are left to the loss, a chunk at a time), :func:`fed_positions`). With anchors,
+    depth 0 still runs dense (its keys are every depth's context) and yields the anchors' rows; depths >= 1 run at
+    the anchors alone."""
     B, S = input_ids.shape
     device = input_ids.device
     if anchors is not None and anchors.dim() == 1:
@@ -212,12 +214,13 @@ def ttt_forward(
             attention_mask=TTTAttention(S, k, rows if k and anchors is not None else None),
             use_cache=True,
             absorb=False,
+            logits_to_keep=NO_LOGITS,
         )
         state = out.hidden_states
-        logits = out.logits
+        head = state if drafter.config.norm_output else drafter.norm(state)  # what lm_head reads
         if k == 0 and anchors is not None:
-            logits = _at(logits, depth_rows(S, anchors, device))
-        yield depth_rows(S, anchors, device), logits, fed_positions(S, k, anchors, device)
+            head = _at(head, depth_rows(S, anchors, device))
+        yield depth_rows(S, anchors, device), head, fed_positions(S, k, anchors, device)
 
 
 def ttt_loss_terms(
@@ -243,13 +246,43 @@ def ttt_loss_terms(
     # is taken once per position (each depth reads it shifted), not per depth.
     neg_entropy = torch.special.xlogy(probs, probs).sum(-1)  # [B, S]
     terms = []
-    for (_rows, logits, fed), weight in zip(ttt_forward(drafter, input_ids, aux, depth, anchors), weights):
-        index = fed.clamp(max=S - 1)
-        target = _at(probs, index)  # P[t+1+k]: the target's distribution of x[t+2+k]
-        kl = _at(neg_entropy, index) - (target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
-        agree = (logits.argmax(-1) == target.argmax(-1)).float()
-        terms.append(((kl * weight).sum(), weight.sum(), (agree * weight).sum().detach()))
+    for (_rows, head, fed), weight in zip(ttt_forward(drafter, input_ids, aux, depth, anchors), weights):
+        index = fed.clamp(max=S - 1).expand(weight.shape)  # P[t+1+k]: the target's distribution of x[t+2+k]
+        # every row, weighted or not: data-parallel ranks then call lm_head equally often (FSDP gathers it per call)
+        p_rows = (torch.arange(weight.shape[0], device=device)[:, None] * S + index).flatten()  # of probs [B·S, V]
+        cross, agree = _cross_entropy(
+            drafter.lm_head, head.flatten(0, 1), probs.flatten(0, 1), p_rows, weight.flatten()
+        )
+        kl = cross + (_at(neg_entropy, index) * weight).sum()
+        terms.append((kl, weight.sum(), agree.detach()))
     return terms
+
+
+#: logits per loss chunk (rows x vocabulary): 2^26 fp32 values, 256 MB (Kimi-K3's vocabulary: 409 rows)
+LOSS_CHUNK = 2**26
+#: ``logits_to_keep`` that keeps none: TTT's loss takes the logits from the states, a chunk at a time
+NO_LOGITS = torch.zeros(0, dtype=torch.long)
+
+
+def _cross_entropy(lm_head, states, probs, rows, weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_i w_i (logsumexp(z_i) - P_i . z_i) with z_i = lm_head(states_i) (the KL to P_i up to P_i's entropy), and
+    sum_i w_i [argmax z_i = argmax P_i]; the logits a chunk of :data:`LOSS_CHUNK` at a time, recomputed in the
+    backward pass when there is more than one chunk: no [rows, vocabulary] tensor outlives its chunk."""
+
+    def chunk(x, p_rows, w):
+        logits = lm_head(x).float()  # [c, V]
+        p = probs[p_rows]
+        cross = (torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)) * w
+        return cross.sum(), ((logits.argmax(-1) == p.argmax(-1)) * w).sum()
+
+    step = max(1, LOSS_CHUNK // probs.shape[-1])
+    checkpointed = states.shape[0] > step and torch.is_grad_enabled()
+    total = torch.zeros((), device=states.device), torch.zeros((), device=states.device)
+    for start in range(0, states.shape[0], step):
+        args = (states[start : start + step], rows[start : start + step], weights[start : start + step])
+        part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False) if checkpointed else chunk(*args)
+        total = (total[0] + part[0], total[1] + part[1])
+    return total
 
 
 def combine_depth_losses(
