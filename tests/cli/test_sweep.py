@@ -84,6 +84,7 @@ def test_each_cell_is_an_acceptance_run_on_its_prompts_and_the_difference_is_pai
     # each cell: a separate `acceptance` run on exactly its prompts gives its numbers
     a, b = report["arms"]
     chosen = [c for c in a["cells"] if c["by"] in ([], ["domain"], ["template", "context"])]
+    assert len(chosen) == 1 + 2 + 7  # all; qa, story; (chatml, plain, raw, target) x (16, 64) less plain's 64
     for c in chosen:
         ids = [p.input_ids for p in swept if all(getattr(p, k) == c[k] for k in c["by"])]
         total = acceptance(tmp_path, "cell", ids)
@@ -123,6 +124,7 @@ def test_each_cell_is_an_acceptance_run_on_its_prompts_and_the_difference_is_pai
 def test_a_drafter_against_itself_differs_by_nothing_and_the_plot_needs_matplotlib(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
     report = sweep(tmp_path, "--b-draft", str(DEMO_DIR / "draft"), "--json", str(tmp_path / "sweep.json"))
+    assert len(report["differences"]) == len(report["arms"][0]["cells"])
     assert all(
         d["difference"] == 0 and d["interval_95"][0] <= 0 <= d["interval_95"][1]
         for d in report["differences"]

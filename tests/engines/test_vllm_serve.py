@@ -264,7 +264,7 @@ def test_the_sweep_behind_vllm_serve_equals_the_offline_sweep_cell_by_cell(serve
         ]
         margin = max(paired_half_width(*items) or 0.0, MIN_MARGIN)
         assert abs(o["mean_accept_length"] - v["mean_accept_length"]) <= margin, (o, v, keys)
-    assert all(d["difference"] == 0 for d in live["differences"])
+    assert len(live["differences"]) > 20 and all(d["difference"] == 0 for d in live["differences"])
     print(run.stdout)
 
 
