@@ -101,29 +101,15 @@ def chat(user: str, answer: str | None = None) -> list[dict]:
 
 def build_target(tokenizer, sequences: torch.Tensor, folder: Path) -> None:
     """As scripts/build_demo_pair.py's build_target, at 2,048 tokens, batch 2."""
-    from tqdm.auto import tqdm
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.testing import cpu_servable_target_config
+    from eagle31_mla.testing import cpu_servable_target_config, train_tiny_target
 
     sizes = dict(vocab_size=512, hidden_size=128, intermediate_size=384)
     config = cpu_servable_target_config(tokenizer, num_layers=4, dense_layers=4, max_positions=4096, **sizes)
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=TARGET_STEPS, pct_start=0.05)
-    g = torch.Generator().manual_seed(1)
-    model.train()
-    for _ in (bar := tqdm(range(TARGET_STEPS), desc="train target", mininterval=30)):
-        batch = sequences[torch.randint(0, sequences.shape[0], (2,), generator=g)]
-        loss = model(batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    print(f"target: final loss {loss.item():.3f}")
+    print(f"target: final loss {train_tiny_target(model, sequences, TARGET_STEPS, batch_size=2):.3f}")
     model.eval().to(torch.bfloat16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

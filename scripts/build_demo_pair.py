@@ -27,32 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_target(tokenizer, sequences: torch.Tensor, steps: int, folder: Path) -> None:
-    from tqdm.auto import tqdm
     from transformers import DeepseekV3ForCausalLM
 
-    from eagle31_mla.testing import cpu_servable_target_config
+    from eagle31_mla.testing import cpu_servable_target_config, train_tiny_target
 
     config = cpu_servable_target_config(
         tokenizer, vocab_size=512, hidden_size=128, num_layers=4, dense_layers=4, intermediate_size=384
     )
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps)
-    )
-    g = torch.Generator().manual_seed(1)
-    model.train()
-    for _ in (bar := tqdm(range(steps), desc="train target")):
-        batch = sequences[torch.randint(0, sequences.shape[0], (16,), generator=g)]
-        loss = model(batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    model.eval()
+    train_tiny_target(model, sequences, steps, batch_size=16)
     model.to(torch.bfloat16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

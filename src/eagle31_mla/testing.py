@@ -60,6 +60,32 @@ def cpu_servable_target_config(tokenizer, *, num_layers: int, dense_layers: int,
     return config
 
 
+def train_tiny_target(model, sequences, steps: int, batch_size: int):
+    """Train a tiny causal LM on ``sequences`` [N, S] (AdamW, one-cycle at 3e-3, clip 1.0, batches drawn with seed
+    1): the demo pair's target (scripts/build_demo_pair.py) and the longer-context one (benchmarks/long_pair.py).
+    Returns the last loss; the model is left in eval mode."""
+    import torch
+    from tqdm.auto import tqdm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps)
+    )
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    for _ in (bar := tqdm(range(steps), desc="train target", mininterval=10)):
+        batch = sequences[torch.randint(0, sequences.shape[0], (batch_size,), generator=g)]
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return loss.item()
+
+
 #: The demo target's chat template (target/chat_template.jinja): the messages' texts joined by spaces, roles
 #: dropped, so a one-message chat request is token for token its text's completion request (the tests compare them).
 DEMO_CHAT_TEMPLATE = (
