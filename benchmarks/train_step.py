@@ -6,7 +6,7 @@ and anchored TTT; the attention as the trainer runs it (``linear``: TTTAttention
 the tests keep as its oracle (``dense``).
 
     python -m benchmarks.train_step [--lengths 1024 4096 16384 32768] [--layers demo mid] [--dtypes float32]
-        [--modes dense anchored] [--attention linear dense] [--repeats 3]
+        [--modes dense anchored] [--attention linear dense] [--repeats 3] [--device cuda]
 
 Each configuration runs in a fresh process (its peak RSS is its own): the table gives the median step time and the
 peak RSS above the process's state before the first step (model, inputs and target distributions included). Compare
@@ -35,7 +35,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(layer: str, length: int, dtype: str, mode: str, attention: str, repeats: int) -> dict:
+def one(layer: str, length: int, dtype: str, mode: str, attention: str, repeats: int, device: str = "cpu") -> dict:
     """Run in this process: the steps of one configuration."""
     import torch
 
@@ -54,25 +54,29 @@ def one(layer: str, length: int, dtype: str, mode: str, attention: str, repeats:
         eagle_aux_hidden_state_layer_ids=[1, 2, 3], target_num_hidden_layers=4, bos_token_id=0, eos_token_id=1,
         pad_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )  # fmt: skip
-    model = Eagle31MLAForCausalLM(config).float().train()
+    model = Eagle31MLAForCausalLM(config).float().train().to(device)
     depth, V, H = 4, sizes["vocab_size"], sizes["hidden_size"]
-    ids = torch.randint(3, V, (1, length))
-    aux = torch.randn(1, length, 3 * H)
-    probs = torch.softmax(torch.randn(1, length, V), dim=-1)
+    ids = torch.randint(3, V, (1, length), device=device)
+    aux = torch.randn(1, length, 3 * H, device=device)
+    probs = torch.softmax(torch.randn(1, length, V, device=device), dim=-1)
     anchors = None
     if mode == "anchored":  # TorchSpec's sampler, one anchor per 8 positions
-        weights = torch.ones(1, length)
+        weights = torch.ones(1, length, device=device)
         anchors = trainer.sample_anchors(weights, max(1, length // 8), depth, seeds=[0])
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
-    before, times = rss_mb(), []
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+    cuda = torch.device(device).type == "cuda"  # there: the allocator's peak, not the process's RSS
+    before, times = torch.cuda.memory_allocated(device) / 2**20 if cuda else rss_mb(), []
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         with autocast:
             loss, _ = trainer.ttt_loss(model, ids, aux, probs, depth, anchors=anchors)
         loss.backward()
+        if cuda:
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    return dict(seconds=statistics.median(times), peak_mb=rss_mb() - before, loss=float(loss))
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else rss_mb()
+    return dict(seconds=statistics.median(times), peak_mb=peak - before, loss=float(loss))
 
 
 def main() -> None:
@@ -83,16 +87,18 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["dense", "anchored"], choices=["dense", "anchored"])
     parser.add_argument("--attention", nargs="+", default=["linear"], choices=["linear", "dense"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (on CUDA the peak is the allocator's)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a configuration, run in this (fresh) process
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(**json.loads(args.one), repeats=args.repeats)))
+        print(json.dumps(one(**json.loads(args.one), repeats=args.repeats, device=args.device)))
         return
     import torch
 
     print(f"# TTT step, depth 4, batch 1 ({time.strftime('%Y-%m-%d')}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads)")  # fmt: skip
-    print("| layer | dtype | mode | attention | tokens | step (s) | peak RSS above setup (MB) |")
+    memory = "peak allocated" if args.device.startswith("cuda") else "peak RSS"
+    print(f"| layer | dtype | mode | attention | tokens | step (s) | {memory} above setup (MB) |")
     print("|---|---|---|---|--:|--:|--:|")
     for layer in args.layers:
         for dtype in args.dtypes:
@@ -102,7 +108,7 @@ def main() -> None:
                         conf = dict(layer=layer, length=length, dtype=dtype, mode=mode, attention=attention)
                         run = subprocess.run(
                             [sys.executable, "-m", "benchmarks.train_step", "--one", json.dumps(conf)]
-                            + ["--repeats", str(args.repeats)],
+                            + ["--repeats", str(args.repeats), "--device", args.device],
                             cwd=ROOT,
                             capture_output=True,
                             text=True,

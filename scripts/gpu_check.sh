@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of the FlashInfer path (README, "GPU path"), for one bare CUDA machine (sized for one H200: under
-# 8 minutes once flashinfer-python is installed; every stage has a timeout). Not run yet: no GPU was lent to the
+# 10 minutes once flashinfer-python is installed; every stage has a timeout). Not run yet: no GPU was lent to the
 # sessions that wrote it.
 #   scripts/gpu_check.sh [OUT]     OUT: where logs and tables go (default gpu-check-out)
 # Expects a CUDA build of torch (2.11) and transformers (5.17) already installed; pytest too, or a network to
@@ -10,6 +10,7 @@
 # them in ~/.cache/flashinfer for the benchmark.
 # Stages: 1. setup  2. the `gpu` tests with EAGLE31_REQUIRE_GPU=1 (a skip is a failure)  3. decode step at full
 # Kimi-K3 drafter size: torch eager, torch compile with CUDA graphs, FlashInfer; OUT/decode_step_comparison.md.
+# 4. a TTT training step at 4k and 32k tokens (benchmarks/train_step.py on cuda); OUT/train_step.md.
 # Every stage runs even when an earlier one failed; the exit status is 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -68,13 +69,19 @@ stage setup 240 bash -c setup
 
 # ---- 2. the gpu tests ---------------------------------------------------------------------------------------
 stage gpu_tests 180 env EAGLE31_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rA \
-  tests/unit/test_flashinfer.py
+  tests/unit/test_flashinfer.py tests/unit/test_training.py
 
 # ---- 3. decode step at full size: torch eager, torch compile + CUDA graphs, FlashInfer ------------------------
 BENCH=(benchmarks/decode_step.py --device cuda --contexts 4096 32768 --steps 20 --naive-context 0)
 stage decode_eager 60 "$PY" "${BENCH[@]}" --json "$OUT/decode_eager.json"
 stage decode_compile 120 "$PY" "${BENCH[@]}" --compile reduce-overhead --json "$OUT/decode_compile.json"
 stage decode_flashinfer 60 "$PY" "${BENCH[@]}" --attn flashinfer --json "$OUT/decode_flashinfer.json"
+
+# ---- 4. a long-context training step: TTT at 4k and 32k tokens, the demo and the mid-size layer --------------
+# (the linear-memory attention's CUDA kernels; the gpu tests above checked it against the dense mask on CUDA)
+stage train_long 180 "$PY" -m benchmarks.train_step --device cuda --lengths 4096 32768 --layers demo mid \
+  --dtypes bfloat16 --modes dense anchored --repeats 2
+cp "$OUT/train_long.log" "$OUT/train_step.md" 2>/dev/null
 
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/decode_step_comparison.md"
 import json, sys

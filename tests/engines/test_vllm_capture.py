@@ -84,6 +84,9 @@ def captured(tmp_path_factory, sequences):
     """A capture interrupted after its first shard, then resumed by the same call."""
     folder = tmp_path_factory.mktemp("capture") / "demo"
     kwargs = dict(dtype="float32", top_k=VOCAB, sequences_per_shard=3)
+    short = {**ENGINE, "max_model_len": 24}  # vLLM would refuse a 24-token prompt plus the token it generates
+    with pytest.raises(RuntimeError, match=r"a sequence of 24 tokens; expected at most 23: vLLM's max_model_len is 24"):
+        capture_in_a_subprocess(sequences, folder, engine_args=short, **kwargs)  # before any shard
     first = capture_in_a_subprocess(sequences, folder, max_shards=1, **kwargs)  # stops as a kill would
     assert first["done"] == [0, 1, 2]
     (folder / "shard-00001.safetensors").write_bytes(b"half a shard")  # written, never listed: overwritten

@@ -182,6 +182,7 @@ UNION = "Field '{0}' with value {1} doesn't match any type in (<class '{2}'>, <c
 AUX = "aux-layer ids (one-based completed layers): "
 ROPE = "give non-finite or non-positive frequencies or scales; expected a usable schedule (Kimi-K3's: yarn, rope_theta 50000, factor 32, beta_fast 32 > beta_slow 1)"
 YARN = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 256}
+PLAIN_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 TOKEN_ID = "expected a token id written as a non-negative integer (no sign, no leading zero), got "
 COUNT = "expected a count written as a non-negative integer (no sign, no leading zero), got "
 LIBRARY = "LIBRARY"  # a row the library fails today: see the module docstring and the report
@@ -436,6 +437,8 @@ ROWS = [
     cli(f"acceptance {TARGET} --revision v9", "argument --revision: expected a --target given as a Hub repo id (a revision names a Hub branch, tag or commit), got 'v9' with the local folder {t}/model; drop --revision"),
     cli("acceptance --target {t}/model --draft {t}/model --prompts {t}/blank.txt", "argument --prompts: expected at least one prompt, {t}/blank.txt has none"),
     cli(f"{TRAIN} --out {{t}}/out --seq-len 4 --depth 4", "argument --seq-len: expected more than --depth 4 tokens (each unroll step needs a next token to predict), got 4"),
+    cli(f"{TRAIN} --out {{t}}/out --draft-config {{t}}/short-draft --seq-len 100", "argument --seq-len: expected sequences of at most 64 tokens (the drafter's max_position_embeddings, from --draft-config), got 100"),
+    cli("train --target {t}/model --data {t}/no-such-capture --out {t}/out", "argument --data: Directory '{t}/no-such-capture' does not exist."),
     cli(f"{TRAIN} --out {{t}}/out --aux-layers 1,2,9", "argument --aux-layers: expected one-based ids <= 4 (the target's depth), got 1,2,9"),
     cli("train --target {t}/model --text {t}/blank.txt --out {t}/out", "argument --text: expected at least one non-empty document, {t}/blank.txt has none"),
     cli("serve-command --engine tokenspeed --topk 2 --num-draft-tokens 4", "TokenSpeed's --speculative-eagle-topk accepts only 1"),
@@ -503,6 +506,7 @@ def cli_folder(tmp_path_factory):
     config = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 300}
     (root / "model" / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
     write_config(root / "draft", draft_config())  # an EAGLE drafter's config, for doctor
+    write_config(root / "short-draft", draft_config(max_position_embeddings=64, rope_parameters=PLAIN_ROPE))
     (root / "prompts.txt").write_text("Once upon a time\n")
     (root / "hard-link.txt").hardlink_to(root / "prompts.txt")
     (root / "blank.txt").write_text("\n   \n\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eagle31_mla import AuxLayerIds
-from eagle31_mla.decoding import speculative as spec
+from eagle31_mla.decoding import speculative as spec, target as target_module
 from eagle31_mla.decoding.speculative import AcceptanceStats, accept_chain, accept_tree, speculative_generate
 from eagle31_mla.decoding.target import TargetAuxCapture
 from eagle31_mla.model.modeling_eagle31_mla import DraftInputError, sample_from_logits, sampling_probs
@@ -111,6 +111,24 @@ def test_aux_capture_reads_canonical_ids_pre_norm_and_removes_its_hook(family):
     assert torch.allclose(target.model.norm(pre_norm), hs[LAYERS], atol=1e-6)
     speculative_generate(target, drafter(), prompt(), max_new_tokens=3)
     assert dict(target.model.layers[-1]._forward_hooks) == before
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_training_reads_a_long_sequence_through_the_cache_as_one_forward(family, monkeypatch):
+    """capture_target_states over more than PREFILL_CHUNK tokens runs chunks through the KV cache (chunked prefill);
+    its aux states (the pre-norm last layer among them) and distributions are the one forward's. Other kernel
+    shapes: fp32 rounding, within 1e-5 of the states' scale."""
+    target, ids = tiny_target(family), torch.tensor([prompt()] * 2)  # a batch of 2
+    whole_aux, whole_probs = target_module.capture_target_states(target, ids, AuxLayerIds(tuple(AUX_IDS)))
+    monkeypatch.setattr(target_module, "PREFILL_CHUNK", 5)
+    calls = []
+    hook = target.register_forward_pre_hook(lambda module, args, kwargs: calls.append(args[0].shape), with_kwargs=True)
+    aux, probs = target_module.capture_target_states(target, ids, AuxLayerIds(tuple(AUX_IDS)))
+    hook.remove()
+    assert calls == [(2, 5)] * (ids.shape[1] // 5) + [(2, ids.shape[1] % 5)] * bool(ids.shape[1] % 5)
+    assert aux.shape == whole_aux.shape and probs.shape == whole_probs.shape
+    torch.testing.assert_close(aux, whole_aux, rtol=1e-5, atol=1e-5 * whole_aux.abs().max().item())
+    torch.testing.assert_close(probs, whole_probs, rtol=1e-5, atol=1e-6)
 
 
 CHAIN = dict(num_steps=3)

@@ -269,9 +269,8 @@ def test_killing_either_side_at_any_moment_then_rerunning_gives_the_uninterrupte
 
     rng = random.Random(os.getpid())
     spool, cap, out = tmp_path / "spool", cap_below_the_capture(1), tmp_path / "out"
-    spool.mkdir()
     capture = ["--spool-bytes", str(cap), "--shard-delay", "0.05"]
-    first = trainer(spool, out, ranks=2, env={KILL_ENV: "1:3"})
+    first = trainer(spool, out, ranks=2, env={KILL_ENV: "1:3"})  # before the spool folder exists
     for _ in range(2):  # the capture killed at a random moment: starting, computing, writing or waiting
         process = writer(spool, *capture)
         time.sleep(rng.uniform(2.0, 6.0))

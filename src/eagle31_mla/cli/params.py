@@ -223,6 +223,7 @@ class PromptsPath(RolePath):
 
 
 PROMPTS = PromptsPath("input", exists=True, dir_okay=False)
-CAPTURE_FOLDER = RolePath("input", exists=True, file_okay=False)  # its manifest is read by `train` first thing
+# its manifest is read by `train` first thing; `train --follow` may start before the capture makes it (checked there)
+CAPTURE_FOLDER = RolePath("input", file_okay=False)
 OUTPUT_FILE = RolePath("output", _in_a_writable_folder, dir_okay=False, writable=True, allow_dash=True)
 OUTPUT_FOLDER = RolePath("output", _creatable, file_okay=False, writable=True)

@@ -66,11 +66,14 @@ def train(args: SimpleNamespace) -> int:
     the recipe it was trained with. Resumes from OUT when it holds a checkpoint."""
     from ..serving.engines import InputError, check_roles, read_config_json
 
+    args.drafter_positions = None  # the drafter's max_position_embeddings where given (--init, --draft-config)
     if args.init is not None:
         from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
 
         try:
-            init_ids = list(aux_layer_ids_from_config(read_config_json(args.init)[0])[0].one_based)
+            init_json = read_config_json(args.init)[0]
+            init_ids = list(aux_layer_ids_from_config(init_json)[0].one_based)
+            args.drafter_positions = ("--init", init_json.get("max_position_embeddings"))
         except (InputError, AuxLayerIdError) as err:
             return error(f"argument --init: {err}")
         if args.aux_layers and args.aux_layers != init_ids:
@@ -93,6 +96,7 @@ def train(args: SimpleNamespace) -> int:
             args.layer = layer_settings(read_config_json(args.draft_config)[0])
         except (InputError, ConfigError) as err:
             return error(f"argument --draft-config: {err}")
+        args.drafter_positions = ("--draft-config", args.layer["max_position_embeddings"])
     args.depth = args.depth or (7 if args.init else 4)
     args.lr = args.lr or (2e-5 if args.init else 3e-3)
     if args.seq_len <= args.depth:
@@ -142,6 +146,8 @@ def _train_live(args: SimpleNamespace) -> int:
         return error(
             f"argument --seq-len: expected at most {limit} (the target's max_position_embeddings), got {args.seq_len}"
         )
+    if (why := _beyond_the_drafter(args, args.seq_len)) is not None:
+        return error(f"argument --seq-len: {why}")
     masks = None
     try:  # what the user named must exist and load; a failure here is input, not a bug
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -163,6 +169,18 @@ def _train_live(args: SimpleNamespace) -> int:
         target, drafter, sequences, args.out, _training_config(args, args.seq_len), not args.quiet, None, masks
     )
     return _written(args, drafter)
+
+
+def _beyond_the_drafter(args: SimpleNamespace, length: int) -> str | None:
+    """Why sequences of ``length`` tokens would train the drafter at positions its config does not declare (its
+    rope scaling is set for its max_position_embeddings), or None."""
+    source, limit = args.drafter_positions or (None, None)
+    if isinstance(limit, int) and length > limit:
+        return (
+            f"expected sequences of at most {limit} tokens (the drafter's max_position_embeddings, from {source}), got "
+            f"{length}"
+        )
+    return None
 
 
 def _drafter(args: SimpleNamespace, ids, target):
@@ -208,6 +226,8 @@ def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
             data = FollowedCapture(args.data, say=_say)
             data.check_plan(args.batch_size, args.epochs)
             args.steps = -(-len(data) * args.epochs // args.batch_size)  # every sequence --epochs times
+        elif not Path(args.data).is_dir():
+            raise InputError(f"argument --data: Directory '{args.data}' does not exist.")
         elif not (Path(args.data) / MANIFEST).is_file():
             raise InputError(f"argument --data: {args.data} holds no {MANIFEST}; a spool is read with --follow")
         else:
@@ -230,6 +250,8 @@ def _train_on_captured(args: SimpleNamespace, target_json: dict) -> int:
             raise InputError(
                 f"argument --data: {len(data)} captured sequences; expected at least --batch-size {args.batch_size}"
             )
+        if not args.follow and (why := _beyond_the_drafter(args, data.longest)) is not None:
+            raise InputError(f"argument --data: {why}")
         device = resolve_device(args.device)
         import torch
 

@@ -53,13 +53,29 @@ class TargetAuxCapture:
             self._handle.remove()
 
 
+#: tokens per target forward when training reads a longer sequence: Transformers runs a prompt in one forward, and an
+#: MLA target's attention (value narrower than key) takes SDPA's math path, whose scores grow with the square of the
+#: sequence (8 GB per layer for the demo target at 32k tokens); chunks through the KV cache keep them to 4k x S.
+PREFILL_CHUNK = 4096
+
+
 @torch.no_grad()
 def capture_target_states(target, input_ids: torch.Tensor, aux_layer_ids: AuxLayerIds):
-    """The target's aux states [B, S, n·Ht] and next-token distributions [B, S, V]: what training learns from."""
+    """The target's aux states [B, S, n·Ht] and next-token distributions [B, S, V]: what training learns from. A
+    sequence longer than :data:`PREFILL_CHUNK` goes through the KV cache a chunk at a time (chunked prefill)."""
     with TargetAuxCapture(target, aux_layer_ids) as capture:
-        out = target(input_ids, output_hidden_states=True)
-        aux = capture(out.hidden_states)
-    return aux, torch.softmax(out.logits.float(), dim=-1)
+        S = input_ids.shape[1]
+        if S <= PREFILL_CHUNK:
+            out = target(input_ids, output_hidden_states=True)
+            return capture(out.hidden_states), torch.softmax(out.logits.float(), dim=-1)
+        cached = CachedTarget(target, capture)
+        positions = torch.arange(S, device=input_ids.device).expand(input_ids.shape[0], -1)
+        parts = [
+            cached.forward(input_ids[:, i : i + PREFILL_CHUNK], positions[:, i : i + PREFILL_CHUNK])
+            for i in range(0, S, PREFILL_CHUNK)
+        ]
+    logits, aux = (torch.cat(column, dim=1) for column in zip(*parts))
+    return aux, torch.softmax(logits.float(), dim=-1)
 
 
 class CachedTarget:

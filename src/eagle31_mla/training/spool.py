@@ -166,7 +166,8 @@ class FollowedCapture(CapturedStates):
         while True:
             if (self.folder / MANIFEST).is_file():
                 return [self.folder]  # a stored capture (or one part given directly)
-            found = [p for p in self.folder.iterdir() if _PART.fullmatch(p.name) and (p / MANIFEST).is_file()]
+            listed = self.folder.iterdir() if self.folder.is_dir() else ()  # the trainer may start first
+            found = [p for p in listed if _PART.fullmatch(p.name) and (p / MANIFEST).is_file()]
             if found:
                 parts = int(_PART.fullmatch(found[0].name).group(2))
                 folders = [part_folder(self.folder, i, parts) for i in range(1, parts + 1)]

@@ -152,7 +152,8 @@ def capture_with_vllm(
             spool=spool,
         ),
     )
-    if not [i for i in range(len(sequences)) if i not in manifest.done]:
+    pending = [i for i in range(len(sequences)) if i not in manifest.done]
+    if not pending:
         return manifest
 
     from vllm import LLM, SamplingParams
@@ -204,6 +205,13 @@ def capture_with_vllm(
     bar = tqdm(total=len(sequences), initial=len(manifest.done), desc="capture", unit="seq", disable=not progress)
     started, tokens = time.monotonic(), 0
     try:
+        limit, longest = llm.model_config.max_model_len, max(len(sequences[i]) for i in pending)
+        if longest >= limit:  # vLLM's own limit, as it derived it; it would refuse the request (the run half done)
+            raise CapturedDataError(
+                f"a sequence of {longest} tokens; expected at most {limit - 1}: vLLM's max_model_len is {limit} and it "
+                f"generates one token after each sequence (the last position's distribution); lower --seq-len or "
+                f"raise max_model_len (--engine-args)"
+            )
         for written, (count, shard_tokens) in enumerate(
             write_shards(out, manifest, sequences, run_target, sequences_per_shard=sequences_per_shard, say=tqdm.write),
             1,
