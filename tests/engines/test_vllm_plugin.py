@@ -416,6 +416,80 @@ def test_ids_beyond_the_target_are_refused_before_loading(models, tmp_path):
     assert "do not fit this target" in text and "depth of 6" in text
 
 
+# ---- vLLM's model-code move ----------------------------------------------------------------------
+
+#: where vLLM's model code is going (RFCs 42770 and 44219; PR 45123 moves deepseek_v2): a stand-in of that layout
+MOVED_MODULE = "vllm.models.deepseek_v2.hw_agnostic.eagle3"
+OLD_MODULE = "vllm.model_executor.models.deepseek_eagle3"
+
+
+def moved_layout(monkeypatch, root) -> type:
+    """Make the installed vLLM look moved: its EAGLE-3 DeepSeek module's source, as MOVED_MODULE (relative imports
+    made absolute), named by the model registry and imported by the proposer; the old module path refuses to
+    import; vLLM's caches of resolved classes and the plugin's model module cleared. Returns the moved class."""
+    import importlib.util
+    import re
+    import sys
+
+    from vllm import ModelRegistry
+    from vllm.model_executor.model_loader import utils as model_loader_utils
+    from vllm.model_executor.models import registry
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    source = importlib.util.find_spec(OLD_MODULE).origin
+    path = root / "eagle3.py"
+    path.write_text(re.sub(r"^from \.", "from vllm.model_executor.models.", open(source).read(), flags=re.M))
+    spec = importlib.util.spec_from_file_location(MOVED_MODULE, path)
+    moved = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, MOVED_MODULE, moved)
+    spec.loader.exec_module(moved)
+    monkeypatch.setitem(sys.modules, OLD_MODULE, None)  # `import` of the old path raises from now on
+    monkeypatch.delitem(sys.modules, "eagle31_mla_vllm.model")
+    arch = eagle31_mla_vllm.BUILTIN_ARCHITECTURE
+    entry = registry._LazyRegisteredModel(module_name=MOVED_MODULE, class_name=arch)
+    monkeypatch.setitem(ModelRegistry.models, arch, entry)
+    monkeypatch.setattr(llm_base_proposer, arch, moved.Eagle3DeepseekV2ForCausalLM)  # the moved vLLM's own import
+    registry._try_load_model_cls.cache_clear()  # vLLM's two caches of resolved classes
+    monkeypatch.setattr(model_loader_utils, "_MODEL_ARCH_BY_HASH", {})
+    return moved.Eagle3DeepseekV2ForCausalLM
+
+
+def test_the_plugin_finds_vllms_drafter_class_through_the_registry_installed_and_moved(
+    models, baseline, monkeypatch, tmp_path
+):
+    """The class the plugin extends is the registry's: the installed module's here; in a stand-in of the moved
+    layout (the old module path gone), the moved one, and the plugin serves as before: its class, lossless, the
+    same drafts accepted. A registry without the class is refused, with the way out."""
+    import importlib
+
+    from vllm import ModelRegistry
+    from vllm.model_executor.models import registry
+
+    installed = importlib.import_module(OLD_MODULE).Eagle3DeepseekV2ForCausalLM
+    assert eagle31_mla_vllm.builtin_drafter_class() is installed
+    from eagle31_mla_vllm.model import Eagle31MLAEagle3ForCausalLM
+
+    assert Eagle31MLAEagle3ForCausalLM.__mro__[1] is installed
+    before = serve(models.target, models.drafts["early_exit"])  # accepts some drafts, rejects others
+    try:
+        with monkeypatch.context() as patch:
+            moved = moved_layout(patch, tmp_path)
+            assert moved is not installed and eagle31_mla_vllm.builtin_drafter_class() is moved
+            after = serve(models.target, models.drafts["early_exit"])
+            plugin_class = importlib.import_module("eagle31_mla_vllm.model").Eagle31MLAEagle3ForCausalLM
+            assert plugin_class.__mro__[1] is moved and plugin_class is not Eagle31MLAEagle3ForCausalLM
+        assert after.drafter_type == "Eagle31MLAEagle3ForCausalLM" and after.outputs == baseline.outputs
+        # the same source and kernels in one process: the same drafts, accepted at the same positions
+        assert after.metrics == before.metrics and 0 < before.metrics["num_accepted_tokens"]
+        assert before.metrics["num_accepted_tokens"] < before.metrics["num_draft_tokens"]
+    finally:
+        registry._try_load_model_cls.cache_clear()  # vLLM would hand later tests the moved-layout class
+    with monkeypatch.context() as patch:
+        patch.delitem(ModelRegistry.models, eagle31_mla_vllm.BUILTIN_ARCHITECTURE)
+        with pytest.raises(RuntimeError, match=r"model registry has no Eagle3DeepseekV2ForCausalLM.*VLLM_PLUGINS"):
+            eagle31_mla_vllm.builtin_drafter_class()
+
+
 # ---- plugin mechanics and policies -------------------------------------------------------------
 
 

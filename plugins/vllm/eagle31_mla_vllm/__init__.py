@@ -29,6 +29,26 @@ def installed_version() -> tuple[int, int, int]:
     return parse_release(vllm.__version__, "vllm")
 
 
+#: vLLM's EAGLE-3 DeepSeek drafter, which the plugin's class extends
+BUILTIN_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+
+def builtin_drafter_class() -> type:
+    """vLLM's :data:`BUILTIN_ARCHITECTURE` class, loaded from where vLLM's model registry says it lives: vLLM is
+    moving its model code (``vllm.model_executor.models.deepseek_eagle3`` to ``vllm/models/<model>/...``, RFCs 42770
+    and 44219), and the registry names the module of each release."""
+    from vllm import ModelRegistry, __version__
+
+    entry = ModelRegistry.models.get(BUILTIN_ARCHITECTURE)
+    if entry is None:
+        raise PluginAPIError(
+            f"eagle31-mla: vLLM {__version__}'s model registry has no {BUILTIN_ARCHITECTURE}, the EAGLE-3 DeepSeek "
+            "drafter this plugin extends (vLLM 0.20-0.33). Install a supported vLLM, or load vLLM without this "
+            "plugin (VLLM_PLUGINS set to the plugins you want)."
+        )
+    return entry.load_model_cls()
+
+
 def register() -> None:
     # Kimi-K3: the drafter was trained on the prefix-only stream (0). Any other value is refused when
     # a Kimi-K3 target is served (model.py), since it would silently degrade acceptance.

@@ -1,4 +1,5 @@
-"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM`` plus the refusals
+"""The EAGLE-3.1 MLA drafter of Kimi-K3 in vLLM: the built-in ``Eagle3DeepseekV2ForCausalLM`` (found through vLLM's
+model registry, wherever its module lives) plus the refusals
 before any weight is read, ``fc_norm`` / ``norm_output`` where a release lacks them, and the library's checkpoint
 layouts (docs/engines.md). Subclassing the built-in class keeps vLLM's runner check (``isinstance``) and all its
 loading and logits code.
@@ -13,7 +14,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
 
 from eagle31_mla.model.modeling_eagle31_mla import canonical_tensor_name, normalise_aux_chunks
 from eagle31_mla.serving import compatibility
@@ -21,7 +21,7 @@ from eagle31_mla.serving.compatibility import ServingConfigError
 from eagle31_mla.serving.engine_facts import is_kimi_k3_model
 from eagle31_mla.serving.engine_facts.vllm import VllmFeatures, features
 
-from . import installed_version
+from . import builtin_drafter_class, installed_version
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def check_serving(draft_hf_config, target_model_config, engine: VllmFeatures, en
     logger.info("eagle31-mla: target captures %s for the drafter (target depth %d)", ids.describe(), depth)
 
 
-class Eagle31MLAEagle3ForCausalLM(Eagle3DeepseekV2ForCausalLM):
+class Eagle31MLAEagle3ForCausalLM(builtin_drafter_class()):
     def __init__(self, *, vllm_config, prefix: str = ""):
         engine = features(installed_version())
         draft = vllm_config.speculative_config.draft_model_config.hf_config
