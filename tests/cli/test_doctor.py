@@ -35,10 +35,13 @@ class Case:
     env: dict = field(default_factory=dict)
     layers: list | None = None
     plugin: bool = False
+    tp: int | None = None
+    pp: int | None = None
 
     def run(self):
         target = Target.from_config(self.target, "target")
         options = dict(environ=self.env, with_plugin=self.plugin, layers_to_capture=self.layers)
+        options.update(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp)
         return diagnose(self.draft, target, self.engine, self.version, **options)
 
 
@@ -100,6 +103,12 @@ CASES: dict[str, tuple[Case, Case]] = {
     "tokenspeed-ids-ignored": (at(T, HIDDEN), at(T, HIDDEN, layers=[3, 46, 89])),
     "tokenspeed-ids-convention": (at(T, nested_only([1, 45, 89])), at(T, nested_only([1, 45, 89]), layers=[2, 46, 90])),
     "tokenspeed-unknown-target": (at(T, target=UNKNOWN), at(T)),
+    # the published drafter's 64 heads: 16 ranks (the card's), not 24
+    "tp-draft-heads": (at(V, tp=24), at(V, tp=16)),
+    # upstream bugs (engine_facts.vllm, each with its source): an aux id at the last of Kimi-K3's 93 layers ...
+    "vllm-k3-last-layer-capture": (at(V, draft([2, 46, 93])), at(V, draft([2, 46, 92]))),
+    # ... and at a pipeline-stage boundary: 93 layers over 4 stages are 23, 23, 24, 23 (stage 3 starts at layer 46)
+    "vllm-k3-pp-boundary-capture": (at(V, pp=4), at(V, pp=2)),
     # the draft records the depth it was trained for; the target is deeper
     "target-depth-mismatch": (
         at(V22, draft(K2, target_num_hidden_layers=93), DS, plugin=True),
@@ -122,6 +131,27 @@ def test_check_reports_the_misconfiguration_and_not_its_fix(check):
     assert report.ok or finding.severity != NOTE  # notes never fail the check
     report = fixed.run()
     assert check not in ids_of(report) and report.ok, report.format()
+
+
+def test_each_open_upstream_bug_is_named_with_its_source_where_it_applies():
+    """engine_facts.vllm's open bugs, each named with its source (vllm-project/vllm) on the releases it affects
+    (issue 52627, a PD pair's: tests/cli/test_pd.py); a release with the fix would not be."""
+    from dataclasses import replace
+
+    from eagle31_mla.serving.engine_facts import vllm as facts
+
+    kimi_k2 = at(V, draft(K2, model_type="kimi_k2"), DS)
+    cases = {
+        facts.K3_LAST_LAYER_CAPTURE: (CASES["vllm-k3-last-layer-capture"][0], "PR 50815"),
+        facts.K3_PP_BOUNDARY_CAPTURE: (CASES["vllm-k3-pp-boundary-capture"][0], "PR 50487"),
+        facts.KIMI_K2_DRAFT_NOT_MLA: (kimi_k2, "PR 45764"),
+    }
+    for bug, (case, number) in cases.items():
+        finding = next(f for f in case.run().findings if f.id == bug.check)
+        assert f"vllm-project/vllm {number}" in finding.problem and "open as of 2026-12-04" in finding.problem
+        assert bug.affects((0, 33, 0)) and not replace(bug, fixed_in=(0, 33)).affects((0, 33, 0))
+    llama = at(V, draft(K2, model_type="llama"), DS).run().findings
+    assert "PR 45764" not in next(f for f in llama if f.id == "vllm-draft-model-type").problem
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])

@@ -31,14 +31,16 @@ SPEC = f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {DRAFT}"
 #: (options, the exact command on one line, what the plugin handles): Kimi-K3 and the published drafter, the
 #: defaults, need no network (their configs are known); each option starts a continued line of the shell form.
 COMMANDS = [
-    ("--engine vllm", "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0 vllm serve moonshotai/Kimi-K3 --speculative-config "
-     f"'{{\"model\": \"{DRAFT}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", []),
-    ("--engine sglang --tp 16", f"sglang serve --model-path moonshotai/Kimi-K3 {SPEC} --speculative-num-steps 3 "
-     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 16", ["sglang-k3-no-capture"]),
+    # the card's TP=16, in each engine's own flags
+    ("--engine vllm --tp 16", "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=0 vllm serve moonshotai/Kimi-K3 --speculative-config "
+     f"'{{\"model\": \"{DRAFT}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}' "
+     "--tensor-parallel-size 16", []),
+    ("--engine sglang --tp 16 --pp 2", f"sglang serve --model-path moonshotai/Kimi-K3 {SPEC} --speculative-num-steps 3 "
+     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 16 --pp-size 2", ["sglang-k3-no-capture"]),
     # TokenSpeed hands the flag to the target as is: Kimi-K3 reads one-based ids
-    ("--engine tokenspeed --num-steps 5", f"tokenspeed serve --model moonshotai/Kimi-K3 --trust-remote-code {SPEC} "
-     "--speculative-num-steps 5 --speculative-num-draft-tokens 6 --speculative-eagle-topk 1 "
-     "--eagle3-layers-to-capture 2,46,90", []),
+    ("--engine tokenspeed --num-steps 5 --tp 16", f"tokenspeed serve --model moonshotai/Kimi-K3 --trust-remote-code "
+     f"{SPEC} --speculative-num-steps 5 --speculative-num-draft-tokens 6 --speculative-eagle-topk 1 "
+     "--eagle3-layers-to-capture 2,46,90 --tensor-parallel-size 16", []),
 ]  # fmt: skip
 
 
@@ -73,6 +75,25 @@ def test_remaining_problems_are_printed_with_the_command(tmp_path, capsys):
     assert main(["serve-command", "--engine", "vllm", "--target", str(k3), "--engine-version", "0.26"]) == 1
     captured = capsys.readouterr()
     assert "vllm serve" in captured.out and "vllm-kimi-k3-version" in captured.err
+
+
+def test_parallel_sizes_doctor_refuses_and_the_partition_it_proposes_is_clean(tmp_path, capsys):
+    """--tp 24 splits no 64 heads; --pp 4 ends a stage of Kimi-K3's 93 layers at aux layer 46 (vLLM PR 50487):
+    doctor's VLLM_PP_LAYER_PARTITION moves the boundary, and with it the pair is clean."""
+    k3, d = write_config(tmp_path / "k3", kimi_k3_target()), write_config(tmp_path / "d", draft())
+    pair = ["--engine", "vllm", "--target", str(k3), "--engine-version", "0.32"]
+    assert main(["serve-command", *pair, "--draft", str(d), "--tp", "24"]) == 1
+    assert "[tp-draft-heads]: the drafter's 64 attention heads" in capsys.readouterr().err
+    assert main(["serve-command", *pair, "--draft", str(d), "--tp", "16", "--pp", "4"]) == 1
+    out, err = capsys.readouterr()
+    assert (
+        "--tensor-parallel-size 16 \\\n  --pipeline-parallel-size 4" in out and "[vllm-k3-pp-boundary-capture]" in err
+    )
+    assert "a stage ends at layer(s) 45 (zero-based), whose output is aux id [46]" in err
+    partition = err.split("set VLLM_PP_LAYER_PARTITION=")[1].split()[0]
+    assert partition == "23,24,23,23"  # sums to 93, stages start at 23, 47, 70: none at 2, 46 or 90
+    doctor = ["doctor", *pair, "--draft", str(d), "--pp", "4", "--with-plugin"]
+    assert main([*doctor, "--env", f"VLLM_PP_LAYER_PARTITION={partition}"]) == 0, capsys.readouterr()
 
 
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])

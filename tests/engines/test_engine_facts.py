@@ -29,6 +29,23 @@ RAW = {
 
 
 @pytest.mark.vllm
+def test_vllm_splits_pipeline_stages_where_the_table_says(monkeypatch):
+    """doctor's stage boundaries (the PR 50487 check) are vLLM's own ``get_pp_indices``, even and uneven splits and
+    VLLM_PP_LAYER_PARTITION; a partition vLLM refuses is refused."""
+    pytest.importorskip("vllm", reason="needs the vLLM CPU build (.venv)")
+    from vllm.distributed.utils import get_pp_indices
+
+    from eagle31_mla.serving.engine_facts.vllm import PP_PARTITION_ENV, pipeline_stage_starts
+
+    for layers, pp in [(93, 2), (93, 4), (93, 5), (61, 3), (61, 8), (4, 4), (10, 3)]:
+        assert pipeline_stage_starts(layers, pp) == [get_pp_indices(layers, r, pp)[0] for r in range(1, pp)]
+    monkeypatch.setenv(PP_PARTITION_ENV, "23,24,23,23")
+    assert pipeline_stage_starts(93, 4, "23,24,23,23") == [get_pp_indices(93, r, 4)[0] for r in range(1, 4)]
+    with pytest.raises(ValueError, match="expected 4 parts summing to 93"):
+        pipeline_stage_starts(93, 4, "23,24,23")
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("form", sorted(RAW))
 def test_vllm_runners_read_what_the_table_says(form):
     pytest.importorskip("vllm", reason="needs the vLLM CPU build (.venv)")

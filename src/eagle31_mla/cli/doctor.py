@@ -20,6 +20,8 @@ from .common import error, option, subcommand
     "--engine-version", type=params.VERSION, metavar="V", help="e.g. 0.22.1 (default: every release the facts cover)"
 )
 @option("--with-plugin", is_flag=True, help="assume this project's plugin is installed where the engine runs")
+@option("--tp", type=params.POSITIVE_INT, metavar="N", help="the tensor-parallel size it will be served at")
+@option("--pp", type=params.POSITIVE_INT, metavar="N", help="the pipeline-parallel size it will be served at")
 @option(
     "--eagle3-layers-to-capture",
     type=params.LAYER_IDS,
@@ -75,6 +77,7 @@ def doctor(args: SimpleNamespace) -> int:
                 )
             environ = {**os.environ, **dict(item.split("=", 1) for item in args.env)}  # params.ENV_ASSIGNMENT
             options = dict(environ=environ, with_plugin=args.with_plugin, layers_to_capture=layers)
+            options.update(tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp)
             target = Target.from_config(target_config, args.target)
             report = diagnose(draft, target, args.engine, args.engine_version, draft_name=args.draft, **options)
     except (InputError, ValueError) as err:
@@ -87,7 +90,7 @@ def _pd(args: SimpleNamespace):
     """doctor --prefill-command ... --decode-command ...: a PD-disaggregated pair (eagle31_mla.serving.pd)."""
     from ..serving.pd import diagnose_pd, parse_launch
 
-    for flag in ("--draft", "--target", "--eagle3-layers-to-capture", "--env"):
+    for flag in ("--draft", "--target", "--eagle3-layers-to-capture", "--env", "--tp", "--pp"):
         if getattr(args, flag[2:].replace("-", "_")):
             raise ValueError(f"argument {flag}: a PD pair takes it from --prefill-command and --decode-command")
     commands = {"--prefill-command": args.prefill_command, "--decode-command": args.decode_command}

@@ -26,7 +26,8 @@ CONNECTORS_HELP = "; ".join(
 @option("--num-steps", type=params.NUM_STEPS, default=3, help="draft steps per verification (default 3)")
 @option("--topk", type=params.TOPK, default=1, help="draft branches per step (default 1: a chain)")
 @option("--num-draft-tokens", type=params.NUM_DRAFT_TOKENS, help="tokens verified per step (default: num-steps + 1)")
-@option("--tp", type=params.POSITIVE_INT, metavar="N", help="tensor-parallel size")
+@option("--tp", type=params.POSITIVE_INT, metavar="N", help="tensor-parallel size (the model card's: 16)")
+@option("--pp", type=params.POSITIVE_INT, metavar="N", help="pipeline-parallel size")
 @option(
     "--engine-version", type=params.VERSION, metavar="V", help="check against this release (default: the newest known)"
 )
@@ -66,7 +67,8 @@ def serve_command(args: SimpleNamespace) -> int:
 
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
         settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens)
-        settings.update(tensor_parallel_size=args.tp)
+        parallel = dict(tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp)
+        settings.update(parallel)
         version = args.engine_version or engine_releases(args.engine)[-1][0]
         names = (args.engine, args.target, args.draft, target, draft)
         if args.pd:  # read back as `doctor --prefill-command --decode-command` reads a pair: what is printed is checked
@@ -78,7 +80,8 @@ def serve_command(args: SimpleNamespace) -> int:
         else:
             key, printed = "command", serve_command(*names, **settings)
             options = dict(environ=dict(printed.env), layers_to_capture=printed.layers_to_capture)
-            report = diagnose(draft, target, args.engine, version, with_plugin=True, draft_name=args.draft, **options)
+            options.update(parallel, draft_name=args.draft)
+            report = diagnose(draft, target, args.engine, version, with_plugin=True, **options)
     except (InputError, ValueError) as err:
         return error(str(err))
     if not args.engine_version:

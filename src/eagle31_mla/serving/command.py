@@ -63,18 +63,14 @@ def serve_command(
     topk: int = 1,
     num_draft_tokens: int | None = None,
     tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
 ) -> ServeCommand:
-    """The launch command for ``engine``; ValueError for a combination the engine does not accept."""
+    """The launch command for ``engine``; ValueError for a combination the engine does not accept (what the pair
+    gets wrong at these sizes, e.g. heads that do not split over the ranks, is doctor's to report)."""
     numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
-    for flag, value in {**numbers, "--tp": tensor_parallel_size}.items():
+    for flag, value in {**numbers, "--tp": tensor_parallel_size, "--pp": pipeline_parallel_size}.items():
         if (value is not None or flag in ("--num-steps", "--topk")) and not (type(value) is int and value >= 1):
             raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
-    heads = draft_config.get("num_attention_heads")
-    if tensor_parallel_size and isinstance(heads, int) and heads % tensor_parallel_size:
-        raise ValueError(
-            f"--tp {tensor_parallel_size}: the drafter's {heads} attention heads do not split evenly over that many "
-            f"ranks, as every engine shards them; use a divisor of {heads}"
-        )
     most = max_tree_draft_tokens(topk, num_steps)
     if topk == 1 and num_draft_tokens not in (None, num_steps + 1):  # the verified token plus one per step
         raise ValueError(f"with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = {most}")
@@ -133,7 +129,9 @@ def serve_command(
             )
         else:
             comments.append(f"{flag} left out: how this target class reads ids is not known; give it in its convention")
-    if tensor_parallel_size:
+    if tensor_parallel_size:  # each engine's own flag (SGLang's --tp-size, the others' --tensor-parallel-size)
         argv += ["--tp-size" if engine == "sglang" else "--tensor-parallel-size", str(tensor_parallel_size)]
+    if pipeline_parallel_size:
+        argv += ["--pp-size" if engine == "sglang" else "--pipeline-parallel-size", str(pipeline_parallel_size)]
     comments.append(f"{facts.ENGINE_NAMES[engine]}: topk {topk}, {num_steps} steps, {num_draft_tokens} draft tokens")
     return ServeCommand(engine, argv, env, comments, layers_to_capture)

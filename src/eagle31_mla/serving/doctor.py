@@ -47,6 +47,9 @@ CHECKS: dict[str, str] = {
     "vllm-fc-width": "vLLM before 0.22 sizes fc for exactly 3 aux states",
     "vllm-kimi-k3-version": "Kimi-K3 targets need vLLM 0.27+",
     "vllm-version-unsupported": "a vLLM release outside 0.20-0.33 (the range the facts cover)",
+    "vllm-k3-last-layer-capture": "vLLM captures a Kimi-K3 target's last layer as prefix_sum + hidden (PR 50815)",
+    "vllm-k3-pp-boundary-capture": "vLLM captures the running prefix at a Kimi-K3 pipeline-stage boundary (PR 50487)",
+    "tp-draft-heads": "the drafter's attention heads do not split evenly over the tensor-parallel ranks",
     "k3-aux-stream": f"{KIMI_K3_STREAM_ENV} selects the AttnRes mixture, not the drafter's prefix stream",
     "sglang-nested-ids-missing": "SGLang reads only nested eagle_config ids: top-level ids are ignored",
     "sglang-first-id-heuristic": "SGLang's DeepSeek/Kimi-K2.x targets add 1 only when the first id is 1",
@@ -73,6 +76,7 @@ CHECKS: dict[str, str] = {
     "pd-hybrid-target-connector": "a Kimi-K3 (hybrid) target on vLLM with a connector that cannot move its cache",
     "pd-example-connector": "vLLM's ExampleConnector is a test connector (a note)",
     "pd-mha-draft-cache": "an MHA drafter beside an MLA target: another cache spec, and what it costs (a note)",
+    "pd-k3-speculation": "vLLM corrupts Kimi-K3 output with PD disaggregation and speculation together (issue 52627)",
 }
 
 
@@ -159,8 +163,11 @@ def diagnose(
     with_plugin: bool = False,
     layers_to_capture: Sequence[int] | None = None,
     draft_name: str = "the draft",
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
 ) -> Report:
-    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known)."""
+    """Check a draft ``config.json`` dict against a target and an engine (one release, or all known), served at
+    the given tensor- and pipeline-parallel sizes."""
     releases, environ = engine_releases(engine, version), os.environ if environ is None else environ
     # a size that is not a positive integer is as unreadable as a missing one (reported by _check_target)
     sizes = ("num_layers", "hidden_size", "vocab_size")
@@ -171,11 +178,16 @@ def diagnose(
     d = _read_draft(draft, add, draft_name, ids_error)
     _check_target(target, add)
     _check_common(d, ids, target, engine, add, draft_name)
+    heads, tp = d.heads, tensor_parallel_size
+    if tp and isinstance(heads, int) and heads % tp:
+        problem = f"the drafter's {heads} attention heads do not split evenly over {tp} tensor-parallel ranks"
+        add("tp-draft-heads", problem, f"serve at a tensor-parallel size that divides {heads} (Kimi-K3's card: 16)")
     labels, per_id = [label for label, _ in releases], {}
     for label, table in releases:
         found: list[Finding] = []
         if engine == "vllm":
             _check_vllm(draft, d, ids, target, table, environ, _adder(found), draft_name)
+            _check_vllm_kimi_k3(ids, target, table, environ, pipeline_parallel_size, _adder(found))
         elif engine == "sglang":
             _check_sglang(draft, ids, target, table, _adder(found), draft_name)
         else:
@@ -246,6 +258,7 @@ def _read_draft(draft: Mapping[str, Any], add, name: str, ids_error: str | None)
         sizes=compatibility.Sizes(
             get("target_hidden_size") or get("hidden_size"), get("vocab_size"), _int(get("target_num_hidden_layers"))
         ),
+        heads=get("num_attention_heads"),
         fc_norm=bool(get("fc_norm")),
         norm_output=bool(get("norm_output")),
         bos=get("bos_token_id"),
@@ -319,6 +332,8 @@ def _check_vllm(draft, d, ids, target: Target, engine, environ, add, name: str) 
         add("vllm-draft-model-type", problem, fix, plugin_fixes=True)
     elif d.model_type not in facts.vllm.MLA_DRAFT_MODEL_TYPES:
         problem = f"the draft's model_type is {d.model_type!r}: vLLM reports use_mla=False (CPU, Ascend size caches so)"
+        if (bug := facts.vllm.KIMI_K2_DRAFT_NOT_MLA).affects(engine.version) and d.model_type == "kimi_k2":
+            problem += f" ({bug.cite()})"
         add("vllm-draft-model-type", problem, as_v2, NOTE, plugin_fixes=True)
     if d.fc_norm and not engine.applies_fc_norm:
         problem = "the draft is EAGLE-3.1 (fc_norm: true), and vLLM before 0.23 does not apply fc_norm: the captured "
@@ -360,6 +375,30 @@ def _check_vllm(draft, d, ids, target: Target, engine, environ, add, name: str) 
                 effect = "(id 0 names no layer: a DeepSeek or Kimi target fails at its first request)"
             problem = f"vLLM's {runner.upper()} runner reads {where} one-based and {got} {effect}"
             add("vllm-ids-convention", problem, fix, plugin_fixes=True)
+
+
+def _check_vllm_kimi_k3(ids, target: Target, engine, environ, pp: int | None, add) -> None:
+    """vLLM's open Kimi-K3 capture bugs (engine_facts.vllm), where this drafter and the parallel layout meet them."""
+    depth = target.num_layers
+    if not target.is_kimi_k3 or ids is None or depth is None or max(ids.one_based) > depth:
+        return
+    if (bug := facts.vllm.K3_LAST_LAYER_CAPTURE).affects(engine.version) and depth in ids.one_based:
+        problem = f"aux id {depth} is {target.name}'s last layer, and vLLM captures prefix_sum + hidden there, not the "
+        problem += f"layer's post-AttnRes output: another stream than the drafter was trained on ({bug.cite()})"
+        add(bug.check, problem, f"serve a drafter whose aux ids stop below {depth}, or a vLLM with the fix")
+    bug = facts.vllm.K3_PP_BOUNDARY_CAPTURE
+    if not (pp and pp > 1 and bug.affects(engine.version)):
+        return
+    env = facts.vllm.PP_PARTITION_ENV
+    starts = facts.vllm.pipeline_stage_starts(depth, pp, environ.get(env))
+    if hit := [k for k in ids.one_based if k in starts]:
+        problem = f"with {pp} pipeline stages a stage ends at layer(s) {', '.join(str(k - 1) for k in hit)} "
+        problem += f"(zero-based), whose output is aux id {hit}: vLLM captures the running prefix there ({bug.cite()})"
+        moved = [b + 1 if b in hit else b for b in starts]  # one layer later: no longer an aux layer's output
+        if any(b in ids.one_based for b in moved) or moved[-1] >= depth:
+            moved = [b - 1 if b in hit else b for b in starts]
+        parts = [b - a for a, b in zip([0, *moved], [*moved, depth])]
+        add(bug.check, problem, f"set {env}={','.join(map(str, parts))} (no stage ends at an aux layer)")
 
 
 def _unknown_target(engine: str, target: Target) -> str:

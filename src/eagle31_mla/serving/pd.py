@@ -20,7 +20,13 @@ from ..decoding.limits import DRAFTING_LIMITS
 from ..model.aux_layers import AuxLayerIdError, aux_layer_ids_from_config
 from .command import PD_CONNECTORS, ServeCommand, serve_command
 from .doctor import NOTE, Finding, Report, _adder, diagnose
-from .engine_facts import ENGINE_NAMES, sglang as sglang_facts, tokenspeed as tokenspeed_facts, vllm as vllm_facts
+from .engine_facts import (
+    ENGINE_NAMES,
+    parse_release,
+    sglang as sglang_facts,
+    tokenspeed as tokenspeed_facts,
+    vllm as vllm_facts,
+)
 from .engines import InputError, Target, read_config_json
 
 FACTS = {"vllm": vllm_facts, "sglang": sglang_facts, "tokenspeed": tokenspeed_facts}
@@ -301,6 +307,12 @@ def diagnose_pd(
         if ids[0] != ids[1]:
             problem = f"the prefill drafter reads aux layers {ids[0]}, the decode drafter {ids[1]}"
             add("pd-draft-differs", problem, "give both sides the same drafter")
+    bug = vllm_facts.K3_PD_SPECULATION
+    release = parse_release(version, "vllm") if version else vllm_facts.RELEASES[-1]
+    if decode.engine == "vllm" and target.is_kimi_k3 and bug.affects(release):
+        problem = "vLLM corrupts Kimi-K3 output when PD disaggregation and speculative decoding run together "
+        fix = "until a release fixes it: serve Kimi-K3 with the drafter on instances without PD, or PD without it"
+        add(bug.check, problem + f"({bug.cite()})", fix)
     if not isinstance(draft_config.get("kv_lora_rank"), int):
         problem = "the draft is not MLA: its KV is another cache spec beside the target's MLA one, moved as another "
         problem += "layer kind (vLLM keeps both in one KV-cache group only with one block size)"

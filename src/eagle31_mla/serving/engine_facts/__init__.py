@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 ENGINES = ("vllm", "sglang", "tokenspeed")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tokenspeed": "TokenSpeed"}
@@ -56,3 +57,25 @@ def captures_layer_input(reading: str | None) -> bool:
     """Whether a target with this ``reading`` captures the INPUT of layer i for stored id i (SGLang's and TokenSpeed's
     non-Kimi-K3 targets): it cannot reach its last layer's output, which is no layer's input."""
     return reading in (PLUS_ONE, FIRST_ID_HEURISTIC)
+
+
+# ---- open upstream bugs (doctor names each where it applies, with its source) --------------------------------------
+
+
+@dataclass(frozen=True)
+class UpstreamBug:
+    """An engine bug that silently costs this drafter acceptance: doctor's check id, where it is reported, and the
+    releases it affects (from ``since``; ``fixed_in`` None: every release the facts cover, as of ``as_of``)."""
+
+    check: str
+    source: str
+    since: tuple[int, ...]
+    fixed_in: tuple[int, ...] | None = None
+    as_of: str = "2026-12-04"
+
+    def affects(self, version: tuple[int, ...]) -> bool:
+        return self.since <= version[: len(self.since)] and (self.fixed_in is None or version < self.fixed_in)
+
+    def cite(self) -> str:
+        state = "open" if self.fixed_in is None else f"fixed in {release_label(self.fixed_in)}"
+        return f"{self.source}, {state} as of {self.as_of}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import release_label
+from . import UpstreamBug, release_label
 
 #: The range this plugin is written for: [0.20, 0.34).
 SUPPORTED = ((0, 20), (0, 34))
@@ -27,6 +27,36 @@ CAPTURE_FROM = (0, 29)
 MTP_DRAFT_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 #: ...and only these EAGLE draft model types are detected as MLA (``kimi_k2`` reports use_mla=False):
 MLA_DRAFT_MODEL_TYPES = ("deepseek_v2",)
+
+#: Open upstream bugs, silent for this drafter (vllm-project/vllm; the project's reference notes, 2026-12-04):
+#: an aux id equal to a Kimi-K3 target's depth captures prefix_sum + hidden, not the last layer's post-AttnRes output
+K3_LAST_LAYER_CAPTURE = UpstreamBug("vllm-k3-last-layer-capture", "vllm-project/vllm PR 50815", KIMI_K3_FROM)
+#: at a pipeline-parallel stage boundary a Kimi-K3 target's capture falls back to the running prefix (another
+#: stream: cosine 0.05-0.60 to the intended one, TorchSpec's docs/kimi_k3_attn_res_capture.md)
+K3_PP_BOUNDARY_CAPTURE = UpstreamBug("vllm-k3-pp-boundary-capture", "vllm-project/vllm PR 50487", KIMI_K3_FROM)
+#: Kimi-K3 output corrupted with PD disaggregation and speculative decoding together
+K3_PD_SPECULATION = UpstreamBug("pd-k3-speculation", "vllm-project/vllm issue 52627", KIMI_K3_FROM)
+#: ``kimi_k2`` drafters are not detected as MLA (use_mla=False: an MHA-shaped cache on CPU and Ascend)
+KIMI_K2_DRAFT_NOT_MLA = UpstreamBug("vllm-draft-model-type", "vllm-project/vllm PR 45764 (issue 45760)", (0, 20))
+
+
+def pipeline_stage_starts(num_layers: int, pp_size: int, partition: str | None = None) -> list[int]:
+    """The zero-based first layer of each pipeline stage after the first, as vLLM splits the layers
+    (``vllm/distributed/utils.py:get_pp_indices``, 0.29 and 0.32: even parts, the remainder one each to the stages
+    before the last; ``VLLM_PP_LAYER_PARTITION`` overrides). One-based aux id k reads the output of layer k - 1:
+    at a boundary exactly when k is one of these. ValueError for a partition vLLM refuses."""
+    if partition is not None:
+        parts = [int(n) for n in partition.split(",")]
+        if len(parts) != pp_size or sum(parts) != num_layers:
+            raise ValueError(f"{PP_PARTITION_ENV}={partition!r}: expected {pp_size} parts summing to {num_layers}")
+    else:
+        parts = [num_layers // pp_size] * pp_size
+        for i in range(2, num_layers % pp_size + 2):
+            parts[-i] += 1
+    return [sum(parts[:i]) for i in range(1, pp_size)]
+
+
+PP_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
 #: vLLM (0.28+) picks a Kimi-K3 target's aux stream with this variable: 0, the default, is the
 #: prefix-only stream this drafter was trained on; 1 is the AttnRes mixture DSpark drafters use.
