@@ -40,6 +40,8 @@ def test_vllm_splits_pipeline_stages_where_the_table_says(monkeypatch):
     for layers, pp in [(93, 2), (93, 4), (93, 5), (61, 3), (61, 8), (4, 4), (10, 3)]:
         assert pipeline_stage_starts(layers, pp) == [get_pp_indices(layers, r, pp)[0] for r in range(1, pp)]
     monkeypatch.setenv(PP_PARTITION_ENV, "23,24,23,23")
+    # vLLM caches its environment once an engine has started: the module attribute wins over its cache
+    monkeypatch.setattr(__import__("vllm.envs").envs, PP_PARTITION_ENV, "23,24,23,23", raising=False)
     assert pipeline_stage_starts(93, 4, "23,24,23,23") == [get_pp_indices(93, r, 4)[0] for r in range(1, 4)]
     with pytest.raises(ValueError, match="expected 4 parts summing to 93"):
         pipeline_stage_starts(93, 4, "23,24,23")
