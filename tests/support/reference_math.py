@@ -174,11 +174,13 @@ class DenseTTTAttention:
     """The test oracle of the trainer's TTTAttention: the same pattern as a dense [T, S + k·T] mask, attended by
     scaled-dot-product attention over all of it (memory quadratic in the sequence)."""
 
-    def __init__(self, S: int, depth: int, anchors: torch.Tensor | None):
-        self.S, self.depth, self.anchors = S, depth, anchors
+    def __init__(self, S: int, anchors: torch.Tensor | None):
+        self.S, self.anchors = S, anchors
 
-    def attend(self, q, k, v, scale):
-        anchors = None if self.anchors is None else self.anchors.clamp(min=0)
-        mask = diagonal_mask(self.S, self.depth, anchors, q.device)
+    def attend(self, q, latent, keys_values, scale):
+        k, v = keys_values(latent)  # every cached latent, at every depth
+        depth = (latent.shape[1] - self.S) // q.shape[2]
+        anchors = None if self.anchors is None or depth == 0 else self.anchors.clamp(min=0)
+        mask = diagonal_mask(self.S, depth, anchors, q.device)
         mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -241,15 +241,20 @@ class Eagle31MLAAttention(nn.Module):
 
     def _naive(self, q_nope, q_pe, latent, mask) -> torch.Tensor:
         """Decompress every cached token through kv_b_proj: simple, and fastest for a prompt."""
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
+        if hasattr(mask, "attend"):  # a pattern that attends itself (the trainer's linear-memory TTT attention),
+            return mask.attend(q, latent, self.keys_values, self.scale)  # decompressing each latent once
+        k, v = self.keys_values(latent)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
+
+    def keys_values(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents [B, S, C+R] decompressed: keys [B, h, S, N+R] (the rope part shared by all heads), values
+        [B, h, S, V]."""
         B, S, _ = latent.shape
         c_kv, k_pe = latent.split([self.kv_lora_rank, self.rope_dim], dim=-1)  # [B, S, C], [B, S, R]
         kv = self.kv_b_proj(c_kv).view(B, S, self.num_heads, self.nope_dim + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)  # [B, h, S, N], [B, h, S, V]
-        k = torch.cat([k_nope, k_pe[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1)  # [B, h, S, N+R]
-        q = torch.cat([q_nope, q_pe], dim=-1)  # [B, h, T, N+R]
-        if hasattr(mask, "attend"):  # a pattern that attends itself (the trainer's linear-memory TTT attention)
-            return mask.attend(q, k, v, self.scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, h, T, V]
+        return torch.cat([k_nope, k_pe[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1), v
 
     def _absorbed(self, q_nope, q_pe, latent, mask, cache=None) -> torch.Tensor:
         """Fold kv_b_proj into the query and the output, so attention reads only the latent cache. Every head shares

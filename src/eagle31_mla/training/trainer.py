@@ -52,9 +52,12 @@ class ConcatKVCache(LatentKVCache):
 
 
 class TTTAttention:
-    """The attention of one TTT depth k, in memory linear in the sequence: each query row (a position t, or an
-    anchor) sees the depth-0 keys at positions <= t and its own keys at depths 1..k (the "diagonal"), one softmax
-    over both. The drafter's attention hands it q, k, v (``attend``) instead of applying a [T, S + k·T] mask.
+    """The attention of a TTT unroll, in memory linear in the sequence; one object for every depth (the drafter's
+    attention hands it q, its latent cache and how to decompress it, ``attend``, instead of applying a
+    [T, S + k·T] mask). At depth k each query row (a position t, or an anchor) sees the depth-0 keys at positions
+    <= t and its own keys at depths 1..k (the "diagonal"), one softmax over both. Each depth's latents are
+    decompressed through kv_b_proj once and kept (the drafter's cache keeps latents: decompressing all of them at
+    every depth cost 1 + 2 + ... + k sequence-lengths of rows).
 
     Depth 0 is plain causal attention: PyTorch's scaled-dot-product attention with ``is_causal`` (its flash
     kernels, CPU's too, where the device has them; they need the value padded to the key's width). Deeper, the
@@ -66,19 +69,27 @@ class TTTAttention:
     #: scores per chunk (batch x heads x rows x keys): 2^26 fp32 scores, 256 MB (one chunk at 2k tokens for 8 heads)
     CHUNK_SCORES = 2**26
 
-    def __init__(self, S: int, depth: int, anchors: torch.Tensor | None):
-        self.S, self.depth, self.anchors = S, depth, anchors  # anchors [B, N]: the query rows' positions
+    def __init__(self, S: int, anchors: torch.Tensor | None):
+        self.S, self.anchors = S, anchors  # anchors [B, N]: depth >= 1's query rows (None: every position)
+        self.keys: list[torch.Tensor] = []  # per depth: [B, h, S or T, D]
+        self.values: list[torch.Tensor] = []  # per depth: [B, h, S or T, V]
+        self.decompressed = 0  # latent rows
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [B, h, T, D], k [B, h, S + depth·T, D], v [B, h, S + depth·T, V] -> [B, h, T, V]."""
-        if self.depth == 0:  # flash kernels want the value as wide as the key: zeros added, then cut off
-            width = v.shape[-1]
-            v = F.pad(v, (0, q.shape[-1] - width))
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[..., :width]
+    def attend(self, q: torch.Tensor, latent: torch.Tensor, keys_values, scale: float) -> torch.Tensor:
+        """q [B, h, T, D], latent [B, S + depth·T, C+R], ``keys_values``: latents -> keys, values -> [B, h, T, V]."""
+        k_new, v_new = keys_values(latent[:, self.decompressed :])
+        self.keys.append(k_new)
+        self.values.append(v_new)
+        self.decompressed = latent.shape[1]
+        if len(self.keys) == 1:  # depth 0; flash kernels want the value as wide as the key: zeros added, then cut off
+            width = v_new.shape[-1]
+            v = F.pad(v_new, (0, q.shape[-1] - width))
+            return F.scaled_dot_product_attention(q, k_new, v, is_causal=True, scale=scale)[..., :width]
+        (k, *own_k), (v, *own_v) = self.keys, self.values
+        own_k, own_v = torch.stack(own_k, dim=2), torch.stack(own_v, dim=2)  # [B, h, d, T, .]
         B, h, T, _ = q.shape
-        S, d = self.S, self.depth
+        S, d = self.S, own_k.shape[2]
         rows = torch.arange(T, device=q.device) if self.anchors is None else self.anchors.clamp(min=0)
-        own_k, own_v = k[:, :, S:].unflatten(2, (d, T)), v[:, :, S:].unflatten(2, (d, T))  # [B, h, d, T, .]
         step = max(1, self.CHUNK_SCORES // (B * h * (S + d)))
         chunks = []
         for start in range(0, T, step):
@@ -200,6 +211,7 @@ def ttt_forward(
     if anchors is not None and anchors.dim() == 1:
         anchors = anchors.expand(B, -1)
     cache, state = ConcatKVCache(B), None
+    attention = TTTAttention(S, anchors)
     for k in range(depth):
         rows = depth_rows(S, None if k == 0 else anchors, device)  # depth 0 runs dense
         if k == 1 and anchors is not None:
@@ -211,7 +223,7 @@ def ttt_forward(
             hidden_states=state if k else None,
             position_ids=(rows + k).expand(B, -1),
             past_key_values=cache,
-            attention_mask=TTTAttention(S, k, rows if k and anchors is not None else None),
+            attention_mask=attention,
             use_cache=True,
             absorb=False,
             logits_to_keep=NO_LOGITS,
