@@ -22,7 +22,7 @@ from eagle31_mla.model.aux_layers import AuxLayerIds  # noqa: E402
 from eagle31_mla.training.captured import MANIFEST, CapturedDataError, CapturedStates  # noqa: E402
 from eagle31_mla.training.trainer import CapturedTarget, TrainingConfig, drafter_for_target, train_drafter, train_on  # noqa: E402
 from eagle31_mla.training.vllm_capture import capture_with_vllm  # noqa: E402
-from tests.support.spool_writer import demo_target  # noqa: E402
+from tests.support.spool_writer import demo_sequences, demo_target  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 from tests.support.tiny import demo_layer  # noqa: E402
 from tests.support.vllm_harness import CPU_MLA  # noqa: E402
@@ -69,13 +69,7 @@ def run_cli(argv: list[str]) -> str:
 @pytest.fixture(scope="module")
 def sequences():
     """Teacher-forced sequences of the demo's kind of text: six of 24 tokens, and two shorter ones."""
-    from transformers import AutoTokenizer
-
-    from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training.trainer import tokenize_corpus
-
-    texts, _ = demo_corpus(seed=11, n=20)
-    cut = tokenize_corpus(AutoTokenizer.from_pretrained(TARGET), texts, 24).tolist()
+    cut = demo_sequences()
     return cut[:6] + [cut[6][:9], cut[7][:17]]
 
 

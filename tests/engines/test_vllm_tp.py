@@ -18,7 +18,7 @@ from eagle31_mla.demo import DEMO_DIR  # noqa: E402
 from eagle31_mla.model.aux_layers import AuxLayerIds  # noqa: E402
 from eagle31_mla.training.captured import CapturedStates  # noqa: E402
 from tests.support import vllm_tp  # noqa: E402
-from tests.support.spool_writer import demo_target  # noqa: E402
+from tests.support.spool_writer import demo_sequences, demo_target  # noqa: E402
 from tests.support.subprocesses import run_python  # noqa: E402
 
 #: The tie-aware criterion. TP=2 adds the ranks' partial sums (an all-reduce) where TP=1 sums in one go: fp32 results
@@ -40,13 +40,7 @@ def assert_same_greedy(tokens: list[list[int]], reference: list[list[int]], top2
 
 @pytest.fixture(scope="module")
 def sequences():
-    from transformers import AutoTokenizer
-
-    from eagle31_mla.testing import demo_corpus
-    from eagle31_mla.training.trainer import tokenize_corpus
-
-    texts, _ = demo_corpus(seed=11, n=20)
-    cut = tokenize_corpus(AutoTokenizer.from_pretrained(DEMO_DIR / "target"), texts, 24).tolist()
+    cut = demo_sequences()
     return cut[:3] + [cut[3][:9]]
 
 
@@ -122,7 +116,7 @@ def test_the_capture_at_tp2_is_the_targets(tp2, sequences):
     for i, seq in enumerate(sequences):
         ids, aux, _, _ = data.sequence(i)
         reference_aux, reference_probs = capture_target_states(
-            demo_target(), torch.tensor([seq]), AuxLayerIds((1, 2, 4))
+            demo_target(), torch.tensor([seq]), AuxLayerIds(vllm_tp.CAPTURED)
         )
         assert ids.tolist() == seq
         assert (aux - reference_aux[0]).abs().max() <= 1e-5 * reference_aux.abs().max(), i

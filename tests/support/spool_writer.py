@@ -37,6 +37,18 @@ def demo_target():
     return AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).eval()
 
 
+def demo_sequences() -> list[list[int]]:
+    """Teacher-forced sequences of the demo's kind of text, 24 tokens each (for the capture tests)."""
+    from transformers import AutoTokenizer
+
+    from eagle31_mla.demo import DEMO_DIR
+    from eagle31_mla.testing import demo_corpus
+    from eagle31_mla.training.trainer import tokenize_corpus
+
+    texts, _ = demo_corpus(seed=11, n=20)
+    return tokenize_corpus(AutoTokenizer.from_pretrained(DEMO_DIR / "target"), texts, 24).tolist()
+
+
 def trained_weights(folder) -> dict[str, torch.Tensor]:
     from eagle31_mla import Eagle31MLAForCausalLM
 

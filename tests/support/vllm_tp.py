@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 PROMPTS, MAX_TOKENS, K = 4, 48, 3
+CAPTURED = (1, 2, 4)  # aux ids the TP=2 capture takes: 4 is the demo target's last layer (pre-norm)
 
 
 def drafter_tensors(worker) -> dict:
@@ -87,7 +88,7 @@ def main(out: Path) -> None:
     capture_with_vllm(
         str(DEMO_DIR / "target"),
         sequences,
-        AuxLayerIds((1, 2, 4)),
+        AuxLayerIds(CAPTURED),
         out / "capture",
         dtype="float32",
         top_k=512,
