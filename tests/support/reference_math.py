@@ -184,3 +184,13 @@ class DenseTTTAttention:
         mask = diagonal_mask(self.S, depth, anchors, q.device)
         mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+class SoftCrossEntropyByAutograd:
+    """The test oracle of the trainer's SoftCrossEntropy (which makes its gradient by hand, in place): the same
+    formula, sum_i w_i (logsumexp(z_i) - P_i . z_i) and the weighted top-1 agreement, differentiated by autograd."""
+
+    @staticmethod
+    def apply(logits, p, w, top):
+        cross = torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
+        return (cross * w).sum(), ((logits.argmax(-1) == top) * w).sum()

@@ -15,7 +15,7 @@ from eagle31_mla.training.trainer import (
     ttt_loss,
 )
 from tests.support.decoding import tiny_target
-from tests.support.reference_math import DenseTTTAttention, diagonal_mask
+from tests.support.reference_math import DenseTTTAttention, SoftCrossEntropyByAutograd, diagonal_mask
 from tests.support.tiny import TOL, aux_inputs, draft_step_by_step, tiny_drafter
 
 pytestmark = pytest.mark.transformers
@@ -65,12 +65,13 @@ ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), re
 
 @pytest.mark.parametrize("device, rtol", [("cpu", 1e-5), pytest.param("cuda", 1e-4, marks=ON_CUDA)])
 @pytest.mark.parametrize("anchors", [None, torch.tensor([[6, 1, -1], [2, 7, 5]])], ids=["dense", "anchored"])
-def test_linear_memory_attention_equals_the_dense_mask(anchors, device, rtol, monkeypatch):
-    """The TTT loss and every gradient through TTTAttention (causal SDPA at depth 0; deeper, chunks of rows with
-    their own keys, checkpointed) and the loss a chunk of logits at a time (checkpointed) equal the dense
-    [T, S + k·T] mask's with every logit at once, fp32: within 1e-5 relative on CPU (the same sums, in another
-    order; CUDA: see :data:`ON_CUDA`). Chunks of 2 query rows and of 3 loss rows force several chunks and the
-    checkpointed backward."""
+@pytest.mark.parametrize("blocks", ["checkpointed", "kept"])
+def test_linear_memory_attention_equals_the_dense_mask(anchors, blocks, device, rtol, monkeypatch):
+    """The TTT loss and every gradient through TTTAttention (causal SDPA at depth 0; deeper, blocks of rows with
+    their own keys, by hand) and the loss a chunk of logits at a time (its gradient by hand) equal the dense
+    [T, S + k·T] mask's with every logit at once and autograd's loss, fp32: within 1e-5 relative on CPU (the same
+    sums, in another order; CUDA: see :data:`ON_CUDA`). Blocks of 2 query rows, recomputed in the backward pass or
+    kept, and chunks of 3 loss rows (some across two sequences) force several of each."""
     model = tiny_drafter(seed=4).to(device)
     ids, aux = (t.to(device) for t in aux_inputs(model.config, 2, 9))
     probs = torch.softmax(torch.randn(2, 9, model.config.vocab_size, generator=torch.Generator().manual_seed(5)), -1)
@@ -82,16 +83,76 @@ def test_linear_memory_attention_equals_the_dense_mask(anchors, device, rtol, mo
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    monkeypatch.setattr(TTTAttention, "CHUNK_SCORES", 2 * 2 * 2 * 13)  # batch 2 x 2 heads x 2 rows x 13 keys
+    monkeypatch.setattr(TTTAttention, "BLOCK_ROWS", 2)
+    if blocks == "checkpointed":
+        monkeypatch.setattr(TTTAttention, "CHUNK_SCORES", 2 * 2 * 2 * 13)  # batch 2 x 2 heads x 2 rows x 13 keys
     monkeypatch.setattr(trainer, "LOSS_CHUNK", 3 * model.config.vocab_size)  # logits of 3 rows at a time
     linear = loss_and_grads()
     monkeypatch.setattr(trainer, "TTTAttention", DenseTTTAttention)
+    monkeypatch.setattr(trainer, "SoftCrossEntropy", SoftCrossEntropyByAutograd)
     monkeypatch.setattr(trainer, "LOSS_CHUNK", 2**30)  # every row's logits at once
     dense = loss_and_grads()
     assert torch.allclose(linear[0], dense[0], rtol=rtol, atol=0)
     assert linear[1].keys() == dense[1].keys() and len(dense[1]) > 10
     for name, grad in dense[1].items():
         assert torch.allclose(linear[1][name], grad, rtol=rtol, atol=rtol / 100), name
+
+
+def test_under_bf16_autocast_the_blocks_give_the_dense_masks_gradients(monkeypatch):
+    """bf16 compute (the fine-tuning recipe's autocast): the blocks' hand-made backward, in bf16, against the dense
+    mask's and autograd's, within 3e-2 of each gradient's norm (bf16 keeps 8 bits: one rounding is 4e-3 relative,
+    and a step adds up many; measured 0.3-1.7e-2). A part of the gradient left out would be off by its whole size."""
+    model = tiny_drafter(seed=4)
+    ids, aux = aux_inputs(model.config, 2, 9)
+    probs = torch.softmax(torch.randn(2, 9, model.config.vocab_size, generator=torch.Generator().manual_seed(5)), -1)
+
+    def grads():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = ttt_loss(model, ids, aux, probs, 4)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(TTTAttention, "BLOCK_ROWS", 2)
+    ours = grads()
+    monkeypatch.setattr(trainer, "TTTAttention", DenseTTTAttention)
+    monkeypatch.setattr(trainer, "SoftCrossEntropy", SoftCrossEntropyByAutograd)
+    dense = grads()
+    for name, grad in dense.items():
+        assert (ours[name] - grad).norm() <= 3e-2 * grad.norm(), name
+
+
+def test_the_loss_gradient_made_by_hand_is_autograds():
+    """SoftCrossEntropy's value, agreement and gradient (made in the logits' buffer) against autograd of the same
+    formula, with zero weights and a target that is a view of a larger tensor, fp32 within 1e-6 relative (the
+    same sums, in another order); under bf16 autocast its dot products stay fp32. Its backward runs once: a
+    second (a retained graph) would read the overwritten buffer, so it is refused."""
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(6, 16, generator=gen), torch.randn(40, 16, generator=gen)
+    probs = torch.softmax(3 * torch.randn(8, 40, generator=gen), -1)
+    p, w = probs[1:7], torch.tensor([1.0, 0.0, 2.0, 1.0, 0.5, 1.0])
+    top = (x @ weight.T).argmax(-1)
+    top[3:] = (top[3:] + 1) % 40  # rows 0-2 agree (weights 1, 0, 2), 3-5 do not
+
+    def run(loss_function):
+        x_ = x.clone().requires_grad_()
+        cross, agree = loss_function.apply(x_ @ weight.T, p, w, top)
+        cross.backward()
+        return cross.detach(), agree, x_.grad
+
+    ours, oracle = run(trainer.SoftCrossEntropy), run(SoftCrossEntropyByAutograd)
+    for a, b in zip(ours, oracle):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert ours[1] == 3 and ours[2][1].abs().max() == 0  # the weight-0 row has no gradient
+    logits = x @ weight.T
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cross, _ = trainer.SoftCrossEntropy.apply(logits, p, w, top)
+    assert torch.allclose(cross, oracle[0], rtol=1e-6)
+    logits = (x @ weight.T).requires_grad_()
+    cross, _ = trainer.SoftCrossEntropy.apply(logits * 1, p, w, top)
+    cross.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward runs once"):
+        cross.backward()
 
 
 def new_drafter(target):

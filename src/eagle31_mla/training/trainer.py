@@ -61,13 +61,16 @@ class TTTAttention:
 
     Depth 0 is plain causal attention: PyTorch's scaled-dot-product attention with ``is_causal`` (its flash
     kernels, CPU's too, where the device has them; they need the value padded to the key's width). Deeper, the
-    query rows go in chunks of at most :data:`CHUNK_SCORES` scores: a chunk's rows against the keys up to its last
-    row, plus each row's k own keys; with more than one chunk each is recomputed in the backward pass
-    (checkpointed), so no chunk's scores outlive it. The dense mask (tests/support/reference_math.py) stays as the
-    test oracle."""
+    query rows go in blocks of :data:`BLOCK_ROWS` (fewer where a block would pass :data:`CHUNK_SCORES` scores): a
+    block's rows against the keys up to its last row (the causal triangle, a block wide), plus each row's k own
+    keys, by :class:`_DiagonalAttention`; when the scores of all blocks pass :data:`CHUNK_SCORES`, each block is
+    recomputed in the backward pass (checkpointed), so no block's scores outlive it. The dense mask
+    (tests/support/reference_math.py) stays as the test oracle."""
 
-    #: scores per chunk (batch x heads x rows x keys): 2^26 fp32 scores, 256 MB (one chunk at 2k tokens for 8 heads)
+    #: scores kept for the backward pass (batch x heads x rows x keys): 2^26 fp32 scores, 256 MB
     CHUNK_SCORES = 2**26
+    #: query rows per block: the keys past a block's last row are not computed (at 2k tokens, 5/8 of the square)
+    BLOCK_ROWS = 512
 
     def __init__(self, S: int, anchors: torch.Tensor | None):
         self.S, self.anchors = S, anchors  # anchors [B, N]: depth >= 1's query rows (None: every position)
@@ -90,29 +93,59 @@ class TTTAttention:
         B, h, T, _ = q.shape
         S, d = self.S, own_k.shape[2]
         rows = torch.arange(T, device=q.device) if self.anchors is None else self.anchors.clamp(min=0)
-        step = max(1, self.CHUNK_SCORES // (B * h * (S + d)))
-        chunks = []
+        step = max(1, min(self.BLOCK_ROWS, self.CHUNK_SCORES // (B * h * (S + d))))
+        checkpointed = B * h * T * (S + d) > self.CHUNK_SCORES and torch.is_grad_enabled()
+        # one dtype for the hand-made backward: autocast's (bf16 compute) where it is on, as the matmuls would get
+        device = q.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+        q, k, v, own_k, own_v = (q * scale).to(dtype), k.to(dtype), v.to(dtype), own_k.to(dtype), own_v.to(dtype)
+        blocks = []
         for start in range(0, T, step):
             part = slice(start, start + step)
-            reach = int(rows[..., part].max()) + 1  # the keys the chunk's last (latest) row sees
+            reach = int(rows[..., part].max()) + 1  # the keys the block's last (latest) row sees
+            hidden = torch.arange(reach, device=q.device) > rows[..., part, None]  # [(B,) C, L]
             args = (q[:, :, part], k[:, :, :reach], v[:, :, :reach], own_k[:, :, :, part], own_v[:, :, :, part])
-            args += (rows[..., part], scale)
-            if step < T and torch.is_grad_enabled():
-                chunks.append(torch.utils.checkpoint.checkpoint(_ttt_chunk, *args, use_reentrant=False))
+            args += (hidden[:, None] if hidden.dim() == 3 else hidden,)
+            if checkpointed:
+                blocks.append(torch.utils.checkpoint.checkpoint(_DiagonalAttention.apply, *args, use_reentrant=False))
             else:
-                chunks.append(_ttt_chunk(*args))
-        return torch.cat(chunks, dim=2)
+                blocks.append(_DiagonalAttention.apply(*args))
+        return torch.cat(blocks, dim=2)
 
 
-def _ttt_chunk(q, ctx_k, ctx_v, own_k, own_v, rows, scale):
-    """One chunk of :class:`TTTAttention`: rows [C] or [B, C] at their positions; softmax in fp32."""
-    scores = torch.matmul(q, ctx_k.transpose(-1, -2)).float() * scale  # [B, h, C, L]
-    visible = torch.arange(ctx_k.shape[2], device=q.device) <= rows[..., None]  # [(B,) C, L]
-    scores = scores.masked_fill(~(visible[:, None] if visible.dim() == 3 else visible), float("-inf"))
-    own = torch.einsum("bhcd,bhkcd->bhck", q, own_k).float() * scale  # [B, h, C, k]: each row's own keys
-    p = torch.cat([scores, own], dim=-1).softmax(dim=-1).to(q.dtype)
-    L = ctx_k.shape[2]
-    return torch.matmul(p[..., :L], ctx_v) + torch.einsum("bhck,bhkcv->bhcv", p[..., L:], own_v)  # [B, h, C, V]
+class _DiagonalAttention(torch.autograd.Function):
+    """Softmax attention of query rows q [B, h, C, D] (scaled) over context keys [B, h, L, D] (those ``hidden``
+    [(B, 1,) C, L] masked out) and their own keys [B, h, k, C, D], one softmax over both, in fp32. Written by hand
+    because PyTorch's fused attention takes no per-row keys, and autograd through the concatenated scores
+    allocates a fresh [C, L + k] tensor at each step (concatenation, softmax, slicing, and each of their
+    backwards); here the context's scores are made once and then worked on in place, as flash attention does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, own_k, own_v, hidden):
+        scores = torch.matmul(q, k.transpose(-1, -2)).float().masked_fill_(hidden, float("-inf"))  # [B, h, C, L]
+        own = torch.einsum("bhcd,bhkcd->bhck", q, own_k).float()  # [B, h, C, k]
+        top = torch.maximum(scores.amax(-1), own.amax(-1))[..., None]
+        p, p_own = scores.sub_(top).exp_(), (own - top).exp()
+        total = p.sum(-1, keepdim=True) + p_own.sum(-1, keepdim=True)
+        p, p_own = p.div_(total).to(q.dtype), p_own.div_(total).to(q.dtype)  # the probabilities
+        out = torch.matmul(p, v) + torch.einsum("bhck,bhkcv->bhcv", p_own, own_v)  # [B, h, C, V]
+        ctx.save_for_backward(q, k, v, own_k, own_v, p, p_own, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, own_k, own_v, p, p_own, out = ctx.saved_tensors
+        d_out = d_out.to(q.dtype)
+        # d score_j = p_j (d_out . v_j - d_out . out): the softmax's backward over both parts
+        centre = (d_out.float() * out.float()).sum(-1, keepdim=True)  # [B, h, C, 1]
+        d_scores = torch.matmul(d_out, v.transpose(-1, -2)).float().sub_(centre).mul_(p).to(q.dtype)  # [B, h, C, L]
+        d_own = torch.einsum("bhcv,bhkcv->bhck", d_out, own_v).float().sub_(centre).mul_(p_own).to(q.dtype)
+        d_q = torch.matmul(d_scores, k) + torch.einsum("bhck,bhkcd->bhcd", d_own, own_k)
+        d_k = torch.matmul(d_scores.transpose(-1, -2), q)
+        d_v = torch.matmul(p.transpose(-1, -2), d_out)
+        d_own_k = torch.einsum("bhck,bhcd->bhkcd", d_own, q)
+        d_own_v = torch.einsum("bhck,bhcv->bhkcv", p_own, d_out)
+        return d_q, d_k, d_v, d_own_k, d_own_v, None
 
 
 def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -133,23 +166,24 @@ def fed_positions(S: int, k: int, anchors: torch.Tensor | None, device) -> torch
     return fed if anchors is None else torch.where(anchors >= 0, fed, S)
 
 
-def _loss_weight(drafter, target_probs: torch.Tensor, loss_mask, fed: torch.Tensor) -> torch.Tensor:
-    """[B, T]: rows whose fed token is trained-on text in the sequence and whose target argmax has a draft token."""
-    S = target_probs.shape[1]
+def _loss_weight(drafter, target_top: torch.Tensor, loss_mask, fed: torch.Tensor) -> torch.Tensor:
+    """[B, T]: rows whose fed token is trained-on text in the sequence and whose target argmax (``target_top``
+    [B, S], the target's vocabulary) has a draft token."""
+    S = target_top.shape[1]
     index = fed.clamp(max=S - 1)
-    weight = (fed < S).float().expand(target_probs.shape[0], -1)
+    weight = (fed < S).float().expand(target_top.shape[0], -1)
     if loss_mask is not None:
         weight = weight * _at(loss_mask, index)
     if drafter.d2t is not None:
-        weight = weight * drafter.t2d[_at(target_probs, index).argmax(-1)]
+        weight = weight * drafter.t2d[_at(target_top, index)]
     return weight
 
 
 def loss_weight_sums(drafter, target_probs, depth: int, loss_mask=None, anchors=None) -> torch.Tensor:
     """[depth]: the loss weights summed per depth, without running the drafter (for data-parallel ranks)."""
-    S, device = target_probs.shape[1], target_probs.device
+    S, device, top = target_probs.shape[1], target_probs.device, target_probs.argmax(-1)
     fed = [fed_positions(S, k, anchors, device) for k in range(depth)]
-    return torch.stack([_loss_weight(drafter, target_probs, loss_mask, f).sum() for f in fed])
+    return torch.stack([_loss_weight(drafter, top, loss_mask, f).sum() for f in fed])
 
 
 def sample_anchors(
@@ -190,7 +224,8 @@ def step_anchors(drafter, target_probs, loss_mask, config: TrainingConfig, step:
     if config.num_anchors is None:
         return None
     S = target_probs.shape[1]
-    weights = _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, 0, None, target_probs.device))
+    fed = fed_positions(S, 0, None, target_probs.device)
+    weights = _loss_weight(drafter, target_probs.argmax(-1), loss_mask, fed)
     seeds = [((config.seed * 1_000_003 + step) * 1_000_003 + int(i)) % 2**63 for i in sequence_indices]
     return sample_anchors(weights, config.num_anchors, config.depth, seeds, config.anchor_max_gap)
 
@@ -247,24 +282,26 @@ def ttt_loss_terms(
     """Per depth k, summed over the batch (data-parallel ranks add theirs before dividing): weighted forward KL,
     weights, weighted top-1 agreement. A pruned vocabulary renormalises the target's mass over the draft's."""
     S, device = input_ids.shape[1], input_ids.device
-    weights = [
-        _loss_weight(drafter, target_probs, loss_mask, fed_positions(S, k, anchors, device)) for k in range(depth)
-    ]
+    target_top = target_probs.argmax(-1)  # [B, S]: once per step, read by every depth
+    weights = [_loss_weight(drafter, target_top, loss_mask, fed_positions(S, k, anchors, device)) for k in range(depth)]
     probs = target_probs
     if drafter.d2t is not None:  # pruned vocabulary: the target's mass over the draft vocabulary
         probs = probs[..., drafter.draft_to_target_ids(torch.arange(drafter.config.draft_vocab_size, device=device))]
         probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-9)
+        target_top = probs.argmax(-1)  # in the draft vocabulary, as the drafter's argmax is
     # forward KL(P || Q) = sum P log P - sum P log Q. The first term, a constant that only makes the value readable,
     # is taken once per position (each depth reads it shifted), not per depth.
     neg_entropy = torch.special.xlogy(probs, probs).sum(-1)  # [B, S]
     terms = []
-    for (_rows, head, fed), weight in zip(ttt_forward(drafter, input_ids, aux, depth, anchors), weights):
-        index = fed.clamp(max=S - 1).expand(weight.shape)  # P[t+1+k]: the target's distribution of x[t+2+k]
-        # every row, weighted or not: data-parallel ranks then call lm_head equally often (FSDP gathers it per call)
-        p_rows = (torch.arange(weight.shape[0], device=device)[:, None] * S + index).flatten()  # of probs [B·S, V]
-        cross, agree = _cross_entropy(
-            drafter.lm_head, head.flatten(0, 1), probs.flatten(0, 1), p_rows, weight.flatten()
-        )
+    unrolled = ttt_forward(drafter, input_ids, aux, depth, anchors)
+    for k, ((_, head, fed), weight) in enumerate(zip(unrolled, weights)):
+        index = fed.clamp(max=S - 1)  # P[t+1+k]: the target's distribution of x[t+2+k] (an empty slot weighs 0)
+        if anchors is None:  # rows t < S-1-k (the rest are fed past the end, weight 0): the target's rows are a view
+            n = S - 1 - k
+            rows = head[:, :n], probs[:, 1 + k :], weight[:, :n], target_top[:, 1 + k :]
+        else:
+            rows = head, _at(probs, index), weight, _at(target_top, index)
+        cross, agree = _cross_entropy(drafter.lm_head, *rows)
         kl = cross + (_at(neg_entropy, index) * weight).sum()
         terms.append((kl, weight.sum(), agree.detach()))
     return terms
@@ -276,25 +313,68 @@ LOSS_CHUNK = 2**26
 NO_LOGITS = torch.zeros(0, dtype=torch.long)
 
 
-def _cross_entropy(lm_head, states, probs, rows, weights) -> tuple[torch.Tensor, torch.Tensor]:
+def _cross_entropy(lm_head, states, probs, weights, top) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_i w_i (logsumexp(z_i) - P_i . z_i) with z_i = lm_head(states_i) (the KL to P_i up to P_i's entropy), and
-    sum_i w_i [argmax z_i = argmax P_i]; the logits a chunk of :data:`LOSS_CHUNK` at a time, recomputed in the
-    backward pass when there is more than one chunk: no [rows, vocabulary] tensor outlives its chunk."""
-
-    def chunk(x, p_rows, w):
-        logits = lm_head(x).float()  # [c, V]
-        p = probs[p_rows]
-        cross = (torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)) * w
-        return cross.sum(), ((logits.argmax(-1) == p.argmax(-1)) * w).sum()
-
+    sum_i w_i [argmax z_i = top_i], over the rows of states [B, n, H], probs [B, n, V], weights and top [B, n]; the
+    logits a chunk of :data:`LOSS_CHUNK` at a time, recomputed in the backward pass when there is more than one
+    chunk: no [rows, vocabulary] tensor outlives its chunk. The chunks run over the B·n rows, so data-parallel
+    ranks with the same shapes call ``lm_head`` equally often (FSDP gathers it per call)."""
+    B, n = weights.shape
     step = max(1, LOSS_CHUNK // probs.shape[-1])
-    checkpointed = states.shape[0] > step and torch.is_grad_enabled()
+    checkpointed = B * n > step and torch.is_grad_enabled()
+
+    def chunk(start: int, stop: int, x):
+        logits = lm_head(x).float()  # [c, V]: lm_head called as a module, its hooks (FSDP's gather) run
+        p, w, t = (_flat_rows(v, start, stop) for v in (probs, weights, top))
+        return SoftCrossEntropy.apply(logits, p, w, t)
+
     total = torch.zeros((), device=states.device), torch.zeros((), device=states.device)
-    for start in range(0, states.shape[0], step):
-        args = (states[start : start + step], rows[start : start + step], weights[start : start + step])
-        part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False) if checkpointed else chunk(*args)
+    for start in range(0, B * n, step):
+        stop = min(start + step, B * n)
+        x = _flat_rows(states, start, stop)
+        if checkpointed:
+            part = torch.utils.checkpoint.checkpoint(chunk, start, stop, x, use_reentrant=False)
+        else:
+            part = chunk(start, stop, x)
         total = (total[0] + part[0], total[1] + part[1])
     return total
+
+
+def _flat_rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of x [B, n, ...] as if flattened to [B·n, ...]: a view when they lie in one sequence."""
+    n = x.shape[1]
+    pieces = [x[b, max(start - b * n, 0) : stop - b * n] for b in range(start // n, (stop - 1) // n + 1)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+class SoftCrossEntropy(torch.autograd.Function):
+    """(sum_i w_i (logsumexp(z_i) - P_i . z_i), sum_i w_i [argmax z_i = top_i]) of logits z [c, V], fp32, which
+    nothing else reads (``lm_head``'s fresh output: it is overwritten). Written by hand because autograd's version of
+    this formula allocates a new [c, V] tensor at each of its elementwise steps (about ten, forward and backward):
+    on CPU those cost more than the attention of every depth. Here the gradient w_i (softmax(z_i) - P_i) is made
+    in z's own buffer in seven passes, and only the [c] row statistics are new."""
+
+    @staticmethod
+    def forward(ctx, logits, p, w, top):
+        with torch.autocast(logits.device.type, enabled=False):  # under bf16 autocast the dot would be bf16
+            p = p.to(logits.dtype)
+            best, choice = logits.max(-1)
+            dot = torch.einsum("cv,cv->c", p, logits)  # P_i . z_i, a batched dot: no [c, V] product
+            e = logits.sub_(best[:, None]).exp_()  # exp(z_i - max z_i)
+            total = e.sum(-1)
+            cross = total.log() + best - dot
+        ctx.save_for_backward(e, p, w, total)
+        ctx.used = False
+        return (cross * w).sum(), ((choice == top) * w).sum()
+
+    @staticmethod
+    def backward(ctx, grad_cross, _grad_agree):
+        if ctx.used:  # the gradient is written over the saved exponentials
+            raise RuntimeError("SoftCrossEntropy's backward runs once: do not retain the graph")
+        ctx.used = True
+        e, p, w, total = ctx.saved_tensors
+        scale = (grad_cross * w)[:, None]
+        return e.mul_(scale / total[:, None]).addcmul_(p, scale, value=-1), None, None, None
 
 
 def combine_depth_losses(
