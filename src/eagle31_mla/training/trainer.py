@@ -102,7 +102,8 @@ class TTTAttention:
         blocks = []
         for start in range(0, T, step):
             part = slice(start, start + step)
-            reach = int(rows[..., part].max()) + 1  # the keys the block's last (latest) row sees
+            # the keys the block's latest row sees (every position's rows are in order: no device sync)
+            reach = min(start + step, T) if self.anchors is None else int(rows[..., part].max()) + 1
             hidden = torch.arange(reach, device=q.device) > rows[..., part, None]  # [(B,) C, L]
             args = (q[:, :, part], k[:, :, :reach], v[:, :, :reach], own_k[:, :, :, part], own_v[:, :, :, part])
             args += (hidden[:, None] if hidden.dim() == 3 else hidden,)
