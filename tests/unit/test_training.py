@@ -124,8 +124,9 @@ def test_under_bf16_autocast_the_blocks_give_the_dense_masks_gradients(monkeypat
 
 def test_the_loss_gradient_made_by_hand_is_autograds():
     """SoftCrossEntropy's value, agreement and gradient (made in the logits' buffer) against autograd of the same
-    formula, with zero weights and a target that is a view of a larger tensor, fp32 within 1e-6 relative (the
-    same sums, in another order); under bf16 autocast its dot products stay fp32. Its backward runs once: a
+    formula, with zero weights and a target that is a view of a larger tensor, fp32 within 1e-6 of each result's
+    largest value (the same sums of 40 terms, in another order and thread split: measured 1.4e-7; an element near
+    zero has no relative bound); under bf16 autocast its dot products stay fp32. Its backward runs once: a
     second (a retained graph) would read the overwritten buffer, so it is refused."""
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(6, 16, generator=gen), torch.randn(40, 16, generator=gen)
@@ -142,12 +143,12 @@ def test_the_loss_gradient_made_by_hand_is_autograds():
 
     ours, oracle = run(trainer.SoftCrossEntropy), run(SoftCrossEntropyByAutograd)
     for a, b in zip(ours, oracle):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max()
     assert ours[1] == 3 and ours[2][1].abs().max() == 0  # the weight-0 row has no gradient
     logits = x @ weight.T
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cross, _ = trainer.SoftCrossEntropy.apply(logits, p, w, top)
-    assert torch.allclose(cross, oracle[0], rtol=1e-6)
+    assert (cross - oracle[0]).abs() <= 1e-6 * oracle[0].abs()
     logits = (x @ weight.T).requires_grad_()
     cross, _ = trainer.SoftCrossEntropy.apply(logits * 1, p, w, top)
     cross.backward(retain_graph=True)
